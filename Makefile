@@ -1,0 +1,35 @@
+# Two entry points (README): `make run` trains on the embedded default, `make test` runs the suite.
+# Each creates the virtual environment on first use from the lock file.
+PYTHON ?= python3.11
+VENV ?= .venv
+FIND_LINKS ?= /opt/wheels
+UV := $(VENV)/bin/uv
+PY := $(VENV)/bin/python
+RUN_CONFIG ?= examples/configs/grpo_math_tiny.yaml
+PYTEST_ARGS ?=
+UV_FLAGS := --python $(PY) --index-strategy unsafe-best-match --override requirements/overrides.txt \
+	$(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS))
+
+.PHONY: setup run test lint lock
+
+$(VENV)/.installed: requirements/lock.txt requirements/overrides.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(UV) || $(PY) -m pip install --quiet uv
+	$(UV) pip sync $(UV_FLAGS) requirements/lock.txt
+	$(UV) pip install $(UV_FLAGS) --no-deps -e .
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(PY) -m flows.grpo --config $(RUN_CONFIG) $(ARGS)
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lock:
+	$(UV) pip compile pyproject.toml --all-extras --python-version 3.11 $(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS)) \
+		--override requirements/overrides.txt --index-strategy unsafe-best-match \
+		--custom-compile-command "make lock" -o requirements/lock.txt
