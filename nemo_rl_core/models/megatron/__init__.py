@@ -1,0 +1,1 @@
+"""Megatron-core training backend: config, CPU compatibility, HF<->Megatron weights, workers."""

@@ -1,0 +1,144 @@
+"""``policy.megatron_cfg``: NeMo RL's Megatron-core training settings, typed.
+
+Keys and defaults follow NeMo RL's example YAMLs (``grpo_math_1B_megatron.yaml``) so a
+NeMo RL config validates unchanged. Keys that only matter for features this backend
+does not implement (MoE, FP8, pipeline/context parallelism) are accepted at their
+neutral values and rejected, naming the key, at any other value.
+"""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    """Unknown keys fail validation with their path, like every user-facing config here."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class MegatronOptimizerConfig(_Strict):
+    """``megatron_cfg.optimizer``: fields of megatron-core's ``OptimizerConfig``."""
+
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = 5.0e-6
+    min_lr: float = 5.0e-7
+    weight_decay: float = 0.01
+    bf16: bool = False
+    fp16: bool = False
+    params_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    sgd_momentum: float = 0.9
+    use_distributed_optimizer: bool = True
+    use_precision_aware_optimizer: bool = True
+    clip_grad: float = 1.0
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 0.0
+
+    @model_validator(mode="after")
+    def _one_half_precision(self) -> "MegatronOptimizerConfig":
+        if self.bf16 and self.fp16:
+            raise ValueError("megatron_cfg.optimizer: bf16 and fp16 are both true; set at most one")
+        return self
+
+
+class MegatronSchedulerConfig(_Strict):
+    """``megatron_cfg.scheduler``: megatron-core's ``OptimizerParamScheduler`` arguments.
+
+    ``start_weight_decay``/``end_weight_decay`` default to ``optimizer.weight_decay``
+    (NeMo RL writes them as ``${policy.megatron_cfg.optimizer.weight_decay}``).
+    """
+
+    start_weight_decay: float | None = None
+    end_weight_decay: float | None = None
+    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = (
+        "constant"
+    )
+    lr_decay_iters: int | None = 1000
+    lr_warmup_iters: int = 13
+    lr_warmup_init: float = 5.0e-7
+    lr_wsd_decay_iters: int | None = None
+    lr_wsd_decay_style: Literal["exponential", "linear", "cosine"] | None = None
+
+
+class DistributedDataParallelSettings(_Strict):
+    """``megatron_cfg.distributed_data_parallel_config``: megatron-core's DDP config."""
+
+    grad_reduce_in_fp32: bool = False
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    average_in_collective: bool = True
+    use_custom_fsdp: bool = False
+    data_parallel_sharding_strategy: Literal[
+        "no_shard", "optim", "optim_grads", "optim_grads_params"
+    ] = "optim_grads_params"
+
+
+class MegatronConfig(_Strict):
+    """``policy.megatron_cfg``. ``enabled`` picks this backend in NeMo RL's YAMLs.
+
+    ``transformer_impl`` is this project's switch for the layer spec: ``"auto"`` uses
+    Transformer Engine when CUDA and TE are present and megatron's local spec otherwise.
+    """
+
+    enabled: bool = False
+    empty_unused_memory_level: int = Field(default=0, ge=0, le=2)
+    activation_checkpointing: bool = False
+    converter_type: str | None = None
+    tensor_model_parallel_size: int = Field(default=1, ge=1)
+    expert_tensor_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    context_parallel_size: int = 1
+    pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    sequence_parallel: bool = False
+    freeze_moe_router: bool = True
+    moe_router_dtype: str | None = "fp64"
+    moe_router_load_balancing_type: str = "none"
+    moe_router_bias_update_rate: float = 0.0
+    moe_permute_fusion: bool = False
+    apply_rope_fusion: bool = True
+    bias_activation_fusion: bool = True
+    defer_fp32_logits: bool | None = False
+    moe_per_layer_logging: bool = False
+    transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"
+    optimizer: MegatronOptimizerConfig = Field(default_factory=MegatronOptimizerConfig)
+    scheduler: MegatronSchedulerConfig = Field(default_factory=MegatronSchedulerConfig)
+    distributed_data_parallel_config: DistributedDataParallelSettings = Field(
+        default_factory=DistributedDataParallelSettings
+    )
+    fp8_cfg: dict[str, Any] | None = None
+    env_vars: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _supported_parallelism(self) -> "MegatronConfig":
+        unsupported = {
+            "pipeline_model_parallel_size": (self.pipeline_model_parallel_size, 1),
+            "context_parallel_size": (self.context_parallel_size, 1),
+            "expert_model_parallel_size": (self.expert_model_parallel_size, 1),
+            "expert_tensor_parallel_size": (self.expert_tensor_parallel_size, 1),
+        }
+        for key, (value, supported) in unsupported.items():
+            if value != supported:
+                raise ValueError(
+                    f"megatron_cfg.{key}={value} is not supported by this backend "
+                    f"(dense models with tensor and data parallelism); set it to {supported}"
+                )
+        if self.fp8_cfg and self.fp8_cfg.get("enabled"):
+            raise ValueError("megatron_cfg.fp8_cfg.enabled=true is not supported; set it to false")
+        return self
+
+    @property
+    def weight_decay_range(self) -> tuple[float, float]:
+        """(start, end) weight decay with NeMo RL's fallback to ``optimizer.weight_decay``."""
+        wd = self.optimizer.weight_decay
+        start = (
+            wd if self.scheduler.start_weight_decay is None else self.scheduler.start_weight_decay
+        )
+        end = wd if self.scheduler.end_weight_decay is None else self.scheduler.end_weight_decay
+        return start, end
