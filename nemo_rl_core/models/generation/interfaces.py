@@ -11,6 +11,14 @@ from typing import Any, NotRequired, TypedDict
 import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.models.generation.config import GenerationConfig
+
+__all__ = [
+    "GenerationConfig",
+    "GenerationDatumSpec",
+    "GenerationInterface",
+    "GenerationOutputSpec",
+]
 
 
 class GenerationDatumSpec(TypedDict):
@@ -24,18 +32,6 @@ class GenerationOutputSpec(TypedDict):
     generation_lengths: torch.Tensor  # [B] response tokens only
     unpadded_sequence_lengths: torch.Tensor  # [B] prompt + response
     logprobs: torch.Tensor  # [B, S'] generation logprobs aligned with output_ids
-
-
-class GenerationConfig(TypedDict):
-    backend: str
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int | None
-    model_name: str
-    stop_token_ids: list[int] | None
-    stop_strings: NotRequired[list[str] | None]
-    pad_token_id: NotRequired[int]
 
 
 class GenerationInterface(ABC):

@@ -1,0 +1,69 @@
+"""GenerationConfig accepts NeMo RL's generation block and names bad keys by path."""
+
+import pytest
+from pydantic import ValidationError
+
+from nemo_rl_core.models.generation.config import GenerationConfig
+
+NEMO_RL_GRPO_GENERATION = {
+    "backend": "vllm",
+    "max_new_tokens": 512,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": None,
+    "stop_token_ids": None,
+    "stop_strings": None,
+    "vllm_cfg": {
+        "async_engine": False,
+        "precision": "bfloat16",
+        "kv_cache_dtype": "auto",
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "expert_parallel_size": 1,
+        "gpu_memory_utilization": 0.6,
+        "max_model_len": 512,
+        "enforce_eager": False,
+        "use_deep_gemm": False,
+        "num_last_layers_in_bf16": 0,
+        "num_first_layers_in_bf16": 0,
+        "enable_vllm_metrics_logger": True,
+        "vllm_metrics_logger_interval": 0.5,
+    },
+    "vllm_kwargs": {},
+    "colocated": {"enabled": True, "resources": {"gpus_per_node": None, "num_nodes": None}},
+}
+
+
+def test_nemo_rl_block_validates_unchanged() -> None:
+    config = GenerationConfig.model_validate(NEMO_RL_GRPO_GENERATION)
+    assert config.vllm_cfg.max_model_len == 512
+    assert config.colocated.enabled
+    assert not config.top_k_enabled
+
+
+def test_private_pad_token_key_is_accepted() -> None:
+    assert GenerationConfig.model_validate({"_pad_token_id": 7}).pad_token_id == 7
+
+
+@pytest.mark.parametrize(
+    ("override", "path"),
+    [
+        ({"vllm_cfg": {"max_len": 3}}, "vllm_cfg.max_len"),
+        ({"colocated": {"resources": {"gpus": 1}}}, "colocated.resources.gpus"),
+        ({"backend": "sglang"}, "backend"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"vllm_cfg": {"precision": "int3"}}, "vllm_cfg.precision"),
+    ],
+)
+def test_bad_keys_are_named_by_path(override: dict, path: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        GenerationConfig.model_validate(override)
+    assert path in str(info.value)
+
+
+def test_max_new_tokens_must_fit_model_len() -> None:
+    with pytest.raises(
+        ValidationError, match="max_new_tokens=600 exceeds vllm_cfg.max_model_len=512"
+    ):
+        GenerationConfig.model_validate({"max_new_tokens": 600, "vllm_cfg": {"max_model_len": 512}})
