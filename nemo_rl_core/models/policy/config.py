@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nemo_rl_core.models.generation.config import GenerationConfig
+from nemo_rl_core.models.megatron.config import MegatronConfig
 from nemo_rl_core.models.policy.utils import check_kwargs_accepted, import_class_from_path
 
 
@@ -138,9 +140,8 @@ class PolicyConfig(StrictModel):
     sequence_packing: SequencePackingConfig = Field(default_factory=SequencePackingConfig)
     make_sequence_length_divisible_by: int = Field(1, ge=1)
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
-    # Owned by the Megatron and generation backends; typed models replace these dicts.
-    megatron_cfg: dict[str, Any] | None = None
-    generation: dict[str, Any] | None = None
+    megatron_cfg: MegatronConfig | None = None
+    generation: GenerationConfig | None = None
     training_backend: Literal["hf", "megatron"] = "hf"
 
     @field_validator("scheduler")

@@ -1,0 +1,112 @@
+"""PolicyConfig accepts NeMo RL's policy: section and names the key of every mistake."""
+
+import pytest
+
+from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.utils.config import ConfigError, validate_config
+
+BASE = {
+    "model_name": "tiny-llama",
+    "train_global_batch_size": 8,
+    "train_micro_batch_size": 2,
+    "max_total_sequence_length": 128,
+}
+
+NEMO_RL_POLICY = {
+    **BASE,
+    "tokenizer": {"name": "tiny-llama", "chat_template_kwargs": None},
+    "hf_config_overrides": {},
+    "generation_batch_size": 32,
+    "logprob_batch_size": 4,
+    "precision": "bfloat16",
+    "logprob_chunk_size": None,
+    "dtensor_cfg": {
+        "_v2": True,
+        "enabled": True,
+        "cpu_offload": False,
+        "sequence_parallel": False,
+        "activation_checkpointing": False,
+        "tensor_parallel_size": 1,
+        "context_parallel_size": 1,
+        "custom_parallel_plan": None,
+    },
+    "megatron_cfg": {"enabled": False},
+    "dynamic_batching": {
+        "enabled": False,
+        "train_mb_tokens": 256,
+        "logprob_mb_tokens": 512,
+        "sequence_length_round": 64,
+    },
+    "sequence_packing": {
+        "enabled": True,
+        "train_mb_tokens": 256,
+        "logprob_mb_tokens": 512,
+        "algorithm": "modified_first_fit_decreasing",
+        "sequence_length_round": 64,
+    },
+    "make_sequence_length_divisible_by": 1,
+    "max_grad_norm": 1.0,
+    "optimizer": {
+        "name": "torch.optim.AdamW",
+        "kwargs": {"lr": 5.0e-6, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8},
+    },
+    "scheduler": [
+        {
+            "name": "torch.optim.lr_scheduler.LinearLR",
+            "kwargs": {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 50},
+        },
+        {
+            "name": "torch.optim.lr_scheduler.ConstantLR",
+            "kwargs": {"factor": 1.0, "total_iters": 10000000000},
+        },
+        {"milestones": [50]},
+    ],
+    "generation": {"backend": "hf", "max_new_tokens": 16, "temperature": 1.0},
+}
+
+
+def test_nemo_rl_policy_section_validates_unchanged() -> None:
+    config = PolicyConfig.model_validate(NEMO_RL_POLICY)
+    assert config.sequence_packing.enabled
+    assert config.training_backend == "hf"
+    assert config.generation is not None and config.generation.backend == "hf"
+
+
+def test_derived_defaults_follow_nemo_rl_interpolations() -> None:
+    config = PolicyConfig.model_validate(BASE)
+    assert config.tokenizer.name == "tiny-llama"
+    assert config.logprob_batch_size == 2
+    assert config.dynamic_batching.train_mb_tokens == 128 * 2
+    assert config.optimizer.name == "torch.optim.AdamW"
+
+
+def test_megatron_enabled_selects_megatron_backend() -> None:
+    config = PolicyConfig.model_validate({**BASE, "megatron_cfg": {"enabled": True}})
+    assert config.training_backend == "megatron"
+    with pytest.raises(ValueError, match="training_backend"):
+        PolicyConfig.model_validate(
+            {**BASE, "megatron_cfg": {"enabled": True}, "training_backend": "hf"}
+        )
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ({"optimizer": {"kwargs": {"lrr": 1e-3}}}, "lrr"),
+        ({"optimizer": {"name": "torch.optim.NoSuchOpt"}}, "NoSuchOpt"),
+        ({"dtensor_cfg": {"tensor_paralel_size": 2}}, "dtensor_cfg.tensor_paralel_size"),
+        ({"precision": "float64"}, "precision"),
+        ({"train_micro_batch_size": 3}, "train_global_batch_size"),
+        (
+            {"dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True}},
+            "enable at most one",
+        ),
+        (
+            {"scheduler": [{"name": "torch.optim.lr_scheduler.LinearLR"}] * 2},
+            "milestones",
+        ),
+    ],
+)
+def test_bad_keys_are_named(override: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        validate_config(PolicyConfig, {**BASE, **override}, source="policy")
