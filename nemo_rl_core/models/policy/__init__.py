@@ -1,0 +1,37 @@
+"""Policies behind NeMo RL's ``PolicyInterface``; ``make_policy`` picks the training backend."""
+
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.models.policy.interfaces import PolicyInterface
+
+
+def make_policy(
+    config: PolicyConfig,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    weights_path: str | Path | None = None,
+    optimizer_path: str | Path | None = None,
+    init_optimizer: bool = True,
+    init_reference_model: bool = True,
+) -> PolicyInterface:
+    """The policy for ``config.training_backend``: ``hf`` (torch) or ``megatron`` (megatron-core).
+
+    Backends are imported lazily so the HF path never needs megatron-core installed.
+    """
+    if config.training_backend == "megatron":
+        from nemo_rl_core.models.policy.megatron_policy import MegatronPolicy as policy_cls
+    else:
+        from nemo_rl_core.models.policy.hf_policy import HFPolicy as policy_cls
+    return policy_cls(
+        config,
+        tokenizer=tokenizer,
+        weights_path=weights_path,
+        optimizer_path=optimizer_path,
+        init_optimizer=init_optimizer,
+        init_reference_model=init_reference_model,
+    )
+
+
+__all__ = ["PolicyConfig", "PolicyInterface", "make_policy"]

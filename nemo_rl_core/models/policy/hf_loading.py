@@ -1,0 +1,60 @@
+"""Loading HF models and tokenizers for training, with the checks a silent failure would skip.
+
+Weights stay in float32 (master weights); ``precision: bfloat16`` runs the forward under
+autocast, as NeMo RL's FSDP mixed precision does, so small RL updates are not rounded away.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from nemo_rl_core.models.local_models import resolve_model
+from nemo_rl_core.models.policy.config import PolicyConfig
+
+
+class VocabMismatchError(ValueError):
+    """The tokenizer can produce ids that the model has no embedding row for."""
+
+
+def load_tokenizer(config: PolicyConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer named by ``policy.tokenizer.name`` with its chat template override."""
+    name = config.tokenizer.name or config.model_name
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(name)))
+    if config.tokenizer.chat_template is not None:
+        tokenizer.chat_template = config.tokenizer.chat_template
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_pretrained(
+    model_cls: Any, path: str | Path, config: PolicyConfig, **kwargs: Any
+) -> PreTrainedModel:
+    """``model_cls.from_pretrained`` from a checked local directory, float32, sdpa attention."""
+    directory = resolve_model(str(path))
+    model = model_cls.from_pretrained(
+        str(directory),
+        dtype=torch.float32,
+        attn_implementation="sdpa",
+        **config.hf_config_overrides,
+        **kwargs,
+    )
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions is not None and config.max_total_sequence_length > max_positions:
+        raise ValueError(
+            f"policy.max_total_sequence_length={config.max_total_sequence_length} exceeds the "
+            f"model's max_position_embeddings={max_positions} ({directory}/config.json)"
+        )
+    return model
+
+
+def check_vocab(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> None:
+    """Fail when the tokenizer's ids reach past the model's embedding table."""
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        raise VocabMismatchError(
+            f"tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; "
+            "use the tokenizer that belongs to policy.model_name (policy.tokenizer.name)"
+        )

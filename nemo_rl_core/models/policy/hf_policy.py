@@ -1,0 +1,253 @@
+"""A single-process HF/torch policy implementing NeMo RL's ``ColocatablePolicyInterface``.
+
+It is NeMo RL's DTensor policy worker with one rank: float32 master weights (bf16 compute
+under autocast with ``precision: bfloat16``), a frozen reference copy of the base model,
+and checkpoints in HF safetensors layout that transformers and vLLM load directly.
+Logits are divided by ``policy.generation.temperature`` before any logprob, as NeMo RL
+does, so training logprobs match the sampler's processed logprobs.
+"""
+
+import copy
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+
+from nemo_rl_core.algorithms.loss.interfaces import LossFunction, LossInputType
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.models.generation.interfaces import GenerationDatumSpec
+from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.models.policy.forward_layout import ForwardLayout, next_token_logprobs
+from nemo_rl_core.models.policy.fp8_calibration import calibrate_qkv_scales
+from nemo_rl_core.models.policy.hf_loading import check_vocab, load_pretrained, load_tokenizer
+from nemo_rl_core.models.policy.hf_trainer import HFTrainable
+from nemo_rl_core.models.policy.interfaces import (
+    ColocatablePolicyInterface,
+    LogprobOutputSpec,
+    ReferenceLogprobOutputSpec,
+    TopkLogitsOutputSpec,
+)
+from nemo_rl_core.models.policy.utils import DTYPES
+
+SINGLE_PROCESS_REFIT = (
+    "this single-process policy has no collective group; refit a generation engine with "
+    "policy.state_dict_for_refit() -> generation.update_weights_from_state_dict(), or "
+    "policy.save_checkpoint(dir) -> generation.update_weights_from_checkpoint(dir)"
+)
+
+
+class HFPolicy(HFTrainable, ColocatablePolicyInterface):
+    """NeMo RL's policy on one device with transformers models."""
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        weights_path: str | Path | None = None,
+        optimizer_path: str | Path | None = None,
+        init_optimizer: bool = True,
+        init_reference_model: bool = True,
+    ) -> None:
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)
+        base = load_pretrained(AutoModelForCausalLM, config.model_name, config)
+        check_vocab(self.tokenizer, base)
+        # NeMo RL keeps the *base* model as reference, even when resuming from a checkpoint.
+        self.reference_model = _frozen_copy(base) if init_reference_model else None
+        model = base
+        if weights_path is not None:
+            model = load_pretrained(AutoModelForCausalLM, weights_path, config)
+            check_vocab(self.tokenizer, model)
+        super().__init__(model, config, init_optimizer, optimizer_path)
+        if self.reference_model is not None:
+            self.reference_model.to(self.device)
+        temperature = config.generation.temperature if config.generation else 1.0
+        self.temperature = temperature if temperature > 0 else 1.0
+
+    # ---- inference --------------------------------------------------------------------
+
+    def _logits(self, model: torch.nn.Module, layout: ForwardLayout) -> torch.Tensor:
+        """Row-layout float32 logits, temperature-scaled."""
+        return self.forward(layout, model).logits.float() / self.temperature
+
+    def _inference_microbatches(
+        self, data: BatchedDataDict, mbs: int | None
+    ) -> Iterator[tuple[BatchedDataDict, ForwardLayout]]:
+        self.check_inputs(data)
+        for mb in self.microbatches(data, mbs or self.cfg.logprob_batch_size):
+            yield mb, self.layout(mb, self.cfg.sequence_packing.enabled)
+
+    @torch.no_grad()
+    def _map_logits(
+        self,
+        data: BatchedDataDict,
+        mbs: int | None,
+        model: torch.nn.Module,
+        per_mb: Callable[[ForwardLayout, torch.Tensor], dict[str, torch.Tensor]],
+    ) -> BatchedDataDict:
+        was_training = model.training
+        model.eval()
+        try:
+            outputs = [
+                per_mb(layout, self._logits(model, layout))
+                for _, layout in self._inference_microbatches(data, mbs)
+            ]
+        finally:
+            model.train(was_training)
+        return BatchedDataDict.from_batches(outputs)
+
+    def _token_logprobs(self, layout: ForwardLayout, logits: torch.Tensor) -> torch.Tensor:
+        """``[batch, seq]`` logprob of each token; position 0 and padding are 0."""
+        logprobs = layout.unpack(next_token_logprobs(logits, layout.input_ids.to(logits.device)))
+        logprobs[:, 0] = 0.0
+        return logprobs.cpu()
+
+    def get_logprobs(
+        self, data: BatchedDataDict[GenerationDatumSpec], micro_batch_size: int | None = None
+    ) -> BatchedDataDict[LogprobOutputSpec]:
+        """``logprobs [batch, seq]``: position t holds log p(token t | tokens < t); position 0 is 0."""
+        return self._map_logits(
+            data,
+            micro_batch_size,
+            self.model,
+            lambda layout, logits: {"logprobs": self._token_logprobs(layout, logits)},
+        )
+
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict[GenerationDatumSpec], micro_batch_size: int | None = None
+    ) -> BatchedDataDict[ReferenceLogprobOutputSpec]:
+        """Logprobs under the frozen base model, as ``reference_logprobs``."""
+        if self.reference_model is None:
+            raise RuntimeError(
+                "this policy was built with init_reference_model=False; rebuild it with "
+                "init_reference_model=True to compute reference logprobs"
+            )
+        return self._map_logits(
+            data,
+            micro_batch_size,
+            self.reference_model,
+            lambda layout, logits: {"reference_logprobs": self._token_logprobs(layout, logits)},
+        )
+
+    def get_topk_logits(
+        self,
+        data: BatchedDataDict[GenerationDatumSpec],
+        k: int,
+        micro_batch_size: int | None = None,
+    ) -> BatchedDataDict[TopkLogitsOutputSpec]:
+        """Top-``k`` logits and token ids for the next token at positions 0..S-2 (S-1 positions)."""
+        if not 1 <= k <= self.vocab_size:
+            raise ValueError(f"k must be in [1, {self.vocab_size}] (vocab size), got {k}")
+
+        def topk(layout: ForwardLayout, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+            values, indices = logits.topk(k, dim=-1)
+            return {
+                "topk_logits": layout.unpack(values)[:, :-1].cpu(),
+                "topk_indices": layout.unpack(indices)[:, :-1].cpu(),
+            }
+
+        return self._map_logits(data, micro_batch_size, self.model, topk)
+
+    # ---- training ---------------------------------------------------------------------
+
+    def _loss_inputs(
+        self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
+    ) -> dict[str, torch.Tensor]:
+        logits = self._logits(self.model, layout)
+        if loss_fn.input_type is LossInputType.LOGPROB:
+            logprobs = layout.unpack(
+                next_token_logprobs(logits, layout.input_ids.to(logits.device))
+            )
+            return {"next_token_logprobs": logprobs[:, 1:]}
+        if loss_fn.input_type is LossInputType.LOGIT:
+            return {"logits": layout.unpack(logits)}
+        raise NotImplementedError(f"loss input type {loss_fn.input_type} is not supported yet")
+
+    def calibrate_qkv_fp8_scales(
+        self,
+        data: BatchedDataDict[GenerationDatumSpec],
+        micro_batch_size: int | None = None,
+        percentile: float = 99.9,
+        margin: float = 1.05,
+        include_q: bool = False,
+    ) -> dict[str, Any]:
+        """Per-layer FP8 scales for K/V (and Q) from this data; see ``fp8_calibration``."""
+        self.check_inputs(data)
+
+        def forwards() -> Iterator[tuple[torch.Tensor, Callable[[], Any]]]:
+            for mb in self.microbatches(data, micro_batch_size or self.cfg.logprob_batch_size):
+                layout = self.layout(mb, packed=False)
+                yield layout.attention_mask.bool(), lambda layout=layout: self.forward(layout)
+
+        with torch.no_grad():
+            return calibrate_qkv_scales(self.model, forwards(), percentile, margin, include_q)
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
+        self.model.train()
+
+    def prepare_for_lp_inference(self) -> None:
+        self.model.eval()
+
+    def finish_training(self, *args: Any, **kwargs: Any) -> None:
+        self.model.eval()
+
+    def offload_before_refit(self) -> None:
+        """Single device: nothing competes with the generation engine for memory here."""
+
+    def offload_after_refit(self) -> None:
+        """Single device: nothing was offloaded."""
+
+    def shutdown(self) -> bool:
+        self.optimizer = self.scheduler = self.reference_model = None
+        return True
+
+    # ---- weights out: checkpoints and refit -------------------------------------------
+
+    def save_checkpoint(
+        self,
+        weights_path: str | Path,
+        optimizer_path: str | Path | None = None,
+        tokenizer_path: str | Path | None = None,
+    ) -> None:
+        """HF layout (config.json, model.safetensors, generation_config.json, tokenizer) +
+        optimizer/scheduler state; ``HFPolicy(config, weights_path=..., optimizer_path=...)``
+        continues training bit-exactly from it."""
+        self.model.save_pretrained(str(weights_path))
+        self.tokenizer.save_pretrained(str(weights_path))
+        if tokenizer_path is not None:
+            self.tokenizer.save_pretrained(str(tokenizer_path))
+        if optimizer_path is not None:
+            self.save_optimizer(optimizer_path)
+
+    def state_dict_for_refit(self) -> dict[str, torch.Tensor]:
+        """HF-named weights in the compute precision, ready for a generation engine's loader."""
+        dtype = DTYPES[self.cfg.precision]
+        return {name: t.detach().to(dtype) for name, t in self.model.state_dict().items()}
+
+    def prepare_refit_info(self) -> dict[str, Any] | None:
+        """``{name: (shape, dtype)}`` of what ``state_dict_for_refit`` sends."""
+        dtype = DTYPES[self.cfg.precision]
+        return {name: (tuple(t.shape), dtype) for name, t in self.model.state_dict().items()}
+
+    def init_collective(
+        self, ip: str, port: int, world_size: int, *, train_world_size: int
+    ) -> list[Any]:
+        raise NotImplementedError(SINGLE_PROCESS_REFIT)
+
+    def stream_weights_via_ipc_zmq(self, *args: Any, **kwargs: Any) -> list[Any]:
+        raise NotImplementedError(SINGLE_PROCESS_REFIT)
+
+    def broadcast_weights_for_collective(
+        self, kv_scales: dict[str, float] | None = None
+    ) -> list[Any]:
+        raise NotImplementedError(SINGLE_PROCESS_REFIT)
+
+
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    frozen = copy.deepcopy(model).eval()
+    for param in frozen.parameters():
+        param.requires_grad_(False)
+    return frozen

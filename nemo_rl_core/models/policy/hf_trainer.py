@@ -1,0 +1,265 @@
+"""The training engine shared by the HF policy and the HF value model.
+
+One torch module, its optimizer and LR schedule, microbatching (fixed, dynamic or packed)
+and NeMo RL's train step: per global batch, gradients are accumulated over microbatches
+whose losses are normalised by the *global* valid sequence/token counts, so any split
+into microbatches gives the same update. Subclasses say how a microbatch becomes the
+loss function's keyword inputs.
+"""
+
+import contextlib
+import math
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemo_rl_core.algorithms.loss.interfaces import LossFunction
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.models.policy.forward_layout import ForwardLayout, packed_layout, padded_layout
+from nemo_rl_core.models.policy.hf_loading import VocabMismatchError
+from nemo_rl_core.models.policy.optim import build_optimizer, build_scheduler
+
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+
+
+class NonFiniteTrainingError(FloatingPointError):
+    """A loss or gradient norm was NaN/Inf; the optimizer step was skipped."""
+
+
+def global_valid_counts(batch: BatchedDataDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeMo RL's normalisers: valid sequences, and valid next-token positions of them."""
+    sample_mask = batch["sample_mask"].float()
+    seqs = sample_mask.sum()
+    if "token_mask" not in batch:
+        return seqs, seqs * batch["input_ids"].shape[1]
+    toks = (batch["token_mask"][:, 1:].float() * sample_mask.unsqueeze(-1)).sum()
+    return seqs, toks
+
+
+def _as_metric(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return value
+
+
+class HFTrainable(ABC):
+    """A single-process model with NeMo RL's microbatched train step and checkpointed optimizer."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: PolicyConfig,
+        init_optimizer: bool,
+        optimizer_path: str | Path | None,
+    ) -> None:
+        self.cfg = config
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = model.to(self.device)
+        self.vocab_size = self._embedding_rows()
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        if init_optimizer:
+            trainable = [p for p in self.model.parameters() if p.requires_grad]
+            self.optimizer = build_optimizer(trainable, config.optimizer)
+            self.scheduler = build_scheduler(self.optimizer, config.scheduler)
+        if optimizer_path is not None:
+            self.load_optimizer(optimizer_path)
+
+    @abstractmethod
+    def _loss_inputs(
+        self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
+    ) -> dict[str, torch.Tensor]:
+        """Run the forward pass on ``layout`` and return the loss function's keyword inputs."""
+
+    def _embedding_rows(self) -> int:
+        embeddings = self.model.get_input_embeddings()
+        return int(embeddings.weight.shape[0])
+
+    # ---- inputs and microbatches -------------------------------------------------------
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 compute over float32 master weights when ``precision: bfloat16``."""
+        return torch.autocast(
+            self.device.type,
+            dtype=torch.bfloat16,
+            enabled=self.cfg.precision == "bfloat16",
+        )
+
+    def check_inputs(self, data: BatchedDataDict) -> None:
+        """Reject what would otherwise give silently wrong numbers or an opaque index error."""
+        for key in ("input_ids", "input_lengths"):
+            if key not in data:
+                raise KeyError(f"data needs {key!r} (has {sorted(data.keys())})")
+        ids, lengths = data["input_ids"], data["input_lengths"]
+        if ids.dim() != 2 or lengths.shape != ids.shape[:1]:
+            raise ValueError(
+                f"input_ids must be [batch, seq] and input_lengths [batch]; got "
+                f"{tuple(ids.shape)} and {tuple(lengths.shape)}"
+            )
+        if ids.shape[0] == 0:
+            return
+        longest = int(lengths.max())
+        if longest > ids.shape[1] or int(lengths.min()) < 0:
+            raise ValueError(
+                f"input_lengths must lie in [0, {ids.shape[1]}] (input_ids width); got "
+                f"min {int(lengths.min())}, max {longest}"
+            )
+        if longest > self.cfg.max_total_sequence_length:
+            raise ValueError(
+                f"a sequence has {longest} tokens, more than policy.max_total_sequence_length="
+                f"{self.cfg.max_total_sequence_length}; truncate the rollout or raise the limit"
+            )
+        valid = torch.arange(ids.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+        used = ids[valid]
+        if used.numel() and (int(used.max()) >= self.vocab_size or int(used.min()) < 0):
+            raise VocabMismatchError(
+                f"input_ids hold token id {int(used.max())} (min {int(used.min())}) but the "
+                f"model has {self.vocab_size} embedding rows; was the data tokenized with "
+                "another tokenizer than policy.tokenizer.name?"
+            )
+
+    def layout(self, mb: BatchedDataDict, packed: bool) -> ForwardLayout:
+        build = packed_layout if packed else padded_layout
+        multiple = (
+            self.cfg.sequence_packing.sequence_length_round
+            if packed
+            else self.cfg.make_sequence_length_divisible_by
+        )
+        return build(mb["input_ids"], mb["input_lengths"], multiple)
+
+    def forward(self, layout: ForwardLayout, model: torch.nn.Module | None = None) -> Any:
+        """``model``'s (default: the trained one) raw output for a layout."""
+
+        def on_device(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(self.device)
+
+        with self.autocast():
+            return (model or self.model)(
+                input_ids=on_device(layout.input_ids),
+                attention_mask=on_device(layout.attention_mask),
+                position_ids=on_device(layout.position_ids),
+                use_cache=False,
+            )
+
+    def microbatches(self, batch: BatchedDataDict, mbs: int) -> Iterator[BatchedDataDict]:
+        """Consecutive microbatches of ``mbs`` samples."""
+        return batch.make_microbatch_iterator(mbs)
+
+    # ---- training ---------------------------------------------------------------------
+
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: LossFunction,
+        eval_mode: bool = False,
+        *,
+        gbs: int | None = None,
+        mbs: int | None = None,
+    ) -> dict[str, Any]:
+        """One optimizer step per global batch of ``gbs`` samples; the LR schedule steps once."""
+        gbs = gbs or self.cfg.train_global_batch_size
+        mbs = mbs or self.cfg.train_micro_batch_size
+        self.check_inputs(data)
+        if data.size % gbs:
+            raise ValueError(f"train data has {data.size} samples, not a multiple of gbs={gbs}")
+        if not eval_mode and self.optimizer is None:
+            raise RuntimeError("this model was built with init_optimizer=False; it cannot train")
+        if "sample_mask" not in data:
+            data = BatchedDataDict({**data, "sample_mask": torch.ones(data.size)})
+        self.model.train(not eval_mode)
+        losses: list[float] = []
+        grad_norms: list[float] = []
+        total_seqs = total_toks = 0.0
+        all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
+        for gb_idx in range(data.size // gbs):
+            batch = data.get_batch(gb_idx, gbs)
+            seqs, toks = global_valid_counts(batch)
+            total_seqs, total_toks = total_seqs + seqs.item(), total_toks + toks.item()
+            gb_loss = 0.0
+            if self.optimizer is not None:
+                self.optimizer.zero_grad(set_to_none=True)
+            for mb_idx, mb in enumerate(self.microbatches(batch, mbs)):
+                with torch.set_grad_enabled(not eval_mode):
+                    layout = self.layout(mb, self.cfg.sequence_packing.enabled)
+                    loss_inputs = self._loss_inputs(mb, layout, loss_fn)
+                    loss, metrics = loss_fn(mb, seqs, toks, **loss_inputs)
+                if not torch.isfinite(loss):
+                    self._abort_step(
+                        f"loss is {loss.item()} at global batch {gb_idx}, microbatch {mb_idx}"
+                    )
+                if not eval_mode:
+                    loss.backward()
+                gb_loss += loss.item()
+                metrics = {k: _as_metric(v) for k, v in metrics.items()}
+                metrics.update(
+                    lr=self.current_lr(),
+                    global_valid_seqs=seqs.item(),
+                    global_valid_toks=toks.item(),
+                )
+                for key, value in metrics.items():
+                    all_mb_metrics[key].append(value)
+            if not eval_mode:
+                grad_norms.append(self._clip_and_step(gb_idx))
+            losses.append(gb_loss)
+        if not eval_mode:
+            self.scheduler.step()
+        return {
+            "loss": torch.tensor(losses),
+            "grad_norm": torch.tensor(grad_norms),
+            "lr": self.current_lr(),
+            "global_valid_seqs": total_seqs,
+            "global_valid_toks": total_toks,
+            "model_dtype": self.cfg.precision,
+            "all_mb_metrics": dict(all_mb_metrics),
+        }
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
+
+    def _abort_step(self, what: str) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteTrainingError(
+            f"{what}; the optimizer step was skipped and the weights are unchanged. "
+            "Lower the learning rate, check the rewards/advantages for NaN, or set max_grad_norm"
+        )
+
+    def _clip_and_step(self, gb_idx: int) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not math.isfinite(grad_norm):
+            self._abort_step(f"gradient norm is {grad_norm} at global batch {gb_idx}")
+        self.optimizer.step()
+        return grad_norm
+
+    # ---- optimizer checkpoint ---------------------------------------------------------
+
+    def save_optimizer(self, optimizer_path: str | Path) -> None:
+        """Optimizer and scheduler state, so a resumed run continues bit-exactly."""
+        if self.optimizer is None:
+            raise RuntimeError("no optimizer to save (built with init_optimizer=False)")
+        path = Path(optimizer_path)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+        torch.save(self.scheduler.state_dict(), path / SCHEDULER_FILE)
+
+    def load_optimizer(self, optimizer_path: str | Path) -> None:
+        path = Path(optimizer_path)
+        if self.optimizer is None:
+            raise RuntimeError(
+                f"optimizer_path={path} was given with init_optimizer=False; pass one or the other"
+            )
+        for name in (OPTIMIZER_FILE, SCHEDULER_FILE):
+            if not (path / name).is_file():
+                raise FileNotFoundError(f"optimizer checkpoint {path} has no {name}")
+        self.optimizer.load_state_dict(
+            torch.load(path / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
+        )
+        self.scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=True))
