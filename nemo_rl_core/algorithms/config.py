@@ -38,7 +38,8 @@ def validate_section(
         lines = []
         for error in err.errors():
             path = ".".join(str(part) for part in (section, *error["loc"]))
-            value = "" if error["type"] == "missing" else f" (got {error.get('input')!r})"
+            named_value = error["loc"] and error["type"] != "missing"
+            value = f" (got {error.get('input')!r})" if named_value else ""
             lines.append(f"{path}: {error['msg']}{value}")
         raise ValueError(f"invalid {section} config:\n  " + "\n  ".join(lines)) from None
 

@@ -1,0 +1,231 @@
+"""GRPO (NeMo RL's ``nemo_rl.algorithms.grpo``): its config and the work of each stage.
+
+NeMo RL runs these steps inside one long ``grpo_train`` loop; here each is a pure function
+that a Prefect task (``tasks/``) or a plain loop can call, so one stage of one iteration
+can be recomputed alone from its stored inputs.
+"""
+
+import hashlib
+import json
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from nemo_rl_core.algorithms.advantage_estimator import make_advantage_estimator
+from nemo_rl_core.algorithms.config import ClippedPGLossConfig, GRPOAdvantageConfig, StrictConfig
+from nemo_rl_core.algorithms.loss import ClippedPGLossFn
+from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
+from nemo_rl_core.data.config import DataConfig
+from nemo_rl_core.data.dataloader import build_dataloader
+from nemo_rl_core.data.llm_message_utils import message_logs_to_train_data
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
+from nemo_rl_core.environments.interfaces import EnvironmentInterface
+from nemo_rl_core.environments.registry import create_env
+from nemo_rl_core.experience.rollouts import (
+    calculate_rewards,
+    generate_responses,
+    run_multi_turn_rollout,
+)
+from nemo_rl_core.models.generation.interfaces import GenerationInterface
+from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.models.policy.interfaces import PolicyInterface
+from nemo_rl_core.utils.checkpoint import CheckpointingConfig
+from nemo_rl_core.utils.config import load_config_with_overrides, validate_config
+from nemo_rl_core.utils.logger import LoggerConfig
+
+
+class GRPOConfig(GRPOAdvantageConfig):
+    """``grpo:``: NeMo RL's keys and defaults (advantage keys inherited)."""
+
+    num_prompts_per_step: int = Field(ge=1)
+    num_generations_per_prompt: int = Field(ge=1)
+    max_rollout_turns: int = Field(1, ge=1)
+    max_num_epochs: int = Field(1, ge=1)
+    max_num_steps: int = Field(ge=1)
+    val_period: int = Field(0, ge=0)
+    val_batch_size: int | None = None
+    val_at_start: bool = False
+    max_val_samples: int | None = None
+    seed: int = 42
+    skip_reference_policy_logprobs_calculation: bool = False
+    reward_scaling: dict[str, Any] = Field(default_factory=dict)
+    async_grpo: dict[str, Any] = Field(default_factory=dict)
+
+
+class MasterConfig(StrictConfig):
+    """The whole YAML of a GRPO run."""
+
+    grpo: GRPOConfig
+    loss_fn: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig)
+    policy: PolicyConfig
+    data: DataConfig
+    env: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
+    logger: LoggerConfig = Field(default_factory=LoggerConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    def algorithm_max_steps(self) -> int:
+        return self.grpo.max_num_steps
+
+
+def load_master_config(config_path: str, overrides: list[str] | None = None) -> MasterConfig:
+    """Load, override and validate a GRPO YAML; errors name the file or the key path."""
+    raw = load_config_with_overrides(config_path, overrides)
+    return validate_config(MasterConfig, raw, source=f"config {config_path}")
+
+
+def digest_json(value: Any) -> str:
+    """A stable digest of JSON-able data (configs, dataloader states)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def make_task_to_env(config: MasterConfig) -> dict[str, EnvironmentInterface]:
+    """One environment per ``env:`` entry, keyed by task name."""
+    return {name: create_env(name, settings) for name, settings in config.env.items()}
+
+
+def build_loss_fn(config: MasterConfig) -> ClippedPGLossFn:
+    return ClippedPGLossFn(config.loss_fn)
+
+
+def take_prompts(
+    config: MasterConfig, tokenizer: Any, dataloader_state: dict | None
+) -> tuple[BatchedDataDict, dict]:
+    """The next ``num_prompts_per_step`` prompts, each repeated ``num_generations_per_prompt``
+    times, and the dataloader state after taking them."""
+    dataloader = build_dataloader(
+        config.data, tokenizer, config.grpo.num_prompts_per_step, config.grpo.seed
+    )
+    if dataloader_state is not None:
+        dataloader.load_state_dict(dataloader_state)
+    batch = dataloader.next_batch()
+    repeated = batch.repeat_interleave(config.grpo.num_generations_per_prompt)
+    repeated["prompt_index"] = torch.arange(batch.size).repeat_interleave(
+        config.grpo.num_generations_per_prompt
+    )
+    return repeated, dataloader.state_dict()
+
+
+def generate_rollouts(
+    generation: GenerationInterface,
+    batch: BatchedDataDict,
+    tokenizer: Any,
+    task_to_env: dict[str, EnvironmentInterface],
+    config: MasterConfig,
+    iteration: int,
+) -> tuple[BatchedDataDict, dict[str, Any]]:
+    """Responses for every prompt; multi-turn tasks play the whole episode here."""
+    max_seq_len = config.policy.max_total_sequence_length
+    generation.prepare_for_generation()
+    try:
+        if config.grpo.max_rollout_turns > 1:
+            return run_multi_turn_rollout(
+                generation,
+                batch,
+                tokenizer,
+                task_to_env,
+                max_seq_len,
+                config.grpo.max_rollout_turns,
+            )
+        return generate_responses_batch(generation, batch, tokenizer)
+    finally:
+        generation.finish_generation()
+
+
+def generate_responses_batch(
+    generation: GenerationInterface, batch: BatchedDataDict, tokenizer: Any
+) -> tuple[BatchedDataDict, dict[str, Any]]:
+    return generate_responses(generation, batch, tokenizer)
+
+
+def score_rollouts(
+    batch: BatchedDataDict, task_to_env: dict[str, EnvironmentInterface], config: MasterConfig
+) -> tuple[BatchedDataDict, dict[str, Any]]:
+    """Rewards from the environments (multi-turn episodes were scored while played)."""
+    if config.grpo.max_rollout_turns == 1:
+        env_return = calculate_rewards(batch, task_to_env)
+        batch["total_reward"] = env_return.rewards.to(torch.float32)
+    rewards = batch["total_reward"]
+    return batch, {
+        "mean_reward": float(rewards.mean()),
+        "max_reward": float(rewards.max()),
+        "fraction_positive": float((rewards > 0).float().mean()),
+    }
+
+
+def compute_logprobs(
+    policy: PolicyInterface, batch: BatchedDataDict, tokenizer: Any, config: MasterConfig
+) -> BatchedDataDict:
+    """Flat training inputs of the rollouts with the policy's and reference's logprobs."""
+    train_data = message_logs_to_train_data(
+        batch["message_log"],
+        pad_token_id=tokenizer.pad_token_id,
+        make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
+    )
+    train_data["sample_mask"] = torch.as_tensor(batch["loss_multiplier"], dtype=torch.float32)
+    train_data["total_reward"] = batch["total_reward"]
+    train_data["prompt_index"] = batch["prompt_index"]
+    train_data["prev_logprobs"] = policy.get_logprobs(train_data)["logprobs"]
+    if config.grpo.skip_reference_policy_logprobs_calculation:
+        train_data["reference_policy_logprobs"] = train_data["prev_logprobs"].clone()
+    else:
+        train_data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(train_data)[
+            "reference_logprobs"
+        ]
+    return train_data
+
+
+def compute_advantages(
+    train_data: BatchedDataDict, config: MasterConfig
+) -> tuple[BatchedDataDict, dict]:
+    """Per-prompt baselines and the advantage of every token (GRPO / Reinforce++)."""
+    estimator = make_advantage_estimator(config.grpo)
+    advantages = estimator.compute_advantage(
+        prompt_ids=train_data["prompt_index"],
+        rewards=train_data["total_reward"],
+        mask=train_data["token_mask"],
+    )
+    train_data["advantages"] = advantages
+    baseline, std = calculate_baseline_and_std_per_prompt(
+        train_data["prompt_index"],
+        train_data["total_reward"],
+        torch.ones_like(train_data["total_reward"]),
+    )
+    return train_data, {
+        "mean_baseline": float(baseline.mean()),
+        "mean_reward_std": float(std.mean()),
+    }
+
+
+def train_policy(
+    policy: PolicyInterface,
+    train_data: BatchedDataDict,
+    loss_fn: Any,
+    config: MasterConfig,
+    iteration: int,
+) -> dict[str, Any]:
+    """One optimizer step on the iteration's batch; a non-finite loss fails with the iteration."""
+    policy.prepare_for_training()
+    try:
+        results = policy.train(train_data, loss_fn)
+    finally:
+        policy.finish_training()
+    metrics = {k: _scalar(v) for k, v in results.items() if _scalar(v) is not None}
+    bad = [
+        k
+        for k in ("loss", "grad_norm")
+        if k in metrics and not torch.isfinite(torch.tensor(metrics[k]))
+    ]
+    if bad:
+        raise FloatingPointError(f"iteration {iteration}: non-finite {bad} in training: {metrics}")
+    return metrics
+
+
+def _scalar(value: Any) -> float | None:
+    if isinstance(value, bool | int | float):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)
+    return None

@@ -1,0 +1,190 @@
+"""Baselines and advantage estimators against values worked by hand."""
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from nemo_rl_core.algorithms.advantage_estimator import (
+    GeneralizedAdvantageEstimator,
+    GRPOAdvantageEstimator,
+    ReinforcePlusPlusAdvantageEstimator,
+    create_advantage_estimator,
+)
+from nemo_rl_core.algorithms.config import GRPOAdvantageConfig
+from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
+
+REWARDS = [1.0, 2.0, 3.0, 6.0]
+
+
+def test_leave_one_out_baseline_and_bessel_std():
+    prompts = torch.tensor([[7, 8]] * 4)
+    baseline, std = calculate_baseline_and_std_per_prompt(
+        prompts, torch.tensor(REWARDS), torch.ones(4), leave_one_out_baseline=True
+    )
+    for i in range(4):
+        others = REWARDS[:i] + REWARDS[i + 1 :]
+        assert baseline[i].item() == pytest.approx(sum(others) / 3)
+        assert std[i].item() == pytest.approx(statistics.stdev(others))
+    assert baseline.tolist() == pytest.approx([11 / 3, 10 / 3, 3.0, 2.0])
+
+
+def test_mean_baseline_and_groups():
+    # two prompts interleaved; group A = (1, 3), group B = (2, 6)
+    prompts = torch.tensor([[1, 2], [3, 4], [1, 2], [3, 4]])
+    baseline, std = calculate_baseline_and_std_per_prompt(
+        prompts, torch.tensor(REWARDS), torch.ones(4), leave_one_out_baseline=False
+    )
+    assert baseline.tolist() == pytest.approx([2.0, 4.0, 2.0, 4.0])
+    assert std.tolist() == pytest.approx([math.sqrt(2), math.sqrt(8), math.sqrt(2), math.sqrt(8)])
+
+
+def test_invalid_samples_and_singleton_groups():
+    prompts = torch.tensor([0, 0, 0, 1])
+    rewards = torch.tensor([1.0, 5.0, 3.0, 4.0])
+    valid = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    baseline, std = calculate_baseline_and_std_per_prompt(prompts, rewards, valid, True)
+    # sample 1 is invalid: nobody's reference set holds it; its own set is (1, 3)
+    assert baseline.tolist() == pytest.approx([3.0, 2.0, 1.0, 4.0])
+    assert std.tolist() == pytest.approx([0.0, math.sqrt(2), 0.0, 0.0])
+    # a group with <= 1 valid sample: baseline = reward, std = 0
+    baseline, std = calculate_baseline_and_std_per_prompt(
+        prompts, rewards, torch.tensor([1.0, 0.0, 0.0, 1.0]), False
+    )
+    assert baseline.tolist() == pytest.approx([1.0, 5.0, 3.0, 4.0])
+    assert std.tolist() == [0.0] * 4
+
+
+def test_grpo_estimator_normalizes_only_nonzero_std():
+    prompts = torch.tensor([0, 0, 0, 1, 1, 1])
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    mask = torch.ones(6, 3)
+    est = GRPOAdvantageEstimator({"use_leave_one_out_baseline": False, "normalize_rewards": True})
+    adv = est.compute_advantage(prompts, rewards, mask)
+    std = statistics.stdev([1.0, 0.0, 0.0])
+    expected = [(1 - 1 / 3) / std, -1 / 3 / std, -1 / 3 / std, 0.0, 0.0, 0.0]
+    assert adv.shape == (6, 3)
+    assert adv[:, 0].tolist() == pytest.approx(expected)
+    assert torch.equal(adv[:, 0], adv[:, 2])
+    unnormalized = GRPOAdvantageEstimator(
+        {"use_leave_one_out_baseline": False, "normalize_rewards": False}
+    )
+    assert unnormalized.compute_advantage(prompts, rewards, mask)[:, 0].tolist() == pytest.approx(
+        [2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0]
+    )
+    clipped = GRPOAdvantageEstimator(
+        {
+            "use_leave_one_out_baseline": False,
+            "advantage_clip_low": -0.5,
+            "advantage_clip_high": 1.0,
+        }
+    )
+    assert clipped.compute_advantage(prompts, rewards, mask)[:, 0].tolist() == pytest.approx(
+        [1.0, -0.5, -0.5, 0.0, 0.0, 0.0]
+    )
+
+
+def test_grpo_section_fallbacks_and_factory():
+    cfg = GRPOAdvantageConfig.model_validate({"use_leave_one_out_baseline": False})
+    resolved = cfg.resolved_adv_estimator()
+    assert resolved.use_leave_one_out_baseline is False and resolved.normalize_rewards is True
+    assert isinstance(create_advantage_estimator(resolved), GRPOAdvantageEstimator)
+    est = create_advantage_estimator({"name": "reinforce_plus_plus"})
+    assert isinstance(est, ReinforcePlusPlusAdvantageEstimator)
+    with pytest.raises(ValueError, match=r"grpo\.adv_estimator\.name"):
+        create_advantage_estimator({"name": "ppo"})
+    with pytest.raises(ValueError, match=r"grpo\.adv_estimator: .*advantage_clip_low"):
+        create_advantage_estimator({"advantage_clip_low": -1.0, "advantage_clip_high": -2.0})
+
+
+def test_reinforce_plus_plus_hand_values():
+    prompts = torch.tensor([0, 0])
+    rewards = torch.tensor([1.0, 0.0])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    est = ReinforcePlusPlusAdvantageEstimator({"name": "reinforce_plus_plus"}, {})
+    # minus group mean -> (0.5, -0.5) on every response token; whitened: mean 0, std 0.5
+    adv = est.compute_advantage(prompts, rewards, mask)
+    assert adv.tolist() == [
+        [0.0, pytest.approx(1.0), pytest.approx(1.0)],
+        [0.0, pytest.approx(-1.0), pytest.approx(-1.0)],
+    ]
+
+
+def test_reinforce_plus_plus_kl_in_reward():
+    prompts = torch.tensor([0, 1])
+    rewards = torch.tensor([1.0, 1.0])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    policy = torch.zeros(2, 3)
+    reference = torch.tensor([[0.0, -1.0, -1.0], [0.0, 0.0, 0.0]])  # k1 = 1 on row 0
+    est = ReinforcePlusPlusAdvantageEstimator(
+        {"name": "reinforce_plus_plus", "minus_baseline": False},
+        {
+            "use_kl_in_reward": True,
+            "reference_policy_kl_penalty": 0.5,
+            "reference_policy_kl_type": "k1",
+        },
+    )
+    adv = est.compute_advantage(
+        prompts, rewards, mask, logprobs_policy=policy, logprobs_reference=reference
+    )
+    # token rewards row0: (-0.5, 1 - 0.5) -> returns (0, 0.5); row1: (0, 1) -> returns (1, 1)
+    returns = torch.tensor([0.0, 0.5, 1.0, 1.0])
+    expected = (returns - returns.mean()) / (returns.var(unbiased=False).sqrt() + 1e-8)
+    assert adv[:, 1:].flatten().tolist() == pytest.approx(expected.tolist())
+    with pytest.raises(ValueError, match="logprobs_reference"):
+        est.compute_advantage(prompts, rewards, mask)
+
+
+def test_gae_four_step_episode_by_hand():
+    # prompt token, then 4 response tokens; gamma 0.9, lambda 0.8, terminal reward 1
+    values = torch.tensor([[9.0, 0.2, 0.4, 0.6, 0.8]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0, 1.0]])
+    est = GeneralizedAdvantageEstimator(
+        {"gae_gamma": 0.9, "gae_lambda": 0.8, "normalize_advantages": False}
+    )
+    adv, ret = est.compute_advantages_and_returns(torch.tensor([1.0]), mask, values)
+    # delta_4 = 1 - 0.8 = 0.2                       A_4 = 0.2
+    # delta_3 = 0.9*0.8 - 0.6 = 0.12                A_3 = 0.12 + 0.72*0.2    = 0.264
+    # delta_2 = 0.9*0.6 - 0.4 = 0.14                A_2 = 0.14 + 0.72*0.264  = 0.33008
+    # delta_1 = 0.9*0.4 - 0.2 = 0.16                A_1 = 0.16 + 0.72*0.33008 = 0.3976576
+    assert adv[0].tolist() == pytest.approx([0.0, 0.3976576, 0.33008, 0.264, 0.2])
+    assert ret[0].tolist() == pytest.approx([0.0, 0.5976576, 0.73008, 0.864, 1.0])
+
+
+def test_gae_skips_masked_tokens_and_normalizes():
+    # an environment token (masked) between two policy tokens is skipped, not a step
+    values = torch.tensor([[0.0, 0.5, 7.0, 0.5]])
+    mask = torch.tensor([[0.0, 1.0, 0.0, 1.0]])
+    est = GeneralizedAdvantageEstimator(
+        {"gae_gamma": 1.0, "gae_lambda": 1.0, "normalize_advantages": False}
+    )
+    adv, _ = est.compute_advantages_and_returns(torch.tensor([2.0]), mask, values)
+    assert adv[0].tolist() == pytest.approx([0.0, 1.5, 0.0, 1.5])
+    normalized = GeneralizedAdvantageEstimator({})
+    values = torch.tensor([[0.0, 0.1, 0.3], [0.0, 0.2, 0.9]])
+    adv = normalized.compute_advantage(
+        None, torch.tensor([1.0, 0.0]), torch.tensor([[0, 1.0, 1], [0, 1, 1]]), values=values
+    )
+    valid = adv[:, 1:]
+    assert valid.mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert valid.var(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
+    assert adv[:, 0].tolist() == [0.0, 0.0]
+
+
+def test_gae_kl_in_reward():
+    values = torch.zeros(1, 3)
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    est = GeneralizedAdvantageEstimator(
+        {"gae_gamma": 1.0, "gae_lambda": 1.0, "normalize_advantages": False},
+        {
+            "use_kl_in_reward": True,
+            "reference_policy_kl_penalty": 0.1,
+            "reference_policy_kl_type": "k1",
+        },
+    )
+    adv, _ = est.compute_advantages_and_returns(
+        torch.tensor([1.0]), mask, values, torch.zeros(1, 3), torch.full((1, 3), -2.0)
+    )
+    # token rewards: -0.2, 1 - 0.2
+    assert adv[0].tolist() == pytest.approx([0.0, 0.6, 0.8])
