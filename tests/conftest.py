@@ -1,5 +1,16 @@
-"""Fixtures shared by every test folder: locally built models (never downloaded)."""
+"""Fixtures shared by every test folder: locally built models (never downloaded), and a
+real S3-compatible server (moto) for the storage tests."""
 
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,3 +30,90 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(
         tmp_path_factory.mktemp("models") / "tiny-qwen2", "qwen2", tie_word_embeddings=False
     )
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A running moto S3 server: where it listens and the fsspec options to reach it."""
+
+    endpoint_url: str
+    storage_options: dict
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-compatible server (moto_server) on 127.0.0.1, with dummy credentials."""
+    moto = Path(sys.executable).parent / "moto_server"
+    if not moto.exists():
+        moto = Path(shutil.which("moto_server") or moto)
+    port = _free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto_server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT
+        )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=1).close()
+                break
+            except urllib.error.HTTPError:  # answering at all means it is up
+                break
+            except OSError as exc:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"moto_server did not start on {endpoint}: {exc}; see {log}"
+                    ) from exc
+                time.sleep(0.1)
+        yield S3Server(
+            endpoint_url=endpoint,
+            storage_options={
+                "endpoint_url": endpoint,
+                "key": "testing",
+                "secret": "testing",
+                "client_kwargs": {"region_name": "us-east-1"},
+            },
+        )
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """A fresh, empty bucket on the test S3 server; returns its name."""
+    import boto3
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    options = s3_server.storage_options
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server.endpoint_url,
+        aws_access_key_id=options["key"],
+        aws_secret_access_key=options["secret"],
+        region_name="us-east-1",
+    )
+    client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(params=["file", "s3"])
+def storage_root(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict | None]:
+    """(root URL, storage_options) of an empty storage root, on local disk and on S3."""
+    if request.param == "file":
+        return f"file://{tmp_path / 'store'}", None
+    server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"s3://{bucket}/prefix", dict(server.storage_options)

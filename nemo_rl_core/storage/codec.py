@@ -1,0 +1,432 @@
+"""Arrow/Parquet codec for ``BatchedDataDict``: the one on-disk format of stage outputs.
+
+Every key becomes one column. Tensors keep their exact dtype, shape and bits:
+fixed-size rows are stored flat (primitive or fixed-size-list columns) so reading them
+back is a numpy view of the Arrow buffer; right-padded rows whose true length is given
+by a lengths key (``input_lengths`` and friends) are stored as list columns without
+the padding, and the pad value and width come back exactly on read. Lists of Python
+values (strings, numbers, message logs with tensors inside, nested metadata) are
+stored as JSON text with their tensors as raw bytes beside it.
+
+The schema metadata records every column's dtype, shape and layout plus a format
+version, so a reader of another version or a damaged file fails with ``CodecError``
+naming the path instead of returning wrong data.
+"""
+
+import json
+import math
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+
+FORMAT_NAME = "nemo_rl_core.batch"
+FORMAT_VERSION = 1
+_METADATA_KEY = FORMAT_NAME.encode()
+
+# Keys that NeMo RL uses for the true length of right-padded [B, S, ...] tensors, tried in
+# this order when the caller does not say which tensor is measured by which key.
+DEFAULT_LENGTHS_KEYS = ("input_lengths", "unpadded_sequence_lengths", "generation_lengths")
+
+# torch dtype -> (name in metadata, numpy dtype Arrow stores, torch dtype of that numpy dtype)
+_TENSOR_DTYPES: dict[torch.dtype, tuple[str, np.dtype, torch.dtype]] = {
+    torch.float64: ("float64", np.dtype(np.float64), torch.float64),
+    torch.float32: ("float32", np.dtype(np.float32), torch.float32),
+    torch.float16: ("float16", np.dtype(np.float16), torch.float16),
+    torch.bfloat16: ("bfloat16", np.dtype(np.int16), torch.int16),  # Arrow has no bfloat16
+    torch.int64: ("int64", np.dtype(np.int64), torch.int64),
+    torch.int32: ("int32", np.dtype(np.int32), torch.int32),
+    torch.int16: ("int16", np.dtype(np.int16), torch.int16),
+    torch.int8: ("int8", np.dtype(np.int8), torch.int8),
+    torch.uint8: ("uint8", np.dtype(np.uint8), torch.uint8),
+    torch.bool: ("bool", np.dtype(np.uint8), torch.uint8),  # bytes, so reads stay zero-copy
+}
+_DTYPE_BY_NAME = {name: dtype for dtype, (name, _, _) in _TENSOR_DTYPES.items()}
+# Integer dtype of the same width, used to compare and restore padding bit for bit.
+_BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+_TENSOR_MARK = "__tensor__"
+_TUPLE_MARK = "__tuple__"
+_DICT_MARK = "__dict__"
+_OBJECT_TYPE = pa.struct([("json", pa.large_string()), ("tensors", pa.list_(pa.large_binary()))])
+
+
+class CodecError(ValueError):
+    """A batch cannot be encoded (names the key) or a file cannot be decoded (names the path)."""
+
+
+def batch_to_table(
+    batch: Mapping[str, Any], lengths_keys: Mapping[str, str] | None = None
+) -> pa.Table:
+    """Encode a batch as an Arrow table whose schema metadata describes every column.
+
+    ``lengths_keys`` maps a right-padded tensor key to the key holding its true lengths;
+    those tensors must have a constant pad beyond the lengths. Without it, tensors of
+    rank >= 2 are stored ragged whenever one of ``DEFAULT_LENGTHS_KEYS`` measures them
+    and their padding is constant, and dense otherwise, so the round trip is always exact.
+    """
+    data = batch.data if isinstance(batch, BatchedDataDict) else dict(batch)
+    size = _batch_size(data)
+    for key, lengths_key in (lengths_keys or {}).items():
+        for name in (key, lengths_key):
+            if name not in data:
+                raise CodecError(f"lengths_keys names key {name!r}, which is not in the batch")
+    columns: dict[str, pa.Array] = {}
+    specs: dict[str, dict[str, Any]] = {}
+    for key, value in data.items():
+        if isinstance(value, torch.Tensor):
+            columns[key], specs[key] = _encode_tensor(key, value, data, lengths_keys)
+        else:
+            columns[key], specs[key] = _encode_list(key, value)
+    metadata = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "size": size,
+        "columns": specs,
+    }
+    schema = pa.schema(
+        [pa.field(key, array.type) for key, array in columns.items()],
+        metadata={_METADATA_KEY: json.dumps(metadata).encode()},
+    )
+    if not columns:
+        return pa.Table.from_batches([], schema)
+    return pa.Table.from_arrays(list(columns.values()), schema=schema)
+
+
+def table_to_batch(table: pa.Table, source: str = "<table>") -> BatchedDataDict:
+    """Decode a table written by ``batch_to_table``; ``source`` names it in errors."""
+    metadata = _read_metadata(table.schema, source)
+    batch = BatchedDataDict()
+    with warnings.catch_warnings():
+        # Arrow buffers are read-only to numpy; the tensors own them alone from here on.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for key, spec in metadata["columns"].items():
+            if key not in table.column_names:
+                raise CodecError(f"{source}: column {key!r} listed in the metadata is missing")
+            column = table.column(key)
+            try:
+                array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+                batch[key] = _decode_column(spec, array)
+            except (KeyError, TypeError, ValueError, pa.ArrowException, RuntimeError) as exc:
+                raise CodecError(f"{source}: column {key!r} cannot be decoded: {exc}") from exc
+    return batch
+
+
+def write_batch(
+    batch: Mapping[str, Any],
+    path_or_file: str | Path | IO[bytes],
+    filesystem: Any = None,
+    lengths_keys: Mapping[str, str] | None = None,
+) -> None:
+    """Write a batch as one Parquet file (one row group, page checksums on)."""
+    table = batch_to_table(batch, lengths_keys)
+    where = str(path_or_file) if isinstance(path_or_file, Path) else path_or_file
+    pq.write_table(
+        table,
+        where,
+        filesystem=filesystem,
+        row_group_size=max(table.num_rows, 1),
+        compression="none",
+        use_dictionary=False,
+        write_statistics=False,
+        write_page_checksum=True,
+    )
+
+
+def read_batch(path_or_file: str | Path | IO[bytes], filesystem: Any = None) -> BatchedDataDict:
+    """Read a batch written by ``write_batch``; a damaged or foreign file raises ``CodecError``."""
+    source = str(path_or_file) if isinstance(path_or_file, str | Path) else _name_of(path_or_file)
+    where = str(path_or_file) if isinstance(path_or_file, Path) else path_or_file
+    return _read(where, filesystem, source)
+
+
+def batch_to_bytes(
+    batch: Mapping[str, Any], lengths_keys: Mapping[str, str] | None = None
+) -> bytes:
+    """The Parquet bytes of a batch, for stores that put whole objects."""
+    sink = pa.BufferOutputStream()
+    write_batch(batch, sink, lengths_keys=lengths_keys)
+    return sink.getvalue().to_pybytes()
+
+
+def batch_from_bytes(data: bytes | memoryview, source: str = "<bytes>") -> BatchedDataDict:
+    """Decode Parquet bytes made by ``batch_to_bytes``; ``source`` names them in errors."""
+    return _read(pa.BufferReader(data), None, source)
+
+
+def _read(where: Any, filesystem: Any, source: str) -> BatchedDataDict:
+    try:
+        table = pq.read_table(where, filesystem=filesystem, page_checksum_verification=True)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CodecError(f"{source}: not a readable batch file ({exc}); rewrite it") from exc
+    return table_to_batch(table, source)
+
+
+def _name_of(file: Any) -> str:
+    return str(getattr(file, "name", None) or getattr(file, "path", None) or "<file>")
+
+
+def _batch_size(data: Mapping[str, Any]) -> int:
+    sizes: dict[str, int] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise CodecError(f"key {key!r} is not a string; batch keys must be strings")
+        if isinstance(value, torch.Tensor):
+            if value.dim() == 0:
+                raise CodecError(f"key {key!r} holds a 0-d tensor; values must be batch-first")
+            sizes[key] = value.shape[0]
+        elif isinstance(value, list):
+            sizes[key] = len(value)
+        else:
+            raise CodecError(
+                f"key {key!r} holds {type(value).__name__}; expected a tensor or a list"
+            )
+    if len(set(sizes.values())) > 1:
+        raise CodecError(f"keys have different batch sizes: {sizes}")
+    return next(iter(sizes.values()), 0)
+
+
+# ---- tensors -------------------------------------------------------------------------
+
+
+def _dtype_info(key: str, tensor: torch.Tensor) -> tuple[str, np.dtype, torch.dtype]:
+    try:
+        return _TENSOR_DTYPES[tensor.dtype]
+    except KeyError:
+        supported = ", ".join(name for name, _, _ in _TENSOR_DTYPES.values())
+        raise CodecError(
+            f"key {key!r} has unsupported dtype {tensor.dtype}; convert it to one of {supported}"
+        ) from None
+
+
+def _to_numpy(key: str, tensor: torch.Tensor) -> np.ndarray:
+    """The tensor's values as the numpy dtype Arrow stores (a view when already on CPU)."""
+    _, _, storage_dtype = _dtype_info(key, tensor)
+    tensor = tensor.detach().cpu().contiguous()
+    return tensor.view(storage_dtype).numpy().reshape(-1)
+
+
+def _encode_tensor(
+    key: str,
+    tensor: torch.Tensor,
+    data: Mapping[str, Any],
+    lengths_keys: Mapping[str, str] | None,
+) -> tuple[pa.Array, dict[str, Any]]:
+    name, _, _ = _dtype_info(key, tensor)
+    spec: dict[str, Any] = {"kind": "tensor", "dtype": name, "shape": list(tensor.shape)}
+    if lengths_keys is not None and key in lengths_keys:
+        lengths_key = lengths_keys[key]
+        ragged = _try_ragged(key, tensor, lengths_key, data[lengths_key])
+        if ragged is None:
+            raise CodecError(
+                f"key {key!r} cannot be stored ragged by {lengths_key!r}: the lengths are not a "
+                f"1-d integer tensor within the width, or the padding beyond them is not constant"
+            )
+        return ragged[0], {**spec, **ragged[1]}
+    if lengths_keys is None and tensor.dim() >= 2:
+        for lengths_key in DEFAULT_LENGTHS_KEYS:
+            if lengths_key in data and lengths_key != key:
+                ragged = _try_ragged(key, tensor, lengths_key, data[lengths_key])
+                if ragged is not None:
+                    return ragged[0], {**spec, **ragged[1]}
+    return _dense_array(key, tensor), {**spec, "layout": "dense"}
+
+
+def _dense_array(key: str, tensor: torch.Tensor) -> pa.Array:
+    rows = tensor.shape[0]
+    row_numel = math.prod(tensor.shape[1:])
+    if row_numel == 0:
+        return pa.nulls(rows)
+    values = pa.array(_to_numpy(key, tensor))
+    if tensor.dim() == 1:
+        return values
+    return pa.FixedSizeListArray.from_arrays(values, row_numel)
+
+
+def _try_ragged(
+    key: str, tensor: torch.Tensor, lengths_key: str, lengths: Any
+) -> tuple[pa.Array, dict[str, Any]] | None:
+    """A list column of the rows cut at their lengths, if the padding is one constant."""
+    width = tensor.shape[1]
+    if (
+        not isinstance(lengths, torch.Tensor)
+        or lengths.dim() != 1
+        or lengths.shape[0] != tensor.shape[0]
+        or lengths.dtype.is_floating_point
+        or lengths.dtype == torch.bool
+    ):
+        return None
+    lengths = lengths.detach().cpu().to(torch.int64)
+    if lengths.numel() and (lengths.min() < 0 or lengths.max() > width):
+        return None
+    tensor = tensor.detach().cpu().contiguous()
+    bits = tensor.view(_BITS_DTYPE[tensor.element_size()])
+    valid = torch.arange(width)[None, :] < lengths[:, None]
+    pad = bits[~valid]
+    pad_bits = 0
+    if pad.numel():
+        pad_bits = int(pad.reshape(-1)[0])
+        if not bool((pad == pad_bits).all()):
+            return None
+    row_numel = math.prod(tensor.shape[2:])
+    values = pa.array(_to_numpy(key, tensor[valid]))
+    offsets = np.zeros(tensor.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths.numpy() * row_numel, out=offsets[1:])
+    array = pa.LargeListArray.from_arrays(pa.array(offsets), values)
+    return array, {"layout": "ragged", "lengths_key": lengths_key, "pad_bits": pad_bits}
+
+
+def _decode_tensor(spec: dict[str, Any], array: pa.Array) -> torch.Tensor:
+    dtype = _DTYPE_BY_NAME[spec["dtype"]]
+    shape = spec["shape"]
+    _, numpy_dtype, storage_dtype = _TENSOR_DTYPES[dtype]
+    if array.null_count and not pa.types.is_null(array.type):
+        raise ValueError("unexpected nulls in a tensor column")
+    if len(array) != shape[0]:
+        raise ValueError(f"{len(array)} rows, metadata says {shape[0]}")
+    if spec["layout"] == "dense":
+        if math.prod(shape[1:]) == 0:
+            return torch.empty(shape, dtype=dtype)
+        flat = array.flatten() if pa.types.is_fixed_size_list(array.type) else array
+        values = _values_view(flat, numpy_dtype)
+        return values.view(dtype).reshape(shape)
+    if spec["layout"] != "ragged":
+        raise ValueError(f"unknown layout {spec['layout']!r}")
+    row_numel = math.prod(shape[2:])
+    offsets = torch.from_numpy(array.offsets.to_numpy(zero_copy_only=False).astype(np.int64))
+    lengths = (offsets[1:] - offsets[:-1]) // max(row_numel, 1)
+    values = _values_view(
+        array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), numpy_dtype
+    )
+    bits_dtype = _BITS_DTYPE[torch.empty(0, dtype=dtype).element_size()]
+    out = torch.full(shape, spec["pad_bits"], dtype=bits_dtype)
+    valid = torch.arange(shape[1])[None, :] < lengths[:, None]
+    out[valid] = values.view(storage_dtype).view(bits_dtype).reshape(-1, *shape[2:])
+    return out.view(dtype)
+
+
+def _values_view(array: pa.Array, numpy_dtype: np.dtype) -> torch.Tensor:
+    """A tensor over the Arrow buffer (no copy) in the dtype Arrow stored."""
+    values = array.to_numpy(zero_copy_only=True)
+    if values.dtype != numpy_dtype:
+        raise ValueError(f"stored as {values.dtype}, expected {numpy_dtype}")
+    return torch.from_numpy(values)
+
+
+# ---- lists of Python values ----------------------------------------------------------
+
+
+def _encode_list(key: str, values: list[Any]) -> tuple[pa.Array, dict[str, Any]]:
+    if values and all(type(v) is str for v in values):
+        return pa.array(values, type=pa.large_string()), {"kind": "str"}
+    if values and all(type(v) is bool for v in values):
+        return pa.array(values, type=pa.bool_()), {"kind": "bool"}
+    if values and all(type(v) is float for v in values):
+        return pa.array(values, type=pa.float64()), {"kind": "float"}
+    if values and all(type(v) is int and -(2**63) <= v < 2**63 for v in values):
+        return pa.array(values, type=pa.int64()), {"kind": "int"}
+    texts: list[str] = []
+    blobs: list[list[bytes]] = []
+    for index, value in enumerate(values):
+        tensors: list[bytes] = []
+        encoded = _encode_object(value, tensors, f"{key}[{index}]")
+        texts.append(json.dumps(encoded, separators=(",", ":")))
+        blobs.append(tensors)
+    array = pa.StructArray.from_arrays(
+        [pa.array(texts, type=pa.large_string()), pa.array(blobs, type=_OBJECT_TYPE[1].type)],
+        fields=list(_OBJECT_TYPE),
+    )
+    return array, {"kind": "object"}
+
+
+def _encode_object(value: Any, tensors: list[bytes], path: str) -> Any:
+    """JSON-able form of ``value``; tensors go to ``tensors`` and are referenced by index."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, torch.Tensor):
+        name, _, _ = _dtype_info(path, value)
+        tensors.append(_to_numpy(path, value).tobytes())
+        return {_TENSOR_MARK: [name, list(value.shape), len(tensors) - 1]}
+    if isinstance(value, list):
+        return [_encode_object(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, tuple):
+        return {
+            _TUPLE_MARK: [_encode_object(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]
+        }
+    if isinstance(value, dict):
+        encoded = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise CodecError(f"{path} has dict key {k!r}; only string keys can be stored")
+            encoded[k] = _encode_object(v, tensors, f"{path}[{k!r}]")
+        marked = len(encoded) == 1 and next(iter(encoded)) in (
+            _TENSOR_MARK,
+            _TUPLE_MARK,
+            _DICT_MARK,
+        )
+        return {_DICT_MARK: encoded} if marked else encoded
+    raise CodecError(
+        f"{path} holds {type(value).__name__}, which cannot be stored; use tensors, lists, "
+        f"tuples, string-keyed dicts, str, int, float, bool or None"
+    )
+
+
+def _decode_object(value: Any, blobs: list[Any]) -> Any:
+    if isinstance(value, list):
+        return [_decode_object(v, blobs) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        ((mark, inner),) = value.items()
+        if mark == _TENSOR_MARK:
+            name, shape, index = inner
+            dtype = _DTYPE_BY_NAME[name]
+            _, numpy_dtype, _ = _TENSOR_DTYPES[dtype]
+            array = np.frombuffer(blobs[index].as_buffer(), dtype=numpy_dtype)
+            return torch.from_numpy(array).view(dtype).reshape(shape)
+        if mark == _TUPLE_MARK:
+            return tuple(_decode_object(v, blobs) for v in inner)
+        if mark == _DICT_MARK:
+            return {k: _decode_object(v, blobs) for k, v in inner.items()}
+    return {k: _decode_object(v, blobs) for k, v in value.items()}
+
+
+def _decode_column(spec: dict[str, Any], array: pa.Array) -> Any:
+    kind = spec["kind"]
+    if kind == "tensor":
+        return _decode_tensor(spec, array)
+    if kind in ("str", "bool", "float", "int"):
+        return array.to_pylist()
+    if kind == "object":
+        texts = array.field("json").to_pylist()
+        blob_lists = array.field("tensors")
+        return [
+            _decode_object(json.loads(text), blob_lists[i].values) for i, text in enumerate(texts)
+        ]
+    raise ValueError(f"unknown column kind {kind!r}")
+
+
+def _read_metadata(schema: pa.Schema, source: str) -> dict[str, Any]:
+    raw = (schema.metadata or {}).get(_METADATA_KEY)
+    if raw is None:
+        raise CodecError(f"{source}: no {FORMAT_NAME} metadata; not written by this codec")
+    try:
+        metadata = json.loads(raw)
+    except ValueError as exc:
+        raise CodecError(f"{source}: damaged {FORMAT_NAME} metadata ({exc})") from exc
+    version = metadata.get("version")
+    if metadata.get("format") != FORMAT_NAME or version != FORMAT_VERSION:
+        raise CodecError(
+            f"{source}: format {metadata.get('format')!r} version {version!r} is not "
+            f"{FORMAT_NAME!r} version {FORMAT_VERSION}; read it with the version that wrote it"
+        )
+    return metadata

@@ -1,0 +1,533 @@
+"""Run storage: the one module that knows the layout of a run on object storage.
+
+```
+<root>/runs/<run_id>/
+  config.yaml                          resolved config, written once
+  LEASE.json                           who drives the run, until when
+  iter_000003/<stage>/<name>.parquet   stage outputs (BatchedDataDict, codec format)
+  iter_000003/<stage>/<name>.json      small outputs (metrics)
+  iter_000003/MANIFEST.json            one entry per finished stage: inputs, outputs, checksums
+  checkpoints/step_000003/...          checkpoint files, training_info.json, COMMITTED last
+```
+
+Commit protocol. Every object is written whole and becomes visible at once: on a local
+disk through a temporary file renamed over the key; on S3 (and other object stores) a
+PUT, single or multipart, is atomic by itself, so it is written to its key directly. A
+stage is done only when its entry is in ``MANIFEST.json`` (written the same way, after
+its outputs), so a stage interrupted before that leaves no entry and the previous
+manifest untouched; its partial outputs, if any, are never referenced. Checkpoints
+count only once their ``COMMITTED`` marker, written after every other file, exists.
+
+Concurrent writers of one run are excluded by the lease (``acquire_lease``); inside one
+process manifest updates are serialised by a lock. Credentials in ``storage_options``
+are handed to fsspec and never logged, stored or put in an error message.
+"""
+
+import hashlib
+import json
+import posixpath
+import re
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import fsspec
+import yaml
+from fsspec.implementations.local import LocalFileSystem
+
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.storage.codec import batch_from_bytes, batch_to_bytes
+
+T = TypeVar("T")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_ITER_RE = re.compile(r"^iter_(\d+)$")
+_STEP_RE = re.compile(r"^step_(\d+)$")
+COMMITTED = "COMMITTED"
+TRAINING_INFO = "training_info.json"
+MANIFEST = "MANIFEST.json"
+_MANIFEST_LOCK = threading.Lock()
+
+try:  # s3fs raises botocore's errors for connection trouble; other backends only OSError
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    _TRANSIENT: tuple[type[BaseException], ...] = (OSError, BotoCoreError, ClientError)
+except ImportError:  # pragma: no cover - botocore comes with s3fs
+    _TRANSIENT = (OSError,)
+
+
+class StorageError(RuntimeError):
+    """Storage unreachable or an operation on it failed; names the URL. Retrying may help."""
+
+
+class IntegrityError(StorageError):
+    """An object does not match its manifest entry (size or sha256) or is corrupt."""
+
+
+class LeaseHeldError(RuntimeError):
+    """Another owner holds the run's lease; says who and until when."""
+
+
+class ConfigConflictError(ValueError):
+    """The run already has a different config; names the keys that differ."""
+
+
+def validate_name(kind: str, value: str) -> str:
+    """Check a run id, stage or object name: one path segment of [A-Za-z0-9._-], no '..'."""
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or value in (".", ".."):
+        raise ValueError(
+            f"invalid {kind} {value!r}: use only letters, digits, '.', '_' and '-' "
+            f"(one path segment, not '.' or '..')"
+        )
+    if ".." in value:
+        raise ValueError(f"invalid {kind} {value!r}: '..' is not allowed")
+    return value
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """A stored object: its key relative to the run, its size in bytes and its sha256."""
+
+    key: str
+    size: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        missing = {"key", "size", "sha256"} - set(data)
+        if missing:
+            raise ValueError(f"ObjectRef dict {data!r} lacks {sorted(missing)}")
+        return cls(key=str(data["key"]), size=int(data["size"]), sha256=str(data["sha256"]))
+
+
+class RunStorage:
+    """Reads and writes one run's config, stage outputs, manifests, checkpoints and lease."""
+
+    def __init__(self, root: str, run_id: str, storage_options: dict | None = None) -> None:
+        self.run_id = validate_name("run id", run_id)
+        self.root = str(root).rstrip("/") or "/"
+        try:
+            self.fs, root_path = fsspec.core.url_to_fs(self.root, **(storage_options or {}))
+        except (ValueError, ImportError, TypeError) as exc:
+            raise StorageError(f"cannot open storage root {self.root!r}: {exc}") from exc
+        self._local = isinstance(self.fs, LocalFileSystem)
+        self._run_path = posixpath.join(root_path.rstrip("/"), "runs", self.run_id)
+        self.run_url = f"{self.root}/runs/{self.run_id}"
+
+    def __repr__(self) -> str:
+        return f"RunStorage({self.run_url!r})"
+
+    # ---- config ----------------------------------------------------------------------
+
+    def write_run_config(self, config: dict, allow_change: bool = False) -> ObjectRef:
+        """Write ``config.yaml`` once; a different existing config needs ``allow_change``."""
+        existing = self.read_run_config()
+        if existing is not None and existing != config and not allow_change:
+            changed = sorted(_diff_keys(existing, config))
+            raise ConfigConflictError(
+                f"{self.run_url}/config.yaml holds a different config (keys {changed}); "
+                f"use a new run id, or pass allow_change=True to replace it"
+            )
+        data = yaml.safe_dump(config, sort_keys=False).encode()
+        return self._put("config.yaml", data)
+
+    def read_run_config(self) -> dict | None:
+        data = self._get_optional("config.yaml")
+        return None if data is None else yaml.safe_load(data)
+
+    # ---- stage outputs ---------------------------------------------------------------
+
+    def write_batch(
+        self, iteration: int, stage: str, batch: BatchedDataDict, name: str = "batch"
+    ) -> ObjectRef:
+        """Store a batch at ``iter_<n>/<stage>/<name>.parquet``, atomically."""
+        key = self._stage_key(iteration, stage, f"{validate_name('name', name)}.parquet")
+        return self._put(key, batch_to_bytes(batch))
+
+    def read_batch(self, ref: ObjectRef) -> BatchedDataDict:
+        return batch_from_bytes(self._get_verified(ref), source=self._url(ref.key))
+
+    def write_json(self, iteration: int, stage: str, name: str, obj: dict) -> ObjectRef:
+        key = self._stage_key(iteration, stage, f"{validate_name('name', name)}.json")
+        return self._put(key, json.dumps(obj, indent=2, sort_keys=True).encode())
+
+    def read_json(self, ref: ObjectRef) -> dict:
+        data = self._get_verified(ref)
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise IntegrityError(f"{self._url(ref.key)} is not valid JSON: {exc}") from exc
+
+    # ---- manifest --------------------------------------------------------------------
+
+    def read_manifest(self, iteration: int) -> dict:
+        """``{"stages": {stage: entry}}`` of an iteration; empty when none was recorded."""
+        key = f"{_iter_dir(iteration)}/{MANIFEST}"
+        data = self._get_optional(key)
+        if data is None:
+            return {"stages": {}}
+        try:
+            manifest = json.loads(data)
+        except ValueError as exc:
+            raise IntegrityError(f"{self._url(key)} is not valid JSON: {exc}") from exc
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("stages"), dict):
+            raise IntegrityError(f"{self._url(key)} has no 'stages' mapping")
+        return manifest
+
+    def record_stage(
+        self,
+        iteration: int,
+        stage: str,
+        inputs: dict[str, str],
+        outputs: dict[str, ObjectRef],
+        metrics: dict | None = None,
+    ) -> dict:
+        """Commit a finished stage: its entry goes into ``MANIFEST.json`` (read-modify-write)."""
+        validate_name("stage", stage)
+        for ref in outputs.values():
+            self._check_key(ref.key)
+        entry = {
+            "status": "complete",
+            "inputs": dict(inputs),
+            "outputs": {name: ref.to_dict() for name, ref in outputs.items()},
+            "metrics": dict(metrics or {}),
+            "finished_at": datetime.now(UTC).isoformat(),
+        }
+        with _MANIFEST_LOCK:
+            manifest = self.read_manifest(iteration)
+            manifest["stages"][stage] = entry
+            self._write_manifest(iteration, manifest)
+        return entry
+
+    def completed_stage(self, iteration: int, stage: str, inputs: dict[str, str]) -> dict | None:
+        """The stage's entry if complete, not stale, with these inputs and intact outputs."""
+        entry = self.read_manifest(iteration)["stages"].get(validate_name("stage", stage))
+        if entry is None or entry.get("status") != "complete" or entry.get("inputs") != inputs:
+            return None
+        for ref in entry.get("outputs", {}).values():
+            size = self._size_optional(ObjectRef.from_dict(ref).key)
+            if size != ref["size"]:
+                return None
+        return entry
+
+    def mark_stale(self, iteration: int, stages: list[str]) -> None:
+        """Mark stages to be redone (e.g. everything downstream of a rerun stage)."""
+        with _MANIFEST_LOCK:
+            manifest = self.read_manifest(iteration)
+            changed = False
+            for stage in stages:
+                entry = manifest["stages"].get(validate_name("stage", stage))
+                if entry is not None and entry.get("status") != "stale":
+                    entry["status"] = "stale"
+                    changed = True
+            if changed:
+                self._write_manifest(iteration, manifest)
+
+    def iterations(self) -> list[int]:
+        """Iterations that have a directory (any stage output or manifest)."""
+        return sorted(_numbered(self._list_names(""), _ITER_RE))
+
+    def _write_manifest(self, iteration: int, manifest: dict) -> None:
+        key = f"{_iter_dir(iteration)}/{MANIFEST}"
+        self._put(key, json.dumps(manifest, indent=2, sort_keys=True).encode())
+
+    # ---- checkpoints -----------------------------------------------------------------
+
+    def write_checkpoint(self, step: int, local_dir: str | Path, info: dict) -> str:
+        """Upload every file of ``local_dir`` and ``training_info.json``, then ``COMMITTED``."""
+        local_dir = Path(local_dir)
+        if not local_dir.is_dir():
+            raise FileNotFoundError(f"checkpoint directory {local_dir} does not exist")
+        ckpt = _step_dir(step)
+        self._delete_tree(ckpt)  # an older attempt at this step, committed or not
+        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+            relative = path.relative_to(local_dir).as_posix()
+            if relative in (COMMITTED, TRAINING_INFO):
+                continue
+            self._put_file(f"{ckpt}/{relative}", path)
+        self._put(f"{ckpt}/{TRAINING_INFO}", json.dumps(info, indent=2, sort_keys=True).encode())
+        self._put(f"{ckpt}/{COMMITTED}", datetime.now(UTC).isoformat().encode())
+        return self._url(ckpt)
+
+    def committed_checkpoints(self) -> list[int]:
+        steps = _numbered(self._list_names("checkpoints"), _STEP_RE)
+        return sorted(s for s in steps if self._exists(f"{_step_dir(s)}/{COMMITTED}"))
+
+    def latest_checkpoint(self) -> int | None:
+        committed = self.committed_checkpoints()
+        return committed[-1] if committed else None
+
+    def fetch_checkpoint(self, step: int, local_dir: str | Path | None = None) -> Path:
+        """A local directory with the checkpoint's files (the stored one itself on local disk
+        when ``local_dir`` is None: use it read-only)."""
+        ckpt = _step_dir(step)
+        if not self._exists(f"{ckpt}/{COMMITTED}"):
+            raise StorageError(f"{self._url(ckpt)} is not a committed checkpoint")
+        if local_dir is None and self._local:
+            return Path(self._path(ckpt))
+        target = Path(local_dir) if local_dir is not None else Path(tempfile.mkdtemp("-ckpt"))
+        target.mkdir(parents=True, exist_ok=True)
+        source = self._path(ckpt)
+        for remote in self._call(ckpt, lambda: self.fs.find(source)):
+            relative = posixpath.relpath(remote, source)
+            (target / relative).parent.mkdir(parents=True, exist_ok=True)
+            self._call(ckpt, lambda r=remote, rel=relative: self.fs.get_file(r, str(target / rel)))
+        return target
+
+    def read_checkpoint_info(self, step: int) -> dict:
+        key = f"{_step_dir(step)}/{TRAINING_INFO}"
+        data = self._get_optional(key)
+        if data is None:
+            raise StorageError(f"{self._url(key)} does not exist")
+        return json.loads(data)
+
+    def prune_checkpoints(
+        self, keep_top_k: int | None, metric_name: str | None = None, higher_is_better: bool = True
+    ) -> list[int]:
+        """Keep the top ``keep_top_k`` committed checkpoints (by ``metric_name`` from their
+        training info, else the newest), never the newest one; drop uncommitted leftovers
+        older than the newest. Returns the deleted steps. ``keep_top_k=None`` keeps all."""
+        if keep_top_k is None:
+            return []
+        committed = self.committed_checkpoints()
+        if not committed:
+            return []
+        latest = committed[-1]
+        history = [(step, self.read_checkpoint_info(step)) for step in committed]
+        if metric_name is not None and all(metric_name in info for _, info in history):
+            history.sort(key=lambda item: item[1][metric_name], reverse=higher_is_better)
+        else:
+            if metric_name is not None:
+                warnings.warn(
+                    f"metric {metric_name!r} is missing from some checkpoints' training info; "
+                    f"keeping the {keep_top_k} most recent instead",
+                    stacklevel=2,
+                )
+            history.sort(key=lambda item: item[0], reverse=True)
+        doomed = {step for step, _ in history[keep_top_k:] if step != latest}
+        all_steps = _numbered(self._list_names("checkpoints"), _STEP_RE)
+        doomed |= {s for s in all_steps if s < latest and s not in committed}
+        for step in sorted(doomed):
+            self._delete_tree(_step_dir(step))
+        return sorted(doomed)
+
+    # ---- lease -----------------------------------------------------------------------
+
+    def acquire_lease(self, owner: str, ttl_s: float = 3600) -> "Lease":
+        """Take the run's lease for ``ttl_s`` seconds; an expired lease is taken over."""
+        lease = Lease(self, owner, ttl_s)
+        lease.renew()
+        return lease
+
+    def _read_lease(self) -> dict | None:
+        data = self._get_optional("LEASE.json")
+        return None if data is None else json.loads(data)
+
+    # ---- primitives ------------------------------------------------------------------
+
+    def _stage_key(self, iteration: int, stage: str, filename: str) -> str:
+        return f"{_iter_dir(iteration)}/{validate_name('stage', stage)}/{filename}"
+
+    def _path(self, key: str) -> str:
+        return posixpath.join(self._run_path, key) if key else self._run_path
+
+    def _url(self, key: str) -> str:
+        return f"{self.run_url}/{key}" if key else self.run_url
+
+    def _check_key(self, key: str) -> None:
+        parts = key.split("/")
+        if key.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"object key {key!r} must be relative to the run, without '..'")
+
+    def _call(self, key: str, op: Callable[[], T]) -> T:
+        """Run one fsspec operation; connection and service errors become ``StorageError``."""
+        try:
+            return op()
+        except FileNotFoundError:
+            raise
+        except _TRANSIENT as exc:
+            raise StorageError(f"storage operation on {self._url(key)} failed: {exc}") from exc
+
+    def _put(self, key: str, data: bytes) -> ObjectRef:
+        """Write ``data`` at ``key`` so that readers see the whole object or nothing."""
+        self._check_key(key)
+        path = self._path(key)
+        if self._local:
+            self._call(key, lambda: _local_atomic_write(path, data))
+        else:
+            self._call(key, lambda: self.fs.pipe_file(path, data))
+        return ObjectRef(key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    def _put_file(self, key: str, local_path: Path) -> None:
+        self._check_key(key)
+        path = self._path(key)
+        if self._local:
+            self._call(key, lambda: _local_atomic_copy(local_path, path))
+        else:
+            self._call(key, lambda: self.fs.put_file(str(local_path), path))
+
+    def _get_optional(self, key: str) -> bytes | None:
+        try:
+            return self._call(key, lambda: self.fs.cat_file(self._path(key)))
+        except FileNotFoundError:
+            return None
+
+    def _get_verified(self, ref: ObjectRef) -> bytes:
+        self._check_key(ref.key)
+        data = self._get_optional(ref.key)
+        if data is None:
+            raise IntegrityError(f"{self._url(ref.key)} is missing (expected {ref.size} bytes)")
+        if len(data) != ref.size:
+            raise IntegrityError(
+                f"{self._url(ref.key)} has {len(data)} bytes, its reference says {ref.size}"
+            )
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != ref.sha256:
+            raise IntegrityError(
+                f"{self._url(ref.key)} has sha256 {digest}, its reference says {ref.sha256}"
+            )
+        return data
+
+    def _size_optional(self, key: str) -> int | None:
+        try:
+            return int(self._call(key, lambda: self.fs.size(self._path(key))))
+        except FileNotFoundError:
+            return None
+
+    def _exists(self, key: str) -> bool:
+        return self._size_optional(key) is not None
+
+    def _list_names(self, key: str) -> list[str]:
+        """Names of the entries directly under ``key`` (empty if it does not exist)."""
+        path = self._path(key)
+        self.fs.invalidate_cache()
+        try:
+            entries = self._call(key, lambda: self.fs.ls(path, detail=False))
+        except FileNotFoundError:
+            return []
+        return [posixpath.basename(str(entry).rstrip("/")) for entry in entries]
+
+    def _delete_tree(self, key: str) -> None:
+        path = self._path(key)
+        self.fs.invalidate_cache()
+        try:
+            if self._call(key, lambda: self.fs.exists(path)):
+                self._call(key, lambda: self.fs.rm(path, recursive=True))
+        except FileNotFoundError:
+            pass
+
+
+class Lease:
+    """The right to drive a run until ``expires_at``; renew it before it runs out."""
+
+    def __init__(self, storage: RunStorage, owner: str, ttl_s: float) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"lease ttl_s must be positive, got {ttl_s}")
+        self.storage = storage
+        self.owner = owner
+        self.ttl_s = ttl_s
+        self.token = uuid.uuid4().hex
+        self.expires_at = 0.0
+
+    def renew(self) -> None:
+        """Extend the lease by ``ttl_s``; raises ``LeaseHeldError`` if someone else has it."""
+        current = self.storage._read_lease()
+        now = time.time()
+        if (
+            current is not None
+            and current.get("token") != self.token
+            and current.get("expires_at", 0) > now
+        ):
+            until = datetime.fromtimestamp(current["expires_at"], UTC).isoformat()
+            raise LeaseHeldError(
+                f"run {self.storage.run_url} is leased by {current.get('owner')!r} until "
+                f"{until}; wait, or stop that owner"
+            )
+        record = {"owner": self.owner, "token": self.token, "expires_at": now + self.ttl_s}
+        self.storage._put("LEASE.json", json.dumps(record).encode())
+        written = self.storage._read_lease()
+        if written is None or written.get("token") != self.token:
+            holder = None if written is None else written.get("owner")
+            raise LeaseHeldError(f"run {self.storage.run_url} was taken by {holder!r} just now")
+        self.expires_at = record["expires_at"]
+
+    def release(self) -> None:
+        """Give the lease up (only if it is still ours)."""
+        current = self.storage._read_lease()
+        if current is not None and current.get("token") == self.token:
+            key = "LEASE.json"
+            self.storage._call(key, lambda: self.storage.fs.rm_file(self.storage._path(key)))
+        self.expires_at = 0.0
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def _iter_dir(iteration: int) -> str:
+    return f"iter_{_non_negative('iteration', iteration):06d}"
+
+
+def _step_dir(step: int) -> str:
+    return f"checkpoints/step_{_non_negative('step', step):06d}"
+
+
+def _non_negative(kind: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{kind} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _numbered(names: list[str], pattern: re.Pattern[str]) -> list[int]:
+    return [int(m.group(1)) for name in names if (m := pattern.fullmatch(name))]
+
+
+def _diff_keys(old: Any, new: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in old.keys() | new.keys():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in old or key not in new:
+                yield path
+            else:
+                yield from _diff_keys(old[key], new[key], path)
+    elif old != new:
+        yield prefix or "<root>"
+
+
+@contextmanager
+def _temporary_sibling(path: str) -> Iterator[Path]:
+    """A temporary file next to ``path`` that is removed unless it was renamed onto it."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex}")
+    try:
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _local_atomic_write(path: str, data: bytes) -> None:
+    with _temporary_sibling(path) as tmp:
+        with open(tmp, "wb") as file:
+            file.write(data)
+        tmp.replace(path)
+
+
+def _local_atomic_copy(source: Path, path: str) -> None:
+    with _temporary_sibling(path) as tmp:
+        shutil.copyfile(source, tmp)
+        tmp.replace(path)

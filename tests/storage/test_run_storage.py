@@ -1,0 +1,306 @@
+"""Run storage against local disk and a real S3 server (moto): layout, manifest, checksums,
+atomic commit, checkpoints and the lease. Every test runs on both backends."""
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.storage.run_storage import (
+    ConfigConflictError,
+    IntegrityError,
+    LeaseHeldError,
+    ObjectRef,
+    RunStorage,
+    StorageError,
+    validate_name,
+)
+
+
+@pytest.fixture
+def storage(storage_root: tuple[str, dict | None]) -> RunStorage:
+    root, options = storage_root
+    return RunStorage(root, "run-1", storage_options=options)
+
+
+def _batch(size: int = 4) -> BatchedDataDict:
+    lengths = torch.arange(1, size + 1)
+    ids = torch.zeros(size, size, dtype=torch.int64)
+    for row, length in enumerate(lengths.tolist()):
+        ids[row, :length] = torch.arange(1, length + 1)
+    return BatchedDataDict(
+        input_ids=ids,
+        input_lengths=lengths,
+        logprobs=torch.randn(size, size),
+        text=[f"sample {i}" for i in range(size)],
+    )
+
+
+def _assert_same(a: BatchedDataDict, b: BatchedDataDict) -> None:
+    assert list(a.keys()) == list(b.keys())
+    for key in a:
+        if isinstance(a[key], torch.Tensor):
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("name", ["run-1", "grpo_2024.11", "A"])
+def test_validate_name_accepts_plain_segments(name: str) -> None:
+    assert validate_name("run id", name) == name
+
+
+@pytest.mark.parametrize("name", ["", "..", ".", "a/b", "/abs", "a..b", "x y", "a\\b", "ü"])
+def test_validate_name_rejects_paths_and_names_the_kind(name: str) -> None:
+    with pytest.raises(ValueError, match="stage") as info:
+        validate_name("stage", name)
+    assert repr(name) in str(info.value)
+
+
+def test_run_id_is_validated() -> None:
+    with pytest.raises(ValueError, match="run id"):
+        RunStorage("/tmp/x", "../escape")
+
+
+def test_object_ref_round_trips_and_rejects_incomplete_dicts() -> None:
+    ref = ObjectRef("iter_000001/generate/batch.parquet", 10, "ab" * 32)
+    assert ObjectRef.from_dict(ref.to_dict()) == ref
+    with pytest.raises(ValueError, match="sha256"):
+        ObjectRef.from_dict({"key": "k", "size": 1})
+
+
+def test_run_config_is_written_once(storage: RunStorage) -> None:
+    assert storage.read_run_config() is None
+    config = {"grpo": {"num_prompts_per_step": 8}, "policy": {"model_name": "tiny-llama"}}
+    storage.write_run_config(config)
+    assert storage.read_run_config() == config
+    storage.write_run_config(config)  # the same config again is fine (a rerun)
+    changed = {"grpo": {"num_prompts_per_step": 16}, "policy": {"model_name": "tiny-llama"}}
+    with pytest.raises(ConfigConflictError, match=r"grpo\.num_prompts_per_step"):
+        storage.write_run_config(changed)
+    storage.write_run_config(changed, allow_change=True)
+    assert storage.read_run_config() == changed
+
+
+def test_batch_round_trip_uses_the_layout(storage: RunStorage) -> None:
+    batch = _batch()
+    ref = storage.write_batch(3, "generate", batch)
+    assert ref.key == "iter_000003/generate/batch.parquet"
+    assert storage.fs.size(f"{storage._run_path}/{ref.key}") == ref.size
+    _assert_same(storage.read_batch(ref), batch)
+    named = storage.write_batch(3, "generate", batch, name="extra")
+    assert named.key == "iter_000003/generate/extra.parquet"
+    assert storage.run_url.endswith("/runs/run-1")
+
+
+def test_json_round_trip(storage: RunStorage) -> None:
+    ref = storage.write_json(0, "train", "metrics", {"loss": 1.5, "grad_norm": [0.1, 0.2]})
+    assert ref.key == "iter_000000/train/metrics.json"
+    assert storage.read_json(ref) == {"loss": 1.5, "grad_norm": [0.1, 0.2]}
+
+
+def test_bad_names_are_refused_before_writing(storage: RunStorage) -> None:
+    with pytest.raises(ValueError, match="stage"):
+        storage.write_batch(0, "../generate", _batch())
+    with pytest.raises(ValueError, match="name"):
+        storage.write_json(0, "train", "a/b", {})
+    with pytest.raises(ValueError, match="iteration"):
+        storage.write_batch(-1, "generate", _batch())
+    with pytest.raises(ValueError, match="relative"):
+        storage.read_batch(ObjectRef("../other-run/x.parquet", 1, "0" * 64))
+
+
+def test_tampered_object_raises_integrity_error(storage: RunStorage) -> None:
+    ref = storage.write_batch(1, "reward", _batch())
+    path = f"{storage._run_path}/{ref.key}"
+    data = bytearray(storage.fs.cat_file(path))
+    data[len(data) // 2] ^= 0xFF
+    storage.fs.pipe_file(path, bytes(data))
+    with pytest.raises(IntegrityError, match="sha256") as info:
+        storage.read_batch(ref)
+    assert ref.key in str(info.value)
+    storage.fs.pipe_file(path, bytes(data[:-10]))
+    with pytest.raises(IntegrityError, match="bytes"):
+        storage.read_batch(ref)
+    storage.fs.rm_file(path)
+    with pytest.raises(IntegrityError, match="missing"):
+        storage.read_batch(ref)
+
+
+def test_manifest_records_and_finds_completed_stages(storage: RunStorage) -> None:
+    assert storage.read_manifest(2) == {"stages": {}}
+    assert storage.completed_stage(2, "generate", {"prompts": "abc"}) is None
+    ref = storage.write_batch(2, "generate", _batch())
+    entry = storage.record_stage(2, "generate", {"prompts": "abc"}, {"batch": ref}, {"tok_s": 3.0})
+    assert entry["status"] == "complete" and entry["outputs"]["batch"] == ref.to_dict()
+    found = storage.completed_stage(2, "generate", {"prompts": "abc"})
+    assert found is not None and found["metrics"] == {"tok_s": 3.0}
+    assert storage.completed_stage(2, "generate", {"prompts": "other"}) is None
+    assert storage.completed_stage(2, "reward", {"prompts": "abc"}) is None
+
+    reward = storage.write_json(2, "reward", "metrics", {"mean": 0.5})
+    storage.record_stage(2, "reward", {"generate": ref.sha256}, {"metrics": reward})
+    assert set(storage.read_manifest(2)["stages"]) == {"generate", "reward"}
+    assert storage.iterations() == [2]
+
+    storage.mark_stale(2, ["reward"])
+    assert storage.read_manifest(2)["stages"]["reward"]["status"] == "stale"
+    assert storage.completed_stage(2, "reward", {"generate": ref.sha256}) is None
+    assert storage.completed_stage(2, "generate", {"prompts": "abc"}) is not None
+
+
+def test_completed_stage_is_none_when_an_output_is_gone_or_resized(storage: RunStorage) -> None:
+    ref = storage.write_batch(0, "generate", _batch())
+    storage.record_stage(0, "generate", {}, {"batch": ref})
+    assert storage.completed_stage(0, "generate", {}) is not None
+    storage.fs.pipe_file(f"{storage._run_path}/{ref.key}", b"short")
+    assert storage.completed_stage(0, "generate", {}) is None
+    storage.fs.rm_file(f"{storage._run_path}/{ref.key}")
+    assert storage.completed_stage(0, "generate", {}) is None
+
+
+def _fail_commit(storage: RunStorage, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the commit step of the next writes fail as a dropped connection would."""
+    if storage._local:
+
+        def broken_replace(self: Path, target: object) -> None:
+            raise ConnectionResetError("disk went away before the rename")
+
+        monkeypatch.setattr(Path, "replace", broken_replace)
+    else:
+        from botocore.exceptions import EndpointConnectionError
+
+        real_call = type(storage.fs)._call_s3
+
+        async def broken_call(self, method, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if method in ("put_object", "complete_multipart_upload"):
+                raise EndpointConnectionError(endpoint_url="http://127.0.0.1")
+            return await real_call(self, method, *args, **kwargs)
+
+        monkeypatch.setattr(type(storage.fs), "_call_s3", broken_call)
+
+
+def test_interrupted_write_leaves_no_output_and_the_manifest_intact(
+    storage: RunStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = storage.write_batch(5, "generate", _batch())
+    storage.record_stage(5, "generate", {"p": "1"}, {"batch": first})
+    manifest_before = storage.read_manifest(5)
+
+    with monkeypatch.context() as patch:
+        _fail_commit(storage, patch)
+        with pytest.raises(StorageError, match="iter_000005/reward/batch.parquet"):
+            storage.write_batch(5, "reward", _batch(8))
+        with pytest.raises(StorageError, match="MANIFEST.json"):
+            storage.record_stage(5, "reward", {"g": "x"}, {"batch": first})
+
+    storage.fs.invalidate_cache()
+    assert not storage.fs.exists(f"{storage._run_path}/iter_000005/reward/batch.parquet")
+    reward_dir = f"{storage._run_path}/iter_000005/reward"
+    leftovers = storage.fs.ls(reward_dir, detail=False) if storage.fs.exists(reward_dir) else []
+    assert leftovers == []
+    assert storage.read_manifest(5) == manifest_before
+    assert storage.completed_stage(5, "reward", {"g": "x"}) is None
+    assert storage.completed_stage(5, "generate", {"p": "1"}) is not None
+
+
+def test_unreachable_s3_raises_storage_error_naming_the_url() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    options = {
+        "endpoint_url": f"http://127.0.0.1:{port}",
+        "key": "k",
+        "secret": "s",
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
+    }
+    storage = RunStorage("s3://nowhere/prefix", "run-x", storage_options=options)
+    with pytest.raises(StorageError, match=r"s3://nowhere/prefix/runs/run-x/config\.yaml"):
+        storage.read_run_config()
+
+
+def _raw_put(storage: RunStorage, key: str, data: bytes) -> None:
+    """Write behind the storage's back, as a crashed writer would have left it."""
+    path = f"{storage._run_path}/{key}"
+    storage.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    storage.fs.pipe_file(path, data)
+
+
+def _make_checkpoint(tmp_path: Path, step: int) -> Path:
+    local = tmp_path / f"ckpt-src-{step}"
+    (local / "policy" / "weights").mkdir(parents=True)
+    (local / "policy" / "weights" / "model.safetensors").write_bytes(bytes([step]) * 100)
+    (local / "policy" / "config.json").write_text(json.dumps({"step": step}))
+    return local
+
+
+def test_checkpoints_commit_fetch_and_info(storage: RunStorage, tmp_path: Path) -> None:
+    assert storage.latest_checkpoint() is None
+    url = storage.write_checkpoint(3, _make_checkpoint(tmp_path, 3), {"step": 3, "val_reward": 0.5})
+    assert url.endswith("/runs/run-1/checkpoints/step_000003")
+    assert storage.committed_checkpoints() == [3]
+    assert storage.latest_checkpoint() == 3
+    assert storage.read_checkpoint_info(3) == {"step": 3, "val_reward": 0.5}
+
+    fetched = storage.fetch_checkpoint(3, tmp_path / "fetched")
+    assert (fetched / "policy" / "weights" / "model.safetensors").read_bytes() == bytes([3]) * 100
+    assert json.loads((fetched / "policy" / "config.json").read_text()) == {"step": 3}
+    assert (fetched / "COMMITTED").exists()
+    in_place = storage.fetch_checkpoint(3)
+    assert (in_place / "training_info.json").exists()
+    with pytest.raises(StorageError, match="step_000004"):
+        storage.fetch_checkpoint(4)
+
+
+def test_uncommitted_checkpoint_is_invisible(storage: RunStorage, tmp_path: Path) -> None:
+    storage.write_checkpoint(1, _make_checkpoint(tmp_path, 1), {"step": 1})
+    # A crash after the files but before COMMITTED: the same files, no marker.
+    _raw_put(storage, "checkpoints/step_000002/policy/x.bin", b"partial")
+    assert storage.committed_checkpoints() == [1]
+    assert storage.latest_checkpoint() == 1
+
+
+def test_prune_keeps_top_k_by_metric_and_always_the_newest(
+    storage: RunStorage, tmp_path: Path
+) -> None:
+    rewards = {1: 0.9, 2: 0.1, 3: 0.5, 4: 0.2}
+    for step, reward in rewards.items():
+        storage.write_checkpoint(step, _make_checkpoint(tmp_path, step), {"val_reward": reward})
+    _raw_put(storage, "checkpoints/step_000000/policy/x.bin", b"partial")  # uncommitted, old
+    assert storage.prune_checkpoints(None) == []
+    deleted = storage.prune_checkpoints(2, metric_name="val_reward", higher_is_better=True)
+    assert deleted == [0, 2]  # top-2 are 1 and 3; 4 is the newest and stays
+    assert storage.committed_checkpoints() == [1, 3, 4]
+    assert storage.prune_checkpoints(1) == [1, 3]  # no metric: the newest is the top
+    assert storage.committed_checkpoints() == [4]
+
+
+def test_prune_falls_back_to_recency_when_the_metric_is_missing(
+    storage: RunStorage, tmp_path: Path
+) -> None:
+    for step in (1, 2, 3):
+        storage.write_checkpoint(step, _make_checkpoint(tmp_path, step), {"step": step})
+    with pytest.warns(UserWarning, match="val_loss"):
+        deleted = storage.prune_checkpoints(2, metric_name="val_loss", higher_is_better=False)
+    assert deleted == [1]
+
+
+def test_lease_excludes_other_owners_until_released_or_expired(storage: RunStorage) -> None:
+    with storage.acquire_lease("flow-run-a", ttl_s=60) as lease:
+        with pytest.raises(LeaseHeldError, match="flow-run-a") as info:
+            storage.acquire_lease("flow-run-b")
+        assert "until" in str(info.value)
+        lease.renew()
+    other = storage.acquire_lease("flow-run-b", ttl_s=0.5)  # released, so free
+    time.sleep(0.6)
+    taker = storage.acquire_lease("flow-run-c", ttl_s=60)  # expired, so taken over
+    with pytest.raises(LeaseHeldError, match="flow-run-c"):
+        other.renew()
+    other.release()  # not ours any more: leaves the holder alone
+    with pytest.raises(LeaseHeldError, match="flow-run-c"):
+        storage.acquire_lease("flow-run-d")
+    taker.release()
