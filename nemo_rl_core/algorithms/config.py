@@ -96,10 +96,6 @@ class ClippedPGLossConfig(StrictConfig):
         return self
 
 
-class PreferenceLossConfig(StrictConfig):
-    """Bradley-Terry reward-model loss (no knobs in NeMo RL; kept for symmetry of YAML)."""
-
-
 class DPOLossConfig(StrictConfig):
     """``dpo:`` loss keys of NeMo RL's DPO recipe."""
 
@@ -123,12 +119,6 @@ class MseValueLossConfig(StrictConfig):
 
     value_clip_range: float | None = Field(0.2, gt=0.0)
     token_level_loss: bool = True
-
-
-class DraftCrossEntropyLossConfig(StrictConfig):
-    """``draft.loss_fn:`` of draft-model (speculative decoding) training."""
-
-    temperature: float = Field(1.0, gt=0.0)
 
 
 # --------------------------------------------------------- advantage part of grpo:/ppo:

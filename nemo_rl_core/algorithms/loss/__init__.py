@@ -1,9 +1,26 @@
 """NeMo RL's losses (``nemo_rl.algorithms.loss``): one class per algorithm family."""
 
-from nemo_rl_core.algorithms.config import ClippedPGLossConfig
-from nemo_rl_core.algorithms.loss.clipped_pg import ClippedPGLossFn
-from nemo_rl_core.algorithms.loss.interfaces import LossFunction, LossInputType, LossType
-from nemo_rl_core.algorithms.loss.nll import NLLLossFn
+from nemo_rl_core.algorithms.loss.interfaces import (
+    LossFunction,
+    LossInputType,
+    LossType,
+    MetricNormalizer,
+    aggregate_microbatch_metrics,
+)
+from nemo_rl_core.algorithms.loss.loss_functions import (
+    ClippedPGLossConfig,
+    ClippedPGLossFn,
+    DistillationLossConfig,
+    DistillationLossFn,
+    DPOLossConfig,
+    DPOLossFn,
+    DraftCrossEntropyLossFn,
+    MseValueLossConfig,
+    MseValueLossFn,
+    NLLLossFn,
+    PreferenceLossFn,
+    SequencePackingLossWrapper,
+)
 from nemo_rl_core.algorithms.loss.utils import (
     next_token_logprobs_from_logits,
     prepare_loss_input,
@@ -13,10 +30,21 @@ from nemo_rl_core.algorithms.loss.utils import (
 __all__ = [
     "ClippedPGLossConfig",
     "ClippedPGLossFn",
+    "DPOLossConfig",
+    "DPOLossFn",
+    "DistillationLossConfig",
+    "DistillationLossFn",
+    "DraftCrossEntropyLossFn",
     "LossFunction",
     "LossInputType",
     "LossType",
+    "MetricNormalizer",
+    "MseValueLossConfig",
+    "MseValueLossFn",
     "NLLLossFn",
+    "PreferenceLossFn",
+    "SequencePackingLossWrapper",
+    "aggregate_microbatch_metrics",
     "next_token_logprobs_from_logits",
     "prepare_loss_input",
     "reduce_token_loss",

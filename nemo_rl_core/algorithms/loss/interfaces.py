@@ -6,6 +6,7 @@ the *global* valid sequence/token counts so microbatch losses sum to the batch l
 """
 
 import enum
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -45,3 +46,39 @@ class LossFunction(Protocol):
         global_valid_toks: torch.Tensor,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, dict[str, Any]]: ...
+
+
+class MetricNormalizer(enum.Enum):
+    """How one metric's per-microbatch values combine into the global-batch value.
+
+    Losses here report every metric either as a share already divided by a global count
+    (``loss``, ``probs_ratio``, ...) or as a count (``num_valid_samples``): both SUM.
+    MEAN/MAX/MIN are for metrics a caller adds that are local to a microbatch.
+    """
+
+    SUM = "sum"
+    MEAN = "mean"
+    MAX = "max"
+    MIN = "min"
+
+    def reduce(self, values: Sequence[float]) -> float:
+        if self is MetricNormalizer.SUM:
+            return float(sum(values))
+        if self is MetricNormalizer.MEAN:
+            return float(sum(values)) / len(values)
+        return float(max(values) if self is MetricNormalizer.MAX else min(values))
+
+
+def aggregate_microbatch_metrics(
+    metrics: Sequence[Mapping[str, float]],
+    normalizers: Mapping[str, MetricNormalizer] | None = None,
+) -> dict[str, float]:
+    """Combine the metric dicts of a global batch's microbatches (default: SUM)."""
+    normalizers = normalizers or {}
+    keys = dict.fromkeys(key for entry in metrics for key in entry)
+    return {
+        key: normalizers.get(key, MetricNormalizer.SUM).reduce(
+            [entry[key] for entry in metrics if key in entry]
+        )
+        for key in keys
+    }
