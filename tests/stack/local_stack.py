@@ -1,0 +1,173 @@
+"""Drive the real local stack (PostgreSQL, Prefect server, worker, moto S3) from tests.
+
+``start_stack``/``stop_stack`` wrap ``infra/stack.sh`` for a state dir of its own on free
+ports; ``LocalStack`` holds where it listens and runs CLI and API calls against it.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+STACK_SH = PROJECT_ROOT / "infra" / "stack.sh"
+FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _read_env_file(env_file: Path) -> dict[str, str]:
+    """The variables ``env_file`` exports, as bash sees them."""
+    out = subprocess.run(
+        ["bash", "-c", 'set -a; source "$1"; env -0', "-", str(env_file)],
+        env={"PATH": os.environ["PATH"]},
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
+    env = dict(line.split("=", 1) for line in out.split("\0") if "=" in line)
+    return {k: v for k, v in env.items() if k not in {"PATH", "PWD", "SHLVL", "_"}}
+
+
+@dataclass(frozen=True)
+class LocalStack:
+    """Where the stack listens, and helpers to drive it the way a user would."""
+
+    state_dir: Path
+    ports: dict[str, int]
+    env_vars: dict[str, str]  # what .infra/env.sh exports: give these to any client
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The test process's environment plus the stack's: for subprocesses."""
+        return {**os.environ, **self.env_vars}
+
+    @property
+    def api_url(self) -> str:
+        return self.env_vars["PREFECT_API_URL"]
+
+    @property
+    def prefect_home(self) -> Path:
+        return Path(self.env_vars["PREFECT_HOME"])
+
+    @property
+    def s3_endpoint_url(self) -> str:
+        return self.env_vars["NEMO_RL_S3_ENDPOINT_URL"]
+
+    @property
+    def bucket(self) -> str:
+        return self.env_vars["NEMO_RL_S3_BUCKET"]
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """fsspec/s3fs options for ``s3://<bucket>/...`` on the stack's endpoint."""
+        return {
+            "key": self.env_vars["AWS_ACCESS_KEY_ID"],
+            "secret": self.env_vars["AWS_SECRET_ACCESS_KEY"],
+            "client_kwargs": {"endpoint_url": self.s3_endpoint_url},
+        }
+
+    def run(
+        self, *args: str, cwd: Path | None = None, timeout: float = 300, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command (``prefect`` resolves to the venv's) with the stack's env."""
+        venv_bin = PROJECT_ROOT / ".venv" / "bin"
+        argv = [str(venv_bin / args[0]) if (venv_bin / args[0]).exists() else args[0], *args[1:]]
+        proc = subprocess.run(
+            argv,
+            cwd=cwd or PROJECT_ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(args)} exited {proc.returncode}\n"
+                f"--- stdout (tail) ---\n{proc.stdout[-4000:]}\n--- stderr (tail) ---\n{proc.stderr[-4000:]}"
+            )
+        return proc
+
+    def stack(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """``infra/stack.sh ARGS`` on this stack's state dir (e.g. ``"start", "worker"``)."""
+        return self.run(str(STACK_SH), *args, timeout=timeout)
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        """Call the Prefect REST API (``path`` after ``/api``) and decode its JSON answer."""
+        request = urllib.request.Request(
+            f"{self.api_url}{path}",
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            payload = response.read()
+        return json.loads(payload) if payload else None
+
+    def wait_for_flow_run(self, flow_run_id: str, timeout: float = 300) -> dict[str, Any]:
+        """Poll a flow run until it reaches a final state; fail with the worker log tail."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            flow_run = self.api("GET", f"/flow_runs/{flow_run_id}")
+            if flow_run["state_type"] in FINAL_STATES:
+                return flow_run
+            time.sleep(0.5)
+        raise AssertionError(
+            f"flow run {flow_run_id} not finished after {timeout:.0f} s "
+            f"(state {flow_run['state_name']}); worker log tail:\n{self.log_tail('worker')}"
+        )
+
+    def flow_run_logs(self, flow_run_id: str) -> list[str]:
+        """All log messages of a flow run (and its task runs), oldest first."""
+        logs = self.api(
+            "POST",
+            "/logs/filter",
+            {
+                "logs": {"flow_run_id": {"any_": [flow_run_id]}},
+                "sort": "TIMESTAMP_ASC",
+                "limit": 200,
+            },
+        )
+        return [entry["message"] for entry in logs]
+
+    def log_tail(self, service: str, lines: int = 40) -> str:
+        """The last lines of a service's log (postgres, s3, server, worker, register)."""
+        path = self.state_dir / "logs" / f"{service}.log"
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            if path.exists()
+            else ""
+        )
+
+
+def start_stack(state_dir: Path) -> tuple[LocalStack, str]:
+    """``infra/stack.sh start`` into ``state_dir`` on free ports; returns the stack and
+    the script's output (per-service start times)."""
+    ports = {"pg": _free_port(), "api": _free_port(), "s3": _free_port()}
+    env = {
+        **os.environ,
+        "INFRA_STATE_DIR": str(state_dir),
+        "INFRA_PG_PORT": str(ports["pg"]),
+        "INFRA_API_PORT": str(ports["api"]),
+        "INFRA_S3_PORT": str(ports["s3"]),
+    }
+    proc = subprocess.run(
+        [str(STACK_SH), "start"], env=env, capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"infra/stack.sh start failed:\n{proc.stdout}\n{proc.stderr}")
+    return LocalStack(state_dir, ports, _read_env_file(state_dir / "env.sh")), proc.stdout
+
+
+def stop_stack(state_dir: Path) -> None:
+    """``infra/stack.sh stop`` for ``state_dir``: ends every process the stack started."""
+    env = {**os.environ, "INFRA_STATE_DIR": str(state_dir)}
+    subprocess.run([str(STACK_SH), "stop"], env=env, timeout=300, check=False)
