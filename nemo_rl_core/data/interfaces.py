@@ -5,7 +5,10 @@ tokenized, its ``token_ids`` (and after generation ``generation_logprobs``), so 
 token accounting of a multi-turn episode is exact per turn.
 """
 
-from typing import Any, NotRequired, TypedDict
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import torch
 
@@ -22,3 +25,54 @@ class DatumSpec(TypedDict):
     task_name: NotRequired[str]
     stop_strings: NotRequired[list[str]]
     __extra__: NotRequired[Any]
+
+
+@dataclass
+class TaskDataSpec:
+    """How one task's rows become prompts: its name, prompt template and system prompt.
+
+    ``prompt_file`` holds a format string with one ``{}`` for the row's question;
+    ``system_prompt_file`` the system prompt. Both are read once, here, so a missing file
+    fails at setup with its path.
+    """
+
+    task_name: str | None = None
+    prompt_file: str | os.PathLike | None = None
+    system_prompt_file: str | os.PathLike | None = None
+    prompt: str | None = field(default=None, init=False)
+    system_prompt: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.prompt = _read_prompt_file(self.prompt_file, "prompt_file")
+        self.system_prompt = _read_prompt_file(self.system_prompt_file, "system_prompt_file")
+        if self.prompt is not None and "{}" not in self.prompt:
+            raise ValueError(
+                f"prompt_file {self.prompt_file} has no '{{}}' placeholder for the question"
+            )
+
+    def copy_defaults(self, from_spec: "TaskDataSpec") -> None:
+        """Fill the fields left unset here from ``from_spec`` (a task falls back to the default)."""
+        for name in ("prompt_file", "system_prompt_file", "prompt", "system_prompt"):
+            if getattr(self, name) is None:
+                setattr(self, name, getattr(from_spec, name))
+
+
+def _read_prompt_file(path: str | os.PathLike | None, key: str) -> str | None:
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"data.{key}: {path} does not exist")
+    return Path(path).read_text()
+
+
+class TaskDataProcessFnCallable(Protocol):
+    """Turns one dataset row into a ``DatumSpec`` (tokenized, templated, length-capped)."""
+
+    def __call__(
+        self,
+        datum_dict: dict[str, Any],
+        task_data_spec: TaskDataSpec,
+        tokenizer: Any,
+        max_seq_length: int,
+        idx: int,
+    ) -> DatumSpec: ...

@@ -1,0 +1,99 @@
+"""Math answers checked with ``math-verify`` (NeMo RL's ``MathEnvironment``).
+
+The model's last turn is parsed for its answer (``\\boxed{}``, LaTeX, plain numbers and
+expressions) and compared with the row's ``ground_truth`` symbolically, so ``\\frac{1}{2}``
+matches ``0.5``. Checking runs in a pool of ``env.math.num_workers`` processes with a
+per-sample time limit: sympy can hang on inputs like ``9^{9^{9}}``, and such a sample gets
+reward 0 with the reason in its metadata instead of stalling the run.
+"""
+
+from typing import Any, Literal, TypedDict
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from nemo_rl_core.data.interfaces import LLMMessageLogType
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
+from nemo_rl_core.environments.math_verifier import verify_math_answer
+from nemo_rl_core.environments.metrics import reward_metrics
+from nemo_rl_core.environments.worker_pool import TimedProcessPool
+
+
+class MathEnvConfig(BaseModel):
+    """``env.math`` keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_workers: int = Field(8, ge=1)
+    stop_strings: list[str] | None = None
+    verifier_type: Literal["math"] = "math"
+    timeout_seconds: float = Field(10.0, gt=0, description="per-sample checking time limit")
+
+
+class MathEnvironmentMetadata(TypedDict, total=False):
+    ground_truth: str
+    extracted_answer: str | None
+    reward_reason: str  # why the reward is what it is (correct / wrong / timeout / error)
+
+
+class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
+    """Single-turn: reward 1/0 for the final answer of the last assistant turn."""
+
+    def __init__(self, cfg: MathEnvConfig | dict[str, Any]):
+        self.cfg = cfg if isinstance(cfg, MathEnvConfig) else MathEnvConfig.model_validate(cfg)
+        self._pool = TimedProcessPool(
+            verify_math_answer, self.cfg.num_workers, warmup_item=("\\boxed{1}", "1")
+        )
+        self._failures = {"timeout": 0, "error": 0, "died": 0}
+
+    def step(
+        self,
+        message_log_batch: list[LLMMessageLogType],
+        metadata: list[MathEnvironmentMetadata],
+        *args: Any,
+        **kwargs: Any,
+    ) -> EnvironmentReturn[MathEnvironmentMetadata]:
+        responses = [
+            "".join(m["content"] for m in log if m["role"] == "assistant")
+            for log in message_log_batch
+        ]
+        for i, meta in enumerate(metadata):
+            if "ground_truth" not in meta:
+                raise KeyError(f"sample {i}: metadata has no 'ground_truth' (keys: {sorted(meta)})")
+        items = [(r, str(m["ground_truth"])) for r, m in zip(responses, metadata, strict=True)]
+        outcomes = self._pool.map(items, self.cfg.timeout_seconds)
+        rewards, answers, new_metadata, observations = [], [], [], []
+        for meta, outcome in zip(metadata, outcomes, strict=True):
+            if outcome.ok:
+                reward, answer = outcome.value
+                reason = "correct" if reward == 1.0 else "wrong answer"
+            else:
+                self._failures[outcome.kind] += 1
+                reward, answer, reason = 0.0, None, f"{outcome.kind}: {outcome.reason}"
+            rewards.append(reward)
+            answers.append(answer)
+            new_metadata.append({**meta, "extracted_answer": answer, "reward_reason": reason})
+            verdict = "correct" if reward == 1.0 else "incorrect"
+            observations.append({"role": "environment", "content": f"Environment: {verdict}"})
+        return EnvironmentReturn(
+            observations=observations,
+            metadata=new_metadata,
+            next_stop_strings=[self.cfg.stop_strings] * len(rewards),
+            rewards=torch.tensor(rewards, dtype=torch.float32),
+            terminateds=torch.ones(len(rewards), dtype=torch.bool),
+            answers=answers,
+        )
+
+    def global_post_process_and_metrics(
+        self, batch: BatchedDataDict
+    ) -> tuple[BatchedDataDict, dict[str, Any]]:
+        """Accuracy metrics, plus how many checks timed out, raised or lost their worker since
+        the last call."""
+        metrics = reward_metrics(batch)
+        metrics.update({f"num_verify_{kind}": count for kind, count in self._failures.items()})
+        self._failures = dict.fromkeys(self._failures, 0)
+        return batch, metrics
+
+    def shutdown(self) -> None:
+        self._pool.shutdown()

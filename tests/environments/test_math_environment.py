@@ -1,0 +1,150 @@
+"""MathEnvironment: math-verify answer equivalence, time limits and worker failures."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.environments.math_environment import MathEnvConfig, MathEnvironment
+
+# (model response, ground truth, expected reward)
+ANSWER_TABLE = [
+    ("The answer is \\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+    ("\\boxed{3}", "3.0", 1.0),
+    ("\\boxed{3.0}", "3", 1.0),
+    ("So we get \\boxed{42}.", "42", 1.0),
+    ("\\boxed{41}", "42", 0.0),
+    ("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", 1.0),
+    ("\\boxed{\\dfrac{3}{4}}", "0.75", 1.0),
+    ("\\boxed{0.75}", "3/4", 1.0),
+    ("\\boxed{\\frac{1}{3}}", "0.5", 0.0),
+    ("The total is $12$.", "12", 1.0),
+    ("The total is $13$.", "12", 0.0),
+    ("\\boxed{-7}", "-7", 1.0),
+    ("\\boxed{7}", "-7", 0.0),
+    ("\\boxed{1,000}", "1000", 1.0),
+    ("\\boxed{10^3}", "1000", 1.0),
+    ("\\boxed{2^{10}}", "1024", 1.0),
+    ("\\boxed{\\sqrt{4}}", "2", 1.0),
+    ("\\boxed{\\sqrt{2}}", "1.41", 0.0),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),
+    ("\\boxed{\\pi}", "\\pi", 1.0),
+    ("\\boxed{3.14}", "\\pi", 0.0),
+    ("\\boxed{x + 1}", "1 + x", 1.0),
+    ("\\boxed{x^2 - 1}", "(x-1)(x+1)", 1.0),
+    ("\\boxed{x^2 + 1}", "(x-1)(x+1)", 0.0),
+    ("\\boxed{5 \\text{ cm}}", "5", 1.0),
+    ("\\boxed{5\\,\\text{cm}}", "5 cm", 1.0),
+    ("\\boxed{6 \\text{ cm}}", "5", 0.0),
+    ("\\boxed{50\\%}", "50", 1.0),
+    ("\\boxed{25\\%}", "50", 0.0),
+    ("\\boxed{\\$18}", "18", 1.0),
+    ("\\boxed{(1, 2)}", "(1,2)", 1.0),
+    ("\\boxed{(2, 1)}", "(1,2)", 0.0),
+    ("\\boxed{[0, 1]}", "[0,1]", 1.0),
+    ("\\boxed{x = 3}", "3", 1.0),
+    ("\\boxed{\\frac{6}{8}}", "\\frac{3}{4}", 1.0),
+    ("\\boxed{1.5}", "\\frac{3}{2}", 1.0),
+    ("\\boxed{1.49}", "\\frac{3}{2}", 0.0),
+    ("\\boxed{100}", "100.00", 1.0),
+    ("\\boxed{0}", "0", 1.0),
+    ("\\boxed{0}", "1", 0.0),
+    ("I do not know.", "7", 0.0),
+    ("", "7", 0.0),
+    ("First 3, then \\boxed{8}", "8", 1.0),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}", 1.0),
+    ("\\boxed{\\sin(\\pi/6)}", "\\frac{1}{2}", 1.0),
+]
+HANG = "\\boxed{9^{9^{9}}}"  # sympy computes a 370-million-digit integer: minutes
+
+
+def _log(response: str) -> list[dict]:
+    return [
+        {"role": "user", "content": "Solve it."},
+        {"role": "assistant", "content": response},
+    ]
+
+
+@pytest.fixture(scope="module")
+def env():
+    environment = MathEnvironment({"num_workers": 2, "timeout_seconds": 1.5})
+    yield environment
+    environment.shutdown()
+
+
+def test_answer_table_has_enough_pairs():
+    assert len(ANSWER_TABLE) >= 40
+    assert {reward for *_, reward in ANSWER_TABLE} == {0.0, 1.0}
+
+
+def test_answer_table(env):
+    result = env.step(
+        [_log(response) for response, _, _ in ANSWER_TABLE],
+        [{"ground_truth": truth} for _, truth, _ in ANSWER_TABLE],
+    )
+    got = result.rewards.tolist()
+    wrong = [
+        (response, truth, expected, g)
+        for (response, truth, expected), g in zip(ANSWER_TABLE, got, strict=True)
+        if g != expected
+    ]
+    assert not wrong, wrong
+    assert result.terminateds.all()
+    assert result.answers[0] is not None
+    assert result.metadata[0]["reward_reason"] == "correct"
+    assert result.metadata[5]["reward_reason"] == "wrong answer"
+
+
+def test_hanging_sample_times_out_with_zero_reward(env):
+    start = time.monotonic()
+    result = env.step(
+        [_log(HANG), _log("\\boxed{2}")], [{"ground_truth": "1"}, {"ground_truth": "2"}]
+    )
+    assert time.monotonic() - start < 20
+    assert result.rewards.tolist() == [0.0, 1.0]
+    assert result.metadata[0]["reward_reason"].startswith("timeout")
+    _, metrics = env.global_post_process_and_metrics(
+        BatchedDataDict({"rewards": result.rewards.tolist()})
+    )
+    assert metrics["num_verify_timeout"] == 1
+    # the pool replaced the killed worker and still answers
+    again = env.step([_log("\\boxed{4}")], [{"ground_truth": "4"}])
+    assert again.rewards.tolist() == [1.0]
+
+
+def test_checker_error_gives_zero_reward_with_reason(env):
+    result = env.step([_log("\\boxed{4}")], [{"ground_truth": ""}])
+    assert result.rewards.tolist() == [0.0]
+    assert "no parsable answer" in result.metadata[0]["reward_reason"]
+    _, metrics = env.global_post_process_and_metrics(BatchedDataDict({"rewards": [0.0]}))
+    assert metrics["num_verify_error"] == 1
+
+
+def test_dead_worker_gives_zero_reward_and_is_replaced():
+    env = MathEnvironment(MathEnvConfig(num_workers=1, timeout_seconds=60))
+    try:
+        victim = env._pool.pids[0]
+        threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
+        result = env.step([_log(HANG)], [{"ground_truth": "1"}])
+        assert result.rewards.tolist() == [0.0]
+        assert result.metadata[0]["reward_reason"].startswith("died")
+        assert env._pool.pids[0] != victim
+        assert env.step([_log("\\boxed{3}")], [{"ground_truth": "3"}]).rewards.tolist() == [1.0]
+        _, metrics = env.global_post_process_and_metrics(BatchedDataDict({"rewards": [0.0, 1.0]}))
+        assert metrics["num_verify_died"] == 1
+    finally:
+        env.shutdown()
+
+
+def test_missing_ground_truth_names_the_sample(env):
+    with pytest.raises(KeyError, match="sample 0: metadata has no 'ground_truth'"):
+        env.step([_log("\\boxed{1}")], [{"answer": "1"}])
+
+
+def test_unknown_config_key_is_named():
+    with pytest.raises(ValueError, match="num_worker"):
+        MathEnvConfig.model_validate({"num_worker": 2})
