@@ -80,8 +80,11 @@ class DistributedDataParallelSettings(_Strict):
 class MegatronConfig(_Strict):
     """``policy.megatron_cfg``. ``enabled`` picks this backend in NeMo RL's YAMLs.
 
-    ``transformer_impl`` is this project's switch for the layer spec: ``"auto"`` uses
-    Transformer Engine when CUDA and TE are present and megatron's local spec otherwise.
+    Two keys are this project's own: ``transformer_impl`` picks the layer spec (``"auto"``
+    uses Transformer Engine when CUDA and TE are present, megatron's local spec otherwise),
+    and ``data_parallel_size`` says how many data-parallel ranks to launch (NeMo RL derives
+    it from the Ray cluster; a policy here has no cluster). World size = TP x DP; above 1
+    the ranks run under ``torchrun --standalone``.
     """
 
     enabled: bool = False
@@ -89,6 +92,7 @@ class MegatronConfig(_Strict):
     activation_checkpointing: bool = False
     converter_type: str | None = None
     tensor_model_parallel_size: int = Field(default=1, ge=1)
+    data_parallel_size: int = Field(default=1, ge=1)
     expert_tensor_parallel_size: int = 1
     expert_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1

@@ -1,0 +1,186 @@
+"""Where the Megatron ranks run: in this process (world size 1) or under ``torchrun --standalone``.
+
+Both give the same ``WorkerGroup.run(method, *args)``: call ``MegatronWorker.method`` on
+every rank with the same arguments and return the results of the ranks that hold them
+(tensor-parallel rank 0 of each data-parallel rank, in data-parallel order). With torchrun
+the driver listens on a local socket; each rank connects, receives the ``WorkerSpec`` and
+then serves calls until told to stop. ``python -m nemo_rl_core.models.megatron.launcher``
+is the rank entry point.
+"""
+
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from nemo_rl_core.models.megatron.worker import MegatronWorker, WorkerSpec
+
+DRIVER_ADDRESS_ENV = "NEMO_RL_MEGATRON_DRIVER"
+DRIVER_KEY_ENV = "NEMO_RL_MEGATRON_KEY"
+START_TIMEOUT_S = 600.0
+_STOP = "__stop__"
+
+
+class WorkerError(RuntimeError):
+    """A Megatron rank failed; the message carries its traceback."""
+
+
+class WorkerGroup(Protocol):
+    world_size: int
+
+    def run(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+    def shutdown(self) -> None: ...
+
+
+class InProcessWorkers:
+    """World size 1: the rank is this process (torch.distributed with one gloo/nccl rank)."""
+
+    world_size = 1
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.worker: MegatronWorker | None = MegatronWorker(spec)
+
+    def run(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        if self.worker is None:
+            raise RuntimeError("the Megatron worker was shut down")
+        return [getattr(self.worker, method)(*args, **kwargs)]
+
+    def shutdown(self) -> None:
+        self.worker = None
+
+
+class TorchrunWorkers:
+    """``world_size`` ranks started by ``torchrun --standalone`` and driven over local sockets."""
+
+    def __init__(self, spec: WorkerSpec, world_size: int) -> None:
+        self.world_size = world_size
+        authkey = secrets.token_bytes(32)
+        self._listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        host, port = self._listener.address
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - lives as long as the ranks
+            prefix="megatron_ranks_", suffix=".log", delete=False
+        )
+        env = {
+            **os.environ,
+            DRIVER_ADDRESS_ENV: f"{host}:{port}",
+            DRIVER_KEY_ENV: authkey.hex(),
+            "OMP_NUM_THREADS": os.environ.get(
+                "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size))
+            ),
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={world_size}",
+            "-m",
+            "nemo_rl_core.models.megatron.launcher",
+        ]
+        self._proc = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self._conns: list[Connection] = self._accept_ranks()
+        self._broadcast(("__init__", (spec,), {}))
+
+    def _accept_ranks(self) -> list[Connection]:
+        conns: dict[int, Connection] = {}
+
+        def accept() -> None:
+            while len(conns) < self.world_size:
+                conn = self._listener.accept()
+                conns[conn.recv()] = conn
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while thread.is_alive():
+            thread.join(0.2)
+            self._check_alive()
+            if time.monotonic() > deadline:
+                self.shutdown()
+                raise WorkerError(f"Megatron ranks did not connect in {START_TIMEOUT_S}s")
+        return [conns[rank] for rank in range(self.world_size)]
+
+    def _check_alive(self) -> None:
+        if self._proc.poll() is not None:
+            raise WorkerError(
+                f"torchrun exited with code {self._proc.returncode}; last output:\n{self.log_tail()}"
+            )
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return Path(self._log.name).read_text(errors="replace")[-chars:]
+
+    def _broadcast(self, message: tuple[str, tuple, dict]) -> list[Any]:
+        for conn in self._conns:
+            conn.send(message)
+        replies = []
+        for rank, conn in enumerate(self._conns):
+            while not conn.poll(0.2):
+                self._check_alive()
+            status, payload = conn.recv()
+            if status == "error":
+                raise WorkerError(f"Megatron rank {rank} failed in {message[0]}:\n{payload}")
+            replies.append(payload)
+        return replies
+
+    def run(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        replies = self._broadcast((method, args, kwargs))
+        return [result for keep, result in replies if keep]
+
+    def shutdown(self) -> None:
+        if self._proc.poll() is None:
+            for conn in getattr(self, "_conns", []):
+                with contextlib.suppress(OSError):
+                    conn.send((_STOP, (), {}))
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.terminate()
+                self._proc.wait(timeout=30)
+        self._listener.close()
+
+
+def launch(spec: WorkerSpec) -> WorkerGroup:
+    """Ranks for ``spec``: world size = tensor x data parallel size of ``policy.megatron_cfg``."""
+    cfg = spec.megatron_cfg
+    world_size = cfg.tensor_model_parallel_size * cfg.data_parallel_size
+    if world_size == 1:
+        return InProcessWorkers(spec)
+    return TorchrunWorkers(spec, world_size)
+
+
+def serve() -> None:
+    """Rank entry point: connect to the driver, build the worker, answer calls until stopped."""
+    host, port = os.environ[DRIVER_ADDRESS_ENV].rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[DRIVER_KEY_ENV]))
+    conn.send(int(os.environ["RANK"]))
+    worker: MegatronWorker | None = None
+    while True:
+        method, args, kwargs = conn.recv()
+        if method == _STOP:
+            break
+        try:
+            if method == "__init__":
+                worker = MegatronWorker(*args, **kwargs)
+                conn.send(("ok", (False, None)))
+                continue
+            result = getattr(worker, method)(*args, **kwargs)
+            conn.send(("ok", (worker.result_rank(), result)))
+        except Exception:  # noqa: BLE001 - the traceback goes to the driver, which raises
+            conn.send(("error", traceback.format_exc()))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    serve()

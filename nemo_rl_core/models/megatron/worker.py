@@ -1,0 +1,563 @@
+"""One rank of the Megatron backend: a GPTModel shard, Megatron DDP, optimizer and scheduler.
+
+Every rank receives the whole batch and takes its data-parallel share, so the driver never
+needs to know the parallel layout. Results come back per rank; ``MegatronWorker.result_rank``
+says which ranks' results to keep (tensor-parallel rank 0 of every data-parallel rank).
+
+Train step (NeMo RL's semantics, same as the HF backend): per global batch, losses are
+normalized by the global valid sequence/token counts (``token_mask[:, 1:] * sample_mask``
+over the whole global batch), summed over microbatches and data-parallel ranks. Megatron's
+schedule divides each microbatch loss by the number of microbatches and Megatron DDP
+averages gradients over data-parallel ranks; the loss handed to backward is scaled by both
+so the gradient is that of the global loss.
+"""
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from nemo_rl_core.algorithms.loss.interfaces import LossFunction
+from nemo_rl_core.algorithms.loss.utils import prepare_loss_input
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.models.megatron.config import MegatronConfig
+from nemo_rl_core.models.megatron.converters import GPTLayout, hf_to_megatron, megatron_to_hf
+from nemo_rl_core.models.megatron.cpu_compat import cuda_as_cpu
+from nemo_rl_core.models.megatron.model import (
+    DTYPES,
+    build_gpt_model,
+    init_parallel_state,
+    use_transformer_engine,
+)
+from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.models.policy.forward_layout import ForwardLayout, padded_layout
+
+Head = Literal["lm", "value"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss was NaN/Inf; the optimizer step was skipped on every rank."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a rank needs to build its model; picklable, sent to torchrun ranks."""
+
+    config: PolicyConfig
+    model_path: str  # HF directory: config.json (+ weights unless weights_path is given)
+    weights_path: str | None = None
+    optimizer_path: str | None = None
+    init_optimizer: bool = True
+    init_reference_model: bool = True
+    head: Head = "lm"
+    seed: int = 42
+
+    @property
+    def megatron_cfg(self) -> MegatronConfig:
+        return self.config.megatron_cfg or MegatronConfig(enabled=True)
+
+
+class ValueHead(torch.nn.Module):
+    """A scalar head standing in for GPTModel's ``output_layer`` (replicated over TP ranks)."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
+
+    def forward(
+        self, hidden: torch.Tensor, weight: torch.Tensor | None = None, **_: Any
+    ) -> tuple[torch.Tensor, None]:
+        return torch.nn.functional.linear(hidden, self.weight, self.bias), None
+
+
+def _as_metric(value: Any) -> Any:
+    return value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+
+
+def global_valid_counts(batch: BatchedDataDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Valid sequences, and valid next-token positions of them, in the whole global batch."""
+    sample_mask = batch["sample_mask"].float()
+    if "token_mask" not in batch:
+        return sample_mask.sum(), sample_mask.sum() * (batch["input_ids"].shape[1] - 1)
+    return sample_mask.sum(), (batch["token_mask"][:, 1:].float() * sample_mask[:, None]).sum()
+
+
+class MegatronWorker:
+    """The model shard of this rank and every operation the policy/value object forwards."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        from transformers import AutoConfig
+
+        self.spec = spec
+        self.cfg = spec.config
+        mcfg = spec.megatron_cfg
+        self.tp = mcfg.tensor_model_parallel_size
+        init_parallel_state(self.tp, spec.seed)
+        from megatron.core import parallel_state
+
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.hf_config = AutoConfig.from_pretrained(spec.model_path)
+        self.layout = GPTLayout.from_hf_config(self.hf_config)
+        self.use_te = use_transformer_engine(mcfg)
+        self.half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.cfg.precision)
+        self.mcfg = mcfg.model_copy(
+            update={
+                "optimizer": mcfg.optimizer.model_copy(
+                    update={
+                        "bf16": self.half is torch.bfloat16,
+                        "fp16": self.half is torch.float16,
+                    }
+                )
+            }
+        )
+        self.gpt = build_gpt_model(self.hf_config, self.mcfg, use_te=self.use_te)
+        if spec.head == "value":
+            self.gpt.output_layer = ValueHead(self.layout.hidden_size, self.gpt.config.params_dtype)
+            self.gpt.share_embeddings_and_output_weights = False
+        generation = self.cfg.generation
+        temperature = generation.temperature if generation else 1.0
+        self.temperature = temperature if temperature > 0 else 1.0
+        # NeMo RL keeps the *base* model as reference, even when resuming from a checkpoint.
+        self._load_hf_weights(Path(spec.model_path))
+        self.reference_state = (
+            self._weights_snapshot() if spec.init_reference_model and spec.head == "lm" else None
+        )
+        if spec.weights_path is not None:
+            self._load_hf_weights(Path(spec.weights_path))
+        self.model = self._wrap()
+        self.optimizer = self.scheduler = None
+        if spec.init_optimizer:
+            self._build_optimizer()
+        if spec.optimizer_path is not None:
+            self.load_optimizer(spec.optimizer_path)
+
+    # ---- construction -----------------------------------------------------------------
+
+    def _weights_snapshot(self) -> dict[str, torch.Tensor]:
+        return {
+            k: v.detach().clone()
+            for k, v in self.gpt.state_dict().items()
+            if "_extra_state" not in k
+        }
+
+    def _load_hf_weights(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{path} holds no *.safetensors weights to load")
+        hf_state: dict[str, torch.Tensor] = {}
+        for file in files:
+            hf_state.update(load_file(file))
+        value = self.spec.head == "value"
+        state = hf_to_megatron(
+            {k: v.to(self.gpt.config.params_dtype) for k, v in hf_state.items()},
+            self._lm_layout() if value else self.layout,
+            tp_size=self.tp,
+            tp_rank=self.tp_rank,
+            fused_norms=self.use_te,
+        )
+        if value:
+            state["output_layer.weight"] = hf_state.get(
+                "score.weight", torch.zeros(1, self.layout.hidden_size)
+            ).to(self.gpt.config.params_dtype)
+            state["output_layer.bias"] = hf_state.get("score.bias", torch.zeros(1)).to(
+                self.gpt.config.params_dtype
+            )
+        missing, unexpected = self.gpt.load_state_dict(state, strict=False)
+        missing = [k for k in missing if "_extra_state" not in k]
+        if missing or unexpected:
+            raise RuntimeError(
+                f"loading {path} into the Megatron model: missing {missing}, unexpected {unexpected}"
+            )
+
+    def _wrap(self) -> torch.nn.Module:
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+        )
+
+        module: torch.nn.Module = self.gpt
+        if self.half is not None:
+            from megatron.core.transformer.module import Float16Module
+
+            module = Float16Module(self.gpt.config, self.gpt)
+        ddp = self.mcfg.distributed_data_parallel_config
+        on_gpu = torch.cuda.is_available()
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=ddp.grad_reduce_in_fp32,
+            # Overlap needs CUDA streams; gloo gives nothing to overlap with on CPU.
+            overlap_grad_reduce=ddp.overlap_grad_reduce and on_gpu,
+            overlap_param_gather=ddp.overlap_param_gather and on_gpu,
+            # gloo has no AVG reduction; 1/dp scaling before a SUM is the same average.
+            average_in_collective=ddp.average_in_collective and on_gpu,
+            use_distributed_optimizer=self.mcfg.optimizer.use_distributed_optimizer,
+        )
+        with cuda_as_cpu():
+            return DistributedDataParallel(
+                config=self.gpt.config, ddp_config=ddp_config, module=module
+            )
+
+    def _build_optimizer(self) -> None:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        opt = self.mcfg.optimizer
+        sched = self.mcfg.scheduler
+        config = OptimizerConfig(
+            optimizer=opt.optimizer,
+            lr=opt.lr,
+            min_lr=opt.min_lr,
+            weight_decay=opt.weight_decay,
+            bf16=opt.bf16,
+            fp16=opt.fp16,
+            params_dtype=DTYPES[opt.params_dtype],
+            adam_beta1=opt.adam_beta1,
+            adam_beta2=opt.adam_beta2,
+            adam_eps=opt.adam_eps,
+            sgd_momentum=opt.sgd_momentum,
+            use_distributed_optimizer=opt.use_distributed_optimizer,
+            # The precision-aware path needs TE's FusedAdam.
+            use_precision_aware_optimizer=opt.use_precision_aware_optimizer and self.use_te,
+            clip_grad=opt.clip_grad,
+            optimizer_cpu_offload=opt.optimizer_cpu_offload,
+            optimizer_offload_fraction=opt.optimizer_offload_fraction,
+        )
+        with cuda_as_cpu():
+            self.optimizer = get_megatron_optimizer(config, [self.model])
+        start_wd, end_wd = self.mcfg.weight_decay_range
+        decay_iters = sched.lr_decay_iters or 1
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=sched.lr_warmup_init,
+            max_lr=opt.lr,
+            min_lr=opt.min_lr,
+            lr_warmup_steps=sched.lr_warmup_iters,
+            lr_decay_steps=max(decay_iters, sched.lr_warmup_iters + 1),
+            lr_decay_style=sched.lr_decay_style,
+            start_wd=start_wd,
+            end_wd=end_wd,
+            wd_incr_steps=max(decay_iters, 1),
+            wd_incr_style=sched.weight_decay_incr_style,
+            wsd_decay_steps=sched.lr_wsd_decay_iters,
+            lr_wsd_decay_style=sched.lr_wsd_decay_style,
+        )
+
+    # ---- data ---------------------------------------------------------------------------
+
+    def result_rank(self) -> bool:
+        """Whether the driver keeps this rank's results (TP rank 0 of each DP rank)."""
+        return self.tp_rank == 0
+
+    def _dp_share(self, data: BatchedDataDict) -> BatchedDataDict:
+        bounds = torch.tensor_split(torch.arange(data.size), self.dp_size)[self.dp_rank]
+        if not len(bounds):
+            return data.slice(0, 0)
+        return data.slice(int(bounds[0]), int(bounds[-1]) + 1)
+
+    def _forward(self, mb: BatchedDataDict) -> tuple[torch.Tensor, ForwardLayout]:
+        """Row-layout float32 output (temperature-scaled logits, or values) and its layout."""
+        layout = padded_layout(
+            mb["input_ids"], mb["input_lengths"], self.cfg.make_sequence_length_divisible_by
+        )
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        out = self.model(layout.input_ids.to(device), layout.position_ids.to(device), None)
+        if self.spec.head == "value":
+            return out.squeeze(-1).float(), layout
+        return out[..., : self.layout.vocab_size].float() / self.temperature, layout
+
+    # ---- inference ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
+        """``[B_local, S]`` next-token logprobs of this rank's share (position 0 and padding 0)."""
+        self.model.eval()
+        share = self._dp_share(data)
+        mbs = micro_batch_size or self.cfg.logprob_batch_size
+        outputs = []
+        for mb in share.make_microbatch_iterator(mbs) if share.size else []:
+            logits, layout = self._forward(mb)
+            logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
+            ids = layout.input_ids[:, 1:].to(logits.device)
+            picked = torch.nn.functional.pad(logprobs.gather(-1, ids[..., None])[..., 0], (1, 0))
+            outputs.append(layout.unpack(picked.cpu()))
+        return torch.cat(outputs) if outputs else torch.zeros(0, data["input_ids"].shape[1])
+
+    @torch.no_grad()
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None
+    ) -> torch.Tensor:
+        """Logprobs under the initial weights, swapped in for the call (as NeMo RL does)."""
+        if self.reference_state is None:
+            raise RuntimeError(
+                "this policy was built with init_reference_model=False; it has no reference model"
+            )
+        current = self._weights_snapshot()
+        self.gpt.load_state_dict(self.reference_state, strict=False)
+        try:
+            return self.get_logprobs(data, micro_batch_size)
+        finally:
+            self.gpt.load_state_dict(current, strict=False)
+
+    @torch.no_grad()
+    def get_topk_logits(
+        self, data: BatchedDataDict, k: int, micro_batch_size: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-``k`` logits and token ids for the next token, ``[B_local, S-1, k]``."""
+        self.model.eval()
+        share = self._dp_share(data)
+        mbs = micro_batch_size or self.cfg.logprob_batch_size
+        values, indices = [], []
+        for mb in share.make_microbatch_iterator(mbs) if share.size else []:
+            logits, layout = self._forward(mb)
+            top = torch.topk(logits, k, dim=-1)
+            values.append(layout.unpack(top.values.cpu())[:, :-1])
+            indices.append(layout.unpack(top.indices.cpu())[:, :-1].long())
+        if not values:
+            empty = torch.zeros(0, data["input_ids"].shape[1] - 1, k)
+            return empty, empty.long()
+        return torch.cat(values), torch.cat(indices)
+
+    @torch.no_grad()
+    def get_values(self, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
+        """``[B_local, S]`` value predictions of this rank's share (zero past the length)."""
+        self.model.eval()
+        share = self._dp_share(data)
+        mbs = micro_batch_size or self.cfg.logprob_batch_size
+        outputs = []
+        for mb in share.make_microbatch_iterator(mbs) if share.size else []:
+            values, layout = self._forward(mb)
+            outputs.append(layout.unpack(values.cpu()))
+        return torch.cat(outputs) if outputs else torch.zeros(0, data["input_ids"].shape[1])
+
+    # ---- training -----------------------------------------------------------------------
+
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: LossFunction,
+        eval_mode: bool,
+        gbs: int | None,
+        mbs: int | None,
+    ) -> dict[str, Any]:
+        """This rank's part of one optimizer step per global batch; losses are local sums."""
+        gbs = gbs or self.cfg.train_global_batch_size
+        mbs = mbs or self.cfg.train_micro_batch_size
+        if data.size % gbs:
+            raise ValueError(f"train data has {data.size} samples, not a multiple of gbs={gbs}")
+        if gbs % (self.dp_size * mbs):
+            raise ValueError(
+                f"policy.train_global_batch_size={gbs} must be a multiple of data-parallel size "
+                f"{self.dp_size} x policy.train_micro_batch_size={mbs}"
+            )
+        if not eval_mode and self.optimizer is None:
+            raise RuntimeError("this model was built with init_optimizer=False; it cannot train")
+        if "sample_mask" not in data:
+            data = BatchedDataDict({**data, "sample_mask": torch.ones(data.size)})
+        self.model.train(not eval_mode)
+        losses, grad_norms = [], []
+        all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
+        for gb_idx in range(data.size // gbs):
+            batch = data.get_batch(gb_idx, gbs)
+            loss = self._forward_backward(batch, loss_fn, eval_mode, mbs, all_mb_metrics)
+            self._check_finite(loss, gb_idx)
+            if not eval_mode:
+                with cuda_as_cpu():
+                    _, grad_norm, _ = self.optimizer.step()
+                grad_norms.append(float(grad_norm))
+            losses.append(float(loss))
+        if not eval_mode:
+            self.scheduler.step(increment=1)
+        return {
+            "loss": torch.tensor(losses),
+            "grad_norm": torch.tensor(grad_norms),
+            "lr": self.current_lr(),
+            "all_mb_metrics": dict(all_mb_metrics),
+        }
+
+    def _forward_backward(
+        self,
+        batch: BatchedDataDict,
+        loss_fn: LossFunction,
+        eval_mode: bool,
+        mbs: int,
+        all_mb_metrics: dict[str, list[Any]],
+    ) -> torch.Tensor:
+        """Megatron's schedule over this rank's microbatches; returns the summed local loss."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        seqs, toks = global_valid_counts(batch)
+        share = self._dp_share(batch)
+        num_mb = share.size // mbs
+        mb_losses: list[torch.Tensor] = []
+
+        def loss_func(mb: BatchedDataDict, output: torch.Tensor) -> tuple[torch.Tensor, dict]:
+            kwargs = (
+                {"values": output}
+                if self.spec.head == "value"
+                else prepare_loss_input(output, mb, loss_fn)
+            )
+            loss, metrics = loss_fn(mb, seqs, toks, **kwargs)
+            mb_losses.append(loss.detach())
+            metrics = {k: _as_metric(v) for k, v in metrics.items()}
+            metrics.update(
+                lr=self.current_lr(), global_valid_seqs=seqs.item(), global_valid_toks=toks.item()
+            )
+            for key, value in metrics.items():
+                all_mb_metrics[key].append(value)
+            # Undo the schedule's 1/num_microbatches and DDP's 1/dp averaging.
+            return loss * num_mb * self.dp_size, {}
+
+        def forward_step(data_iterator: Iterator[BatchedDataDict], model: Any) -> Any:
+            mb = next(data_iterator)
+            output, layout = self._forward(mb)
+            return layout.unpack(output), partial(loss_func, mb)
+
+        if not eval_mode:
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+        with torch.set_grad_enabled(not eval_mode):
+            get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=share.make_microbatch_iterator(mbs),
+                model=self.model,
+                num_microbatches=num_mb,
+                seq_length=batch["input_ids"].shape[1],
+                micro_batch_size=mbs,
+                forward_only=eval_mode,
+            )
+        return torch.stack(mb_losses).sum().float().reshape(1)
+
+    def _check_finite(self, local_loss: torch.Tensor, gb_idx: int) -> None:
+        """Every DP rank must agree to skip the step, or the next collective would hang."""
+        from megatron.core import parallel_state
+
+        bad = (~torch.isfinite(local_loss)).float()
+        dist.all_reduce(bad, group=parallel_state.get_data_parallel_group())
+        if bad.item():
+            if self.optimizer is not None:
+                self.model.zero_grad_buffer()
+                self.optimizer.zero_grad()
+            raise NonFiniteLossError(
+                f"loss is not finite at global batch {gb_idx}; the optimizer step was skipped. "
+                "Lower the learning rate or check the rewards/advantages for NaN"
+            )
+
+    def current_lr(self) -> float:
+        if self.optimizer is None:
+            return 0.0
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # ---- checkpoints --------------------------------------------------------------------
+
+    def _gathered_hf_state(self) -> dict[str, torch.Tensor] | None:
+        """The full HF state dict on TP rank 0 (None elsewhere), gathered over the TP group."""
+        from megatron.core import parallel_state
+
+        local = {k: v.cpu() for k, v in self._weights_snapshot().items()}
+        if self.tp == 1:
+            shards = [local]
+        else:
+            group = parallel_state.get_tensor_model_parallel_group()
+            shards = [None] * self.tp if self.tp_rank == 0 else None
+            dst = dist.get_global_rank(group, 0)
+            dist.gather_object(local, shards, dst=dst, group=group)
+        if self.tp_rank != 0:
+            return None
+        if self.spec.head == "value":
+            head = {"score.weight": shards[0].pop("output_layer.weight")}
+            head["score.bias"] = shards[0].pop("output_layer.bias")
+            for shard in shards[1:]:
+                shard.pop("output_layer.weight")
+                shard.pop("output_layer.bias")
+            return {**megatron_to_hf(shards, self._lm_layout(), fused_norms=self.use_te), **head}
+        return megatron_to_hf(shards, self.layout, fused_norms=self.use_te)
+
+    def _lm_layout(self) -> GPTLayout:
+        """The value model's trunk has no LM head, whatever the HF config says about tying."""
+        from dataclasses import replace
+
+        return replace(self.layout, tied_embeddings=True)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Full HF-named weights on TP rank 0 of each DP rank (a collective over TP)."""
+        return self._gathered_hf_state()
+
+    def vocab_size(self) -> int:
+        return self.layout.vocab_size
+
+    def save_checkpoint(self, weights_path: str, optimizer_path: str | None) -> None:
+        """HF safetensors + config from rank 0; optimizer state from every rank."""
+        state = self._gathered_hf_state()
+        if self.dp_rank == 0 and self.tp_rank == 0:
+            self._write_hf(Path(weights_path), state)
+        if optimizer_path is not None:
+            self.save_optimizer(optimizer_path)
+        dist.barrier()
+
+    def _write_hf(self, path: Path, state: dict[str, torch.Tensor]) -> None:
+        """Weights in ``policy.precision``, with the base model's config and generation config."""
+        from safetensors.torch import save_file
+
+        path.mkdir(parents=True, exist_ok=True)
+        dtype = DTYPES.get(self.cfg.precision, torch.float32)
+        save_file(
+            {k: v.to(dtype).contiguous() for k, v in state.items()},
+            str(path / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+        config = self.hf_config
+        if self.spec.head == "value":
+            config.num_labels = 1
+        config.save_pretrained(path)
+        generation_config = Path(self.spec.model_path) / "generation_config.json"
+        if generation_config.is_file():
+            (path / "generation_config.json").write_text(generation_config.read_text())
+
+    def _optimizer_files(self, optimizer_path: str) -> tuple[Path, Path]:
+        root = Path(optimizer_path)
+        return (
+            root / f"optim_tp{self.tp_rank}_dp{self.dp_rank}.pt",
+            root / f"param_state_tp{self.tp_rank}.pt",
+        )
+
+    def save_optimizer(self, optimizer_path: str) -> None:
+        """Megatron's optimizer state per rank, its parameter state per TP rank, the scheduler."""
+        if self.optimizer is None:
+            raise RuntimeError("no optimizer to save (built with init_optimizer=False)")
+        common, params = self._optimizer_files(optimizer_path)
+        common.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+            common,
+        )
+        if self.mcfg.optimizer.use_distributed_optimizer:
+            with cuda_as_cpu():
+                self.optimizer.save_parameter_state(str(params))
+
+    def load_optimizer(self, optimizer_path: str) -> None:
+        if self.optimizer is None:
+            raise RuntimeError(
+                f"optimizer_path={optimizer_path} was given with init_optimizer=False; "
+                "pass one or the other"
+            )
+        common, params = self._optimizer_files(optimizer_path)
+        if not common.is_file():
+            raise FileNotFoundError(
+                f"optimizer checkpoint {optimizer_path} has no {common.name}; it was saved with "
+                "another tensor/data-parallel layout than this policy's"
+            )
+        state = torch.load(common, weights_only=False)
+        with cuda_as_cpu():
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.mcfg.optimizer.use_distributed_optimizer:
+                self.optimizer.load_parameter_state(str(params))
+        self.scheduler.load_state_dict(state["scheduler"])
