@@ -86,15 +86,3 @@ def packed_layout(
         source_index=source,
         valid=valid,
     )
-
-
-def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Row-layout logprob of each token given what precedes it: ``[rows, T]``, column 0 = 0.
-
-    In a packed row the first token of each sample gets a meaningless value (it is scored
-    against the previous sample's last logit); ``ForwardLayout.unpack`` puts it at
-    position 0 of its sample, which callers zero as NeMo RL does.
-    """
-    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(picked, (1, 0))

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-from nemo_rl_core.algorithms.loss.interfaces import LossFunction, LossInputType
+from nemo_rl_core.algorithms.loss.interfaces import LossFunction
+from nemo_rl_core.algorithms.loss.utils import next_token_logprobs_from_logits, prepare_loss_input
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.generation.interfaces import GenerationDatumSpec
 from nemo_rl_core.models.policy.config import PolicyConfig
-from nemo_rl_core.models.policy.forward_layout import ForwardLayout, next_token_logprobs
+from nemo_rl_core.models.policy.forward_layout import ForwardLayout
 from nemo_rl_core.models.policy.fp8_calibration import calibrate_qkv_scales
 from nemo_rl_core.models.policy.hf_loading import check_vocab, load_pretrained, load_tokenizer
 from nemo_rl_core.models.policy.hf_trainer import HFTrainable
@@ -98,8 +99,13 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         return BatchedDataDict.from_batches(outputs)
 
     def _token_logprobs(self, layout: ForwardLayout, logits: torch.Tensor) -> torch.Tensor:
-        """``[batch, seq]`` logprob of each token; position 0 and padding are 0."""
-        logprobs = layout.unpack(next_token_logprobs(logits, layout.input_ids.to(logits.device)))
+        """``[batch, seq]`` logprob of each token; position 0 and padding are 0.
+
+        In a packed row a sample's first token is scored against the previous sample's
+        last logit; unpacking puts that value at the sample's position 0, which is zeroed.
+        """
+        shifted = next_token_logprobs_from_logits(logits, layout.input_ids.to(logits.device))
+        logprobs = layout.unpack(torch.nn.functional.pad(shifted, (1, 0)))
         logprobs[:, 0] = 0.0
         return logprobs.cpu()
 
@@ -154,15 +160,8 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
     def _loss_inputs(
         self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
     ) -> dict[str, torch.Tensor]:
-        logits = self._logits(self.model, layout)
-        if loss_fn.input_type is LossInputType.LOGPROB:
-            logprobs = layout.unpack(
-                next_token_logprobs(logits, layout.input_ids.to(logits.device))
-            )
-            return {"next_token_logprobs": logprobs[:, 1:]}
-        if loss_fn.input_type is LossInputType.LOGIT:
-            return {"logits": layout.unpack(logits)}
-        raise NotImplementedError(f"loss input type {loss_fn.input_type} is not supported yet")
+        """Per-sample ``[b, S, V]`` logits (unpacked if packed) turned into the loss's inputs."""
+        return prepare_loss_input(layout.unpack(self._logits(self.model, layout)), mb, loss_fn)
 
     def calibrate_qkv_fp8_scales(
         self,
