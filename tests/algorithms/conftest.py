@@ -53,3 +53,51 @@ def pg_data():
         return data, logprobs
 
     return build
+
+
+@pytest.fixture
+def make_batch():
+    """The builder :func:`random_batch`."""
+    return random_batch
+
+
+def random_batch(
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    vocab: int = 5,
+    topk: int = 3,
+    lengths: list[int] | None = None,
+) -> BatchedDataDict:
+    """A float64 batch with every key any loss reads, plus the model outputs under
+    ``_logits`` [B, S, V], ``_draft_logits`` [B, S, V] and ``_value_head`` [B, S] so that
+    slicing the batch slices the outputs with it. Tokens past ``lengths`` are masked."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    token_mask = (torch.rand(batch_size, seq_len, generator=gen) < 0.8).double()
+    token_mask[:, 0] = 0.0
+    if lengths is not None:
+        for row, length in enumerate(lengths):
+            token_mask[row, length:] = 0.0
+    prev = -2 * torch.rand(batch_size, seq_len, generator=gen, dtype=torch.float64)
+    return BatchedDataDict(
+        input_ids=torch.randint(0, vocab, (batch_size, seq_len), generator=gen),
+        token_mask=token_mask,
+        sample_mask=(torch.rand(batch_size, generator=gen) < 0.85).double(),
+        advantages=randn(batch_size, seq_len),
+        prev_logprobs=prev,
+        generation_logprobs=prev + 0.2 * randn(batch_size, seq_len),
+        reference_policy_logprobs=prev + 0.2 * randn(batch_size, seq_len),
+        returns=randn(batch_size, seq_len),
+        values=randn(batch_size, seq_len),
+        teacher_topk_logits=randn(batch_size, seq_len, topk),
+        teacher_topk_indices=torch.rand(batch_size, seq_len, vocab, generator=gen).argsort(-1)[
+            ..., :topk
+        ],
+        _logits=randn(batch_size, seq_len, vocab),
+        _draft_logits=randn(batch_size, seq_len, vocab),
+        _value_head=randn(batch_size, seq_len),
+    )
