@@ -1,0 +1,1 @@
+"""Bin packing of variable-length sequences into fixed token budgets (sequence packing)."""
