@@ -118,21 +118,17 @@ class DTensorConfig(StrictModel):
     lora_cfg: LoraConfig | None = None
 
 
-class PolicyConfig(StrictModel):
-    """NeMo RL's ``policy:`` section."""
+class TrainedModelConfig(StrictModel):
+    """The keys every trained HF model shares (policy and value): model, batches, optimizer."""
 
     model_name: str
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     train_global_batch_size: int = Field(ge=1)
     train_micro_batch_size: int = Field(ge=1)
-    generation_batch_size: int | None = Field(None, ge=1)
     logprob_batch_size: int | None = Field(None, ge=1)  # None: train_micro_batch_size
-    logprob_chunk_size: int | None = Field(None, ge=1)
     max_total_sequence_length: int = Field(ge=2)
     precision: Literal["float32", "bfloat16"] = "bfloat16"
     hf_config_overrides: dict[str, Any] = Field(default_factory=dict)
-    offload_optimizer_for_logprob: bool = False
-    refit_buffer_size_gb: float | None = None
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     scheduler: Annotated[list[SchedulerEntry] | SchedulerConfig | None, Field()] = None
     max_grad_norm: float | None = 1.0
@@ -140,9 +136,6 @@ class PolicyConfig(StrictModel):
     sequence_packing: SequencePackingConfig = Field(default_factory=SequencePackingConfig)
     make_sequence_length_divisible_by: int = Field(1, ge=1)
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
-    megatron_cfg: MegatronConfig | None = None
-    generation: GenerationConfig | None = None
-    training_backend: Literal["hf", "megatron"] = "hf"
 
     @field_validator("scheduler")
     @classmethod
@@ -163,6 +156,44 @@ class PolicyConfig(StrictModel):
                 f"in a '- milestones: [...]' entry, got {found}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _fill_derived(self) -> Self:
+        """Fill NeMo RL's YAML interpolations (tokenizer name, token budgets) and check them."""
+        if self.dynamic_batching.enabled and self.sequence_packing.enabled:
+            raise ValueError(
+                "dynamic_batching.enabled and sequence_packing.enabled are both true; "
+                "enable at most one"
+            )
+        if self.train_global_batch_size % self.train_micro_batch_size:
+            raise ValueError(
+                f"train_global_batch_size={self.train_global_batch_size} is not a multiple "
+                f"of train_micro_batch_size={self.train_micro_batch_size}"
+            )
+        if self.tokenizer.name is None:
+            self.tokenizer.name = self.model_name
+        if self.logprob_batch_size is None:
+            self.logprob_batch_size = self.train_micro_batch_size
+        for section in (self.dynamic_batching, self.sequence_packing):
+            if section.train_mb_tokens is None:
+                section.train_mb_tokens = (
+                    self.max_total_sequence_length * self.train_micro_batch_size
+                )
+            if section.logprob_mb_tokens is None:
+                section.logprob_mb_tokens = self.max_total_sequence_length * self.logprob_batch_size
+        return self
+
+
+class PolicyConfig(TrainedModelConfig):
+    """NeMo RL's ``policy:`` section."""
+
+    generation_batch_size: int | None = Field(None, ge=1)
+    logprob_chunk_size: int | None = Field(None, ge=1)
+    offload_optimizer_for_logprob: bool = False
+    refit_buffer_size_gb: float | None = None
+    megatron_cfg: MegatronConfig | None = None
+    generation: GenerationConfig | None = None
+    training_backend: Literal["hf", "megatron"] = "hf"
 
     @model_validator(mode="before")
     @classmethod
@@ -185,29 +216,3 @@ class PolicyConfig(StrictModel):
                 "set one of them consistently"
             )
         return data
-
-    @model_validator(mode="after")
-    def _fill_derived(self) -> Self:
-        """Fill NeMo RL's YAML interpolations (tokenizer name, token budgets) and check them."""
-        if self.dynamic_batching.enabled and self.sequence_packing.enabled:
-            raise ValueError(
-                "policy.dynamic_batching.enabled and policy.sequence_packing.enabled are both "
-                "true; enable at most one"
-            )
-        if self.train_global_batch_size % self.train_micro_batch_size:
-            raise ValueError(
-                f"policy.train_global_batch_size={self.train_global_batch_size} is not a multiple "
-                f"of policy.train_micro_batch_size={self.train_micro_batch_size}"
-            )
-        if self.tokenizer.name is None:
-            self.tokenizer.name = self.model_name
-        if self.logprob_batch_size is None:
-            self.logprob_batch_size = self.train_micro_batch_size
-        for section in (self.dynamic_batching, self.sequence_packing):
-            if section.train_mb_tokens is None:
-                section.train_mb_tokens = (
-                    self.max_total_sequence_length * self.train_micro_batch_size
-                )
-            if section.logprob_mb_tokens is None:
-                section.logprob_mb_tokens = self.max_total_sequence_length * self.logprob_batch_size
-        return self

@@ -22,7 +22,7 @@ from nemo_rl_core.models.generation.interfaces import GenerationDatumSpec
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout
 from nemo_rl_core.models.policy.fp8_calibration import calibrate_qkv_scales
-from nemo_rl_core.models.policy.hf_loading import check_vocab, load_pretrained, load_tokenizer
+from nemo_rl_core.models.policy.hf_loading import load_pretrained, load_tokenizer
 from nemo_rl_core.models.policy.hf_trainer import HFTrainable
 from nemo_rl_core.models.policy.interfaces import (
     ColocatablePolicyInterface,
@@ -51,16 +51,14 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         init_optimizer: bool = True,
         init_reference_model: bool = True,
     ) -> None:
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)
         base = load_pretrained(AutoModelForCausalLM, config.model_name, config)
-        check_vocab(self.tokenizer, base)
         # NeMo RL keeps the *base* model as reference, even when resuming from a checkpoint.
         self.reference_model = _frozen_copy(base) if init_reference_model else None
         model = base
         if weights_path is not None:
             model = load_pretrained(AutoModelForCausalLM, weights_path, config)
-            check_vocab(self.tokenizer, model)
-        super().__init__(model, config, init_optimizer, optimizer_path)
+        super().__init__(model, tokenizer, config, init_optimizer, optimizer_path)
         if self.reference_model is not None:
             self.reference_model.to(self.device)
         temperature = config.generation.temperature if config.generation else 1.0
@@ -72,38 +70,13 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         """Row-layout float32 logits, temperature-scaled."""
         return self.forward(layout, model).logits.float() / self.temperature
 
-    def _inference_microbatches(
-        self, data: BatchedDataDict, mbs: int | None
-    ) -> Iterator[tuple[BatchedDataDict, ForwardLayout]]:
-        self.check_inputs(data)
-        for mb in self.microbatches(data, mbs or self.cfg.logprob_batch_size):
-            yield mb, self.layout(mb, self.cfg.sequence_packing.enabled)
-
-    @torch.no_grad()
-    def _map_logits(
-        self,
-        data: BatchedDataDict,
-        mbs: int | None,
-        model: torch.nn.Module,
-        per_mb: Callable[[ForwardLayout, torch.Tensor], dict[str, torch.Tensor]],
-    ) -> BatchedDataDict:
-        was_training = model.training
-        model.eval()
-        try:
-            outputs = [
-                per_mb(layout, self._logits(model, layout))
-                for _, layout in self._inference_microbatches(data, mbs)
-            ]
-        finally:
-            model.train(was_training)
-        return BatchedDataDict.from_batches(outputs)
-
-    def _token_logprobs(self, layout: ForwardLayout, logits: torch.Tensor) -> torch.Tensor:
+    def _token_logprobs(self, layout: ForwardLayout, model: torch.nn.Module) -> torch.Tensor:
         """``[batch, seq]`` logprob of each token; position 0 and padding are 0.
 
         In a packed row a sample's first token is scored against the previous sample's
         last logit; unpacking puts that value at the sample's position 0, which is zeroed.
         """
+        logits = self._logits(model, layout)
         shifted = next_token_logprobs_from_logits(logits, layout.input_ids.to(logits.device))
         logprobs = layout.unpack(torch.nn.functional.pad(shifted, (1, 0)))
         logprobs[:, 0] = 0.0
@@ -113,11 +86,11 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         self, data: BatchedDataDict[GenerationDatumSpec], micro_batch_size: int | None = None
     ) -> BatchedDataDict[LogprobOutputSpec]:
         """``logprobs [batch, seq]``: position t holds log p(token t | tokens < t); position 0 is 0."""
-        return self._map_logits(
+        return self.map_microbatches(
             data,
             micro_batch_size,
             self.model,
-            lambda layout, logits: {"logprobs": self._token_logprobs(layout, logits)},
+            lambda layout: {"logprobs": self._token_logprobs(layout, self.model)},
         )
 
     def get_reference_policy_logprobs(
@@ -129,11 +102,12 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
                 "this policy was built with init_reference_model=False; rebuild it with "
                 "init_reference_model=True to compute reference logprobs"
             )
-        return self._map_logits(
+        reference = self.reference_model
+        return self.map_microbatches(
             data,
             micro_batch_size,
-            self.reference_model,
-            lambda layout, logits: {"reference_logprobs": self._token_logprobs(layout, logits)},
+            reference,
+            lambda layout: {"reference_logprobs": self._token_logprobs(layout, reference)},
         )
 
     def get_topk_logits(
@@ -146,14 +120,14 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         if not 1 <= k <= self.vocab_size:
             raise ValueError(f"k must be in [1, {self.vocab_size}] (vocab size), got {k}")
 
-        def topk(layout: ForwardLayout, logits: torch.Tensor) -> dict[str, torch.Tensor]:
-            values, indices = logits.topk(k, dim=-1)
+        def topk(layout: ForwardLayout) -> dict[str, torch.Tensor]:
+            values, indices = self._logits(self.model, layout).topk(k, dim=-1)
             return {
                 "topk_logits": layout.unpack(values)[:, :-1].cpu(),
                 "topk_indices": layout.unpack(indices)[:, :-1].cpu(),
             }
 
-        return self._map_logits(data, micro_batch_size, self.model, topk)
+        return self.map_microbatches(data, micro_batch_size, self.model, topk)
 
     # ---- training ---------------------------------------------------------------------
 
@@ -203,23 +177,7 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         self.optimizer = self.scheduler = self.reference_model = None
         return True
 
-    # ---- weights out: checkpoints and refit -------------------------------------------
-
-    def save_checkpoint(
-        self,
-        weights_path: str | Path,
-        optimizer_path: str | Path | None = None,
-        tokenizer_path: str | Path | None = None,
-    ) -> None:
-        """HF layout (config.json, model.safetensors, generation_config.json, tokenizer) +
-        optimizer/scheduler state; ``HFPolicy(config, weights_path=..., optimizer_path=...)``
-        continues training bit-exactly from it."""
-        self.model.save_pretrained(str(weights_path))
-        self.tokenizer.save_pretrained(str(weights_path))
-        if tokenizer_path is not None:
-            self.tokenizer.save_pretrained(str(tokenizer_path))
-        if optimizer_path is not None:
-            self.save_optimizer(optimizer_path)
+    # ---- weights out: refit (checkpoints: HFTrainable.save_checkpoint) ---------------
 
     def state_dict_for_refit(self) -> dict[str, torch.Tensor]:
         """HF-named weights in the compute precision, ready for a generation engine's loader."""

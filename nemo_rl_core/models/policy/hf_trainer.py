@@ -11,17 +11,18 @@ import contextlib
 import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, packed_layout, padded_layout
-from nemo_rl_core.models.policy.hf_loading import VocabMismatchError
+from nemo_rl_core.models.policy.hf_loading import VocabMismatchError, check_vocab
 from nemo_rl_core.models.policy.optim import build_optimizer, build_scheduler
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -53,11 +54,14 @@ class HFTrainable(ABC):
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        config: PolicyConfig,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        config: TrainedModelConfig,
         init_optimizer: bool,
         optimizer_path: str | Path | None,
     ) -> None:
+        check_vocab(tokenizer, model)
+        self.tokenizer = tokenizer
         self.cfg = config
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = model.to(self.device)
@@ -151,6 +155,27 @@ class HFTrainable(ABC):
         """Consecutive microbatches of ``mbs`` samples."""
         return batch.make_microbatch_iterator(mbs)
 
+    @torch.no_grad()
+    def map_microbatches(
+        self,
+        data: BatchedDataDict,
+        mbs: int | None,
+        model: torch.nn.Module,
+        per_mb: Callable[[ForwardLayout], dict[str, torch.Tensor]],
+    ) -> BatchedDataDict:
+        """Inference over ``data`` in microbatches (default ``logprob_batch_size``), in order."""
+        self.check_inputs(data)
+        was_training = model.training
+        model.eval()
+        try:
+            outputs = [
+                per_mb(self.layout(mb, self.cfg.sequence_packing.enabled))
+                for mb in self.microbatches(data, mbs or self.cfg.logprob_batch_size)
+            ]
+        finally:
+            model.train(was_training)
+        return BatchedDataDict.from_batches(outputs)
+
     # ---- training ---------------------------------------------------------------------
 
     def train(
@@ -239,7 +264,23 @@ class HFTrainable(ABC):
         self.optimizer.step()
         return grad_norm
 
-    # ---- optimizer checkpoint ---------------------------------------------------------
+    # ---- checkpoints ------------------------------------------------------------------
+
+    def save_checkpoint(
+        self,
+        weights_path: str | Path,
+        optimizer_path: str | Path | None = None,
+        tokenizer_path: str | Path | None = None,
+    ) -> None:
+        """HF layout (config.json, model.safetensors, generation_config.json, tokenizer) and
+        optimizer/scheduler state; the constructor's ``weights_path=``/``optimizer_path=``
+        continue training bit-exactly from them."""
+        self.model.save_pretrained(str(weights_path))
+        self.tokenizer.save_pretrained(str(weights_path))
+        if tokenizer_path is not None:
+            self.tokenizer.save_pretrained(str(tokenizer_path))
+        if optimizer_path is not None:
+            self.save_optimizer(optimizer_path)
 
     def save_optimizer(self, optimizer_path: str | Path) -> None:
         """Optimizer and scheduler state, so a resumed run continues bit-exactly."""
