@@ -8,6 +8,12 @@ import torch
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
+@pytest.fixture(name="pad_front")
+def pad_front_fixture():
+    """The helper :func:`pad_front`."""
+    return pad_front
+
+
 def pad_front(values: list[list[float]], first: float = 0.0) -> torch.Tensor:
     """[B, T] values -> [B, T+1] with a dummy position 0 (the prompt token losses skip)."""
     return torch.tensor([[first, *row] for row in values], dtype=torch.float64)
