@@ -1,0 +1,146 @@
+"""Filters, reward shaping, metric aggregation and the YAML-facing configs."""
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from nemo_rl_core.algorithms.config import (
+    ClippedPGLossConfig,
+    GRPOAdvantageConfig,
+    PPOAdvantageConfig,
+    RewardShapingConfig,
+    validate_section,
+)
+from nemo_rl_core.algorithms.filters import (
+    accumulate_dynamic_sampling_batch,
+    apply_overlong_filtering,
+    apply_reward_shaping,
+    dynamic_sampling_filter,
+)
+from nemo_rl_core.algorithms.loss import (
+    ClippedPGLossFn,
+    MetricNormalizer,
+    aggregate_microbatch_metrics,
+)
+from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+
+NEMO_RL_GRPO_YAML = """
+grpo:
+  normalize_rewards: true
+  use_leave_one_out_baseline: true
+  overlong_filtering: false
+  use_dynamic_sampling: false
+  dynamic_sampling_max_gen_batches: 10
+  batch_multiplier: 1
+  reward_shaping:
+    enabled: false
+    overlong_buffer_length: 128
+    overlong_buffer_penalty: 1
+    max_response_length: 512
+loss_fn:
+  reference_policy_kl_penalty: 0.01
+  reference_policy_kl_type: "k3"
+  kl_input_clamp_value: 20.0
+  kl_output_clamp_value: 10.0
+  ratio_clip_min: 0.2
+  ratio_clip_max: 0.2
+  ratio_clip_c: null
+  use_on_policy_kl_approximation: false
+  truncated_importance_sampling_ratio: null
+  use_importance_sampling_correction: false
+  token_level_loss: true
+  force_on_policy_ratio: false
+"""
+
+
+def test_dynamic_sampling_keeps_groups_with_reward_variance():
+    prompts = torch.tensor([0, 0, 0, 1, 1, 1])
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    _, std = calculate_baseline_and_std_per_prompt(prompts, rewards, torch.ones(6), False)
+    batch = BatchedDataDict(rewards=rewards, idx=list(range(6)))
+    kept, metrics = dynamic_sampling_filter(batch, std)
+    assert kept["idx"] == [3, 4, 5]
+    assert metrics == {"dynamic_sampling_kept_samples": 3, "dynamic_sampling_kept_fraction": 0.5}
+    with pytest.raises(ValueError, match="std has 2 entries"):
+        dynamic_sampling_filter(batch, std[:2])
+
+
+def test_dynamic_sampling_accumulation():
+    first = BatchedDataDict(idx=[0, 1])
+    second = BatchedDataDict(idx=[2, 3, 4])
+    batch, done = accumulate_dynamic_sampling_batch(None, first, target_size=4)
+    assert not done and batch["idx"] == [0, 1]
+    batch, done = accumulate_dynamic_sampling_batch(batch, second, target_size=4)
+    assert done and batch["idx"] == [0, 1, 2, 3]
+
+
+def test_overlong_filtering():
+    mask = torch.tensor([1.0, 1.0, 0.0])
+    assert apply_overlong_filtering(mask, [True, False, False]).tolist() == [0.0, 1.0, 0.0]
+    assert mask.tolist() == [1.0, 1.0, 0.0]  # pure: the input is untouched
+    with pytest.raises(ValueError, match="truncated"):
+        apply_overlong_filtering(mask, [True])
+
+
+def test_dapo_reward_shaping():
+    cfg = RewardShapingConfig(
+        enabled=True, max_response_length=10, overlong_buffer_length=4, overlong_buffer_penalty=0.5
+    )
+    lengths = torch.tensor([5, 6, 8, 10, 12])
+    shaped = apply_reward_shaping(torch.ones(5), lengths, cfg)
+    # no penalty up to 10 - 4 = 6 tokens, then linear to -0.5 at 10, flat beyond
+    assert shaped.tolist() == pytest.approx([1.0, 1.0, 0.75, 0.5, 0.5])
+    off = RewardShapingConfig()
+    assert apply_reward_shaping(torch.ones(5), lengths, off).tolist() == [1.0] * 5
+    with pytest.raises(ValueError, match="max_response_length"):
+        RewardShapingConfig(enabled=True)
+
+
+def test_metric_normalizers():
+    metrics = [{"loss": 0.25, "peak": 3.0, "lr": 1.0}, {"loss": 0.5, "peak": 5.0, "lr": 3.0}]
+    combined = aggregate_microbatch_metrics(
+        metrics, {"peak": MetricNormalizer.MAX, "lr": MetricNormalizer.MEAN}
+    )
+    assert combined == {"loss": 0.75, "peak": 5.0, "lr": 2.0}
+    assert MetricNormalizer.MIN.reduce([3.0, 1.0]) == 1.0
+
+
+def test_nemo_rl_yaml_sections_validate_unchanged():
+    raw = yaml.safe_load(NEMO_RL_GRPO_YAML)
+    loss_cfg = validate_section(ClippedPGLossConfig, raw["loss_fn"], "loss_fn")
+    assert loss_cfg == ClippedPGLossConfig()  # the YAML spells out NeMo RL's defaults
+    grpo = validate_section(GRPOAdvantageConfig, raw["grpo"], "grpo")
+    assert grpo.reward_shaping.max_response_length == 512
+    assert grpo.resolved_adv_estimator().use_leave_one_out_baseline is True
+    assert ClippedPGLossFn(raw["loss_fn"]).cfg == loss_cfg
+
+
+def test_config_errors_name_nested_paths():
+    with pytest.raises(
+        ValueError, match=r"grpo\.reward_shaping\.overlong_bufer_length: Extra inputs"
+    ):
+        validate_section(
+            GRPOAdvantageConfig, {"reward_shaping": {"overlong_bufer_length": 3}}, "grpo"
+        )
+    with pytest.raises(ValueError, match=r"ppo\.gae_lambda: .*less than or equal to 1.*got 1.5"):
+        validate_section(PPOAdvantageConfig, {"gae_lambda": 1.5}, "ppo")
+    with pytest.raises(ValueError, match="expected a mapping"):
+        validate_section(PPOAdvantageConfig, [1, 2], "ppo")
+
+
+def test_on_policy_kl_weight_is_detached(pg_data):
+    # pi / pi_gen = 0.5 scales the k1 penalty, but its own gradient is stopped
+    data, lp = pg_data([[math.log(0.5)]], [[0.0]], is_ratios=[[0.5]], reference=[[math.log(0.25)]])
+    loss_fn = ClippedPGLossFn(
+        {
+            "reference_policy_kl_penalty": 1.0,
+            "reference_policy_kl_type": "k1",
+            "use_on_policy_kl_approximation": True,
+        }
+    )
+    loss, _ = loss_fn(data, torch.tensor(1.0), torch.tensor(1.0), next_token_logprobs=lp)
+    loss.backward()
+    assert lp.grad.item() == pytest.approx(0.5)  # w * d(log pi - log pi_ref)/d log pi
