@@ -57,25 +57,27 @@ def padded_layout(
 
 
 def packed_layout(
-    input_ids: torch.Tensor, input_lengths: torch.Tensor, multiple: int
+    input_ids: torch.Tensor, input_lengths: torch.Tensor, multiple: int, total_multiple: int = 1
 ) -> ForwardLayout:
-    """All samples in one row, each padded to ``multiple`` tokens, positions restarting at 0.
+    """All samples in one row, each padded to ``multiple`` tokens, positions restarting at 0;
+    the row is padded to a multiple of ``total_multiple``.
 
-    The tail padding gets its own restarting positions so it never joins the last sample.
+    Padding gets its own restarting positions so it never joins the sample before it.
     """
     batch, seq = input_ids.shape
     lengths = [int(n) for n in input_lengths]
     spans = [_round_up(max(n, 1), multiple) for n in lengths]
-    starts = torch.tensor([0, *spans[:-1]]).cumsum(0) if batch else torch.zeros(0, dtype=torch.long)
-    total = max(sum(spans), 1)
+    starts = torch.tensor([0, *spans[:-1]], dtype=torch.long).cumsum(0)[:batch]
+    used = sum(spans)
+    total = max(_round_up(used, total_multiple), 1)
     ids = torch.zeros(total, dtype=input_ids.dtype)
     pos = torch.zeros(total, dtype=torch.long)
     for i, (n, span) in enumerate(zip(lengths, spans, strict=True)):
         start = int(starts[i])
         ids[start : start + n] = input_ids[i, :n]
-        # Padding inside a span starts a fresh "sequence" so it stays out of sample i.
         pos[start : start + n] = torch.arange(n)
         pos[start + n : start + span] = torch.arange(span - n)
+    pos[used:] = torch.arange(total - used)
     positions = torch.arange(seq)
     valid = positions.unsqueeze(0) < input_lengths.unsqueeze(1)
     source = (starts.unsqueeze(1) + positions.unsqueeze(0)).clamp(max=total - 1)

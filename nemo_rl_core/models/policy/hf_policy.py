@@ -149,7 +149,8 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         self.check_inputs(data)
 
         def forwards() -> Iterator[tuple[torch.Tensor, Callable[[], Any]]]:
-            for mb in self.microbatches(data, micro_batch_size or self.cfg.logprob_batch_size):
+            mbs = micro_batch_size or self.cfg.logprob_batch_size
+            for mb in data.make_microbatch_iterator(mbs):
                 layout = self.layout(mb, packed=False)
                 yield layout.attention_mask.bool(), lambda layout=layout: self.forward(layout)
 

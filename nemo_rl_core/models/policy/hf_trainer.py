@@ -19,7 +19,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction
-from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.distributed.batched_data_dict import (
+    BatchedDataDict,
+    DynamicBatchingArgs,
+    SequencePackingArgs,
+)
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, packed_layout, padded_layout
 from nemo_rl_core.models.policy.hf_loading import VocabMismatchError, check_vocab
@@ -41,6 +45,18 @@ def global_valid_counts(batch: BatchedDataDict) -> tuple[torch.Tensor, torch.Ten
         return seqs, seqs * batch["input_ids"].shape[1]
     toks = (batch["token_mask"][:, 1:].float() * sample_mask.unsqueeze(-1)).sum()
     return seqs, toks
+
+
+def _pad_seq_dim(outputs: dict[str, torch.Tensor], missing: int) -> dict[str, torch.Tensor]:
+    """Right-pad dim 1 of each output by ``missing`` (a dynamic microbatch is cut short)."""
+    if missing <= 0:
+        return outputs
+    return {
+        key: torch.nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (0, missing))
+        if value.dim() >= 2
+        else value
+        for key, value in outputs.items()
+    }
 
 
 def _as_metric(value: Any) -> Any:
@@ -129,13 +145,14 @@ class HFTrainable(ABC):
             )
 
     def layout(self, mb: BatchedDataDict, packed: bool) -> ForwardLayout:
-        build = packed_layout if packed else padded_layout
-        multiple = (
-            self.cfg.sequence_packing.sequence_length_round
-            if packed
-            else self.cfg.make_sequence_length_divisible_by
-        )
-        return build(mb["input_ids"], mb["input_lengths"], multiple)
+        """Padded rows, or one packed row when ``sequence_packing`` is on."""
+        ids, lengths = mb["input_ids"], mb["input_lengths"]
+        multiple = self.cfg.make_sequence_length_divisible_by
+        if packed:
+            return packed_layout(
+                ids, lengths, multiple, self.cfg.sequence_packing.sequence_length_round
+            )
+        return padded_layout(ids, lengths, multiple)
 
     def forward(self, layout: ForwardLayout, model: torch.nn.Module | None = None) -> Any:
         """``model``'s (default: the trained one) raw output for a layout."""
@@ -151,8 +168,43 @@ class HFTrainable(ABC):
                 use_cache=False,
             )
 
+    def plan(
+        self, data: BatchedDataDict, batch_size: int | None, train: bool
+    ) -> tuple[BatchedDataDict, list[int] | None]:
+        """``data`` with NeMo RL's token-budget microbatch plan attached (dynamic batching or
+        packing, sorted within each global batch), and the order that undoes the sort."""
+        dynamic, packing = self.cfg.dynamic_batching, self.cfg.sequence_packing
+        if dynamic.enabled:
+            args = DynamicBatchingArgs(
+                max_tokens_per_microbatch=dynamic.train_mb_tokens
+                if train
+                else dynamic.logprob_mb_tokens,
+                sequence_length_round=dynamic.sequence_length_round,
+                input_key="input_ids",
+                input_lengths_key="input_lengths",
+            )
+            shards, order = data.shard_by_batch_size(1, batch_size, dynamic_batching_args=args)
+        elif packing.enabled:
+            args = SequencePackingArgs(
+                max_tokens_per_microbatch=packing.train_mb_tokens
+                if train
+                else packing.logprob_mb_tokens,
+                input_key="input_ids",
+                input_lengths_key="input_lengths",
+                algorithm=packing.algorithm,
+                sequence_length_pad_multiple=self.cfg.make_sequence_length_divisible_by,
+            )
+            shards, order = data.shard_by_batch_size(1, batch_size, sequence_packing_args=args)
+        else:
+            return data, None
+        return shards[0], order
+
     def microbatches(self, batch: BatchedDataDict, mbs: int) -> Iterator[BatchedDataDict]:
-        """Consecutive microbatches of ``mbs`` samples."""
+        """A planned global batch's token-budget microbatches, else ``mbs`` samples each."""
+        if self.cfg.dynamic_batching.enabled:
+            return batch.make_microbatch_iterator_with_dynamic_shapes()
+        if self.cfg.sequence_packing.enabled:
+            return batch.make_microbatch_iterator_for_packable_sequences()
         return batch.make_microbatch_iterator(mbs)
 
     @torch.no_grad()
@@ -163,18 +215,27 @@ class HFTrainable(ABC):
         model: torch.nn.Module,
         per_mb: Callable[[ForwardLayout], dict[str, torch.Tensor]],
     ) -> BatchedDataDict:
-        """Inference over ``data`` in microbatches (default ``logprob_batch_size``), in order."""
+        """Inference over ``data`` in microbatches (``logprob_batch_size`` or the token budget);
+        results come back in ``data``'s order and width."""
         self.check_inputs(data)
+        planned, order = self.plan(data, None, train=False)
+        width = data["input_ids"].shape[1]
         was_training = model.training
         model.eval()
         try:
             outputs = [
-                per_mb(self.layout(mb, self.cfg.sequence_packing.enabled))
-                for mb in self.microbatches(data, mbs or self.cfg.logprob_batch_size)
+                _pad_seq_dim(
+                    per_mb(self.layout(mb, self.cfg.sequence_packing.enabled)),
+                    width - mb["input_ids"].shape[1],
+                )
+                for mb in self.microbatches(planned, mbs or self.cfg.logprob_batch_size)
             ]
         finally:
             model.train(was_training)
-        return BatchedDataDict.from_batches(outputs)
+        result = BatchedDataDict.from_batches(outputs)
+        if order is not None:
+            result.reorder_data(order)
+        return result
 
     # ---- training ---------------------------------------------------------------------
 
@@ -197,13 +258,14 @@ class HFTrainable(ABC):
             raise RuntimeError("this model was built with init_optimizer=False; it cannot train")
         if "sample_mask" not in data:
             data = BatchedDataDict({**data, "sample_mask": torch.ones(data.size)})
+        planned, _ = self.plan(data, gbs, train=True)
         self.model.train(not eval_mode)
         losses: list[float] = []
         grad_norms: list[float] = []
         total_seqs = total_toks = 0.0
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
         for gb_idx in range(data.size // gbs):
-            batch = data.get_batch(gb_idx, gbs)
+            batch = planned.get_batch(gb_idx, gbs)
             seqs, toks = global_valid_counts(batch)
             total_seqs, total_toks = total_seqs + seqs.item(), total_toks + toks.item()
             gb_loss = 0.0

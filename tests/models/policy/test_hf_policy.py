@@ -16,9 +16,23 @@ from nemo_rl_core.models.policy.hf_loading import VocabMismatchError
 from nemo_rl_core.models.policy.hf_policy import HFPolicy
 from nemo_rl_core.models.policy.hf_trainer import NonFiniteTrainingError
 
+
+def token_budget(section: str, tokens: int, **extra: Any) -> dict[str, Any]:
+    """Dynamic batching or packing with a small budget so batches split into several parts."""
+    budget = {"enabled": True, "train_mb_tokens": tokens, "logprob_mb_tokens": tokens}
+    return {section: {**budget, **extra}}
+
+
 LAYOUTS = {
     "padded": {},
-    "packed": {"sequence_packing": {"enabled": True, "sequence_length_round": 4}},
+    "dynamic": token_budget("dynamic_batching", 48, sequence_length_round=8),
+    "packed": token_budget("sequence_packing", 48, sequence_length_round=4),
+}
+# Three ways to cut the same global batch of 4 into microbatches, per layout.
+SPLITS = {
+    "padded": [{"train_micro_batch_size": n} for n in (1, 2, 4)],
+    "dynamic": [token_budget("dynamic_batching", n, sequence_length_round=8) for n in (24, 48, 96)],
+    "packed": [token_budget("sequence_packing", n, sequence_length_round=4) for n in (24, 48, 96)],
 }
 
 
@@ -82,21 +96,22 @@ OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", sorted(SPLITS))
 def test_microbatch_split_gives_the_same_step(
     tiny_model_dir: Path, layout: str, optimizer: str
 ) -> None:
     data = token_batch(batch=4, seed=3)
-    config = policy_config(tiny_model_dir, optimizer=OPTIMIZERS[optimizer], **LAYOUTS[layout])
-    after = {}
-    for mbs in (1, 2, 4):
+    after = []
+    for split in SPLITS[layout]:
+        config = policy_config(tiny_model_dir, optimizer=OPTIMIZERS[optimizer], **split)
         policy = make_policy(config, init_reference_model=False)
-        policy.train(data, NLLLossFn(), gbs=4, mbs=mbs)
-        after[mbs] = params_of(policy)
-    assert max_param_diff(after[1], after[2]) < 1e-5
-    assert max_param_diff(after[1], after[4]) < 1e-5
+        metrics = policy.train(data, NLLLossFn(), gbs=4)
+        after.append((len(metrics["all_mb_metrics"]["loss"]), params_of(policy)))
+    assert len({count for count, _ in after}) == 3, "each split should use another count"
+    assert max_param_diff(after[0][1], after[1][1]) < 1e-5
+    assert max_param_diff(after[0][1], after[2][1]) < 1e-5
     initial = params_of(make_policy(config, init_optimizer=False, init_reference_model=False))
-    assert max_param_diff(after[1], initial) > 5e-5
+    assert max_param_diff(after[0][1], initial) > 5e-5
 
 
 def test_train_metrics_follow_nemo_rl(tiny_model_dir: Path) -> None:
