@@ -11,6 +11,7 @@ explanation and costs one of the ``max_moves`` turns, never an exception.
 import copy
 import random
 import re
+from collections import deque
 from typing import Any, TypedDict
 
 import torch
@@ -70,6 +71,36 @@ class SlidingPuzzleGameLogic:
             grid[empty[0]][empty[1]], grid[tile[0]][tile[1]] = grid[tile[0]][tile[1]], 0
             previous, empty = empty, tile
         return {"size": size, "grid": grid, "solution": solution, "empty_pos": list(empty)}
+
+    @staticmethod
+    def optimal_actions(game_state: dict[str, Any]) -> list[str]:
+        """The shortest action list that solves the board (breadth-first search).
+
+        A reference player for tests and SFT warm-up data; practical for shuffles of up to
+        ~20 moves on 3x3 boards.
+        """
+        size = game_state["size"]
+        start = tuple(v for row in game_state["grid"] for v in row)
+        goal = tuple(v for row in game_state["solution"] for v in row)
+        parents: dict[tuple[int, ...], tuple[tuple[int, ...], str] | None] = {start: None}
+        queue = deque([start])
+        while queue and goal not in parents:
+            board = queue.popleft()
+            empty = divmod(board.index(0), size)
+            for y, x in _neighbours(empty, size):
+                nxt = list(board)
+                nxt[empty[0] * size + empty[1]], nxt[y * size + x] = nxt[y * size + x], 0
+                key = tuple(nxt)
+                if key not in parents:
+                    parents[key] = (board, f"slide {y + 1} {x + 1}")
+                    queue.append(key)
+        if goal not in parents:
+            raise ValueError("the board cannot be solved (tiles out of reachable order)")
+        actions, board = [], goal
+        while (link := parents[board]) is not None:
+            board, action = link
+            actions.append(action)
+        return actions[::-1]
 
     @staticmethod
     def is_solved(game_state: dict[str, Any]) -> bool:
