@@ -16,8 +16,9 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 def next_token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """``log p(input_ids[:, t+1] | <= t)`` for t < S-1: [B, S, V] logits -> [B, S-1].
 
-    Half-precision logits are upcast to float32 first; the log-sum-exp form avoids
-    materializing a second [B, S, V] tensor.
+    Half-precision logits are upcast to float32 first. The gather-minus-logsumexp form
+    keeps no [B, S, V] log-softmax alive between forward and backward (the memory that
+    bounds large-vocabulary training); on CPU it costs some time (bench/loss_functions.py).
     """
     if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
         raise ValueError(
