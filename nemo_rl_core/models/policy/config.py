@@ -136,6 +136,8 @@ class TrainedModelConfig(StrictModel):
     sequence_packing: SequencePackingConfig = Field(default_factory=SequencePackingConfig)
     make_sequence_length_divisible_by: int = Field(1, ge=1)
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
+    megatron_cfg: MegatronConfig | None = None
+    training_backend: Literal["hf", "megatron"] = "hf"
 
     @field_validator("scheduler")
     @classmethod
@@ -156,6 +158,28 @@ class TrainedModelConfig(StrictModel):
                 f"in a '- milestones: [...]' entry, got {found}"
             )
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_from_megatron_cfg(cls, data: Any) -> Any:
+        """NeMo RL picks Megatron with ``megatron_cfg.enabled``; honour it unless told otherwise."""
+        if not isinstance(data, dict):
+            return data
+        megatron = data.get("megatron_cfg")
+        enabled = bool(
+            megatron.get("enabled")
+            if isinstance(megatron, dict)
+            else getattr(megatron, "enabled", False)
+        )
+        backend = data.get("training_backend")
+        if enabled and backend is None:
+            return {**data, "training_backend": "megatron"}
+        if enabled and backend == "hf":
+            raise ValueError(
+                "megatron_cfg.enabled is true but training_backend is 'hf'; "
+                "set one of them consistently"
+            )
+        return data
 
     @model_validator(mode="after")
     def _fill_derived(self) -> Self:
@@ -191,28 +215,4 @@ class PolicyConfig(TrainedModelConfig):
     logprob_chunk_size: int | None = Field(None, ge=1)
     offload_optimizer_for_logprob: bool = False
     refit_buffer_size_gb: float | None = None
-    megatron_cfg: MegatronConfig | None = None
     generation: GenerationConfig | None = None
-    training_backend: Literal["hf", "megatron"] = "hf"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _backend_from_megatron_cfg(cls, data: Any) -> Any:
-        """NeMo RL picks Megatron with ``megatron_cfg.enabled``; honour it unless told otherwise."""
-        if not isinstance(data, dict):
-            return data
-        megatron = data.get("megatron_cfg")
-        enabled = bool(
-            megatron.get("enabled")
-            if isinstance(megatron, dict)
-            else getattr(megatron, "enabled", False)
-        )
-        backend = data.get("training_backend")
-        if enabled and backend is None:
-            return {**data, "training_backend": "megatron"}
-        if enabled and backend == "hf":
-            raise ValueError(
-                "policy.megatron_cfg.enabled is true but policy.training_backend is 'hf'; "
-                "set one of them consistently"
-            )
-        return data

@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_rl_core.models.local_models import resolve_model
-from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.models.policy.config import TrainedModelConfig
 
 
 class VocabMismatchError(ValueError):
     """The tokenizer can produce ids that the model has no embedding row for."""
 
 
-def load_tokenizer(config: PolicyConfig) -> PreTrainedTokenizerBase:
+def load_tokenizer(config: TrainedModelConfig) -> PreTrainedTokenizerBase:
     """The tokenizer named by ``policy.tokenizer.name`` with its chat template override."""
     name = config.tokenizer.name or config.model_name
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(name)))
@@ -30,16 +30,18 @@ def load_tokenizer(config: PolicyConfig) -> PreTrainedTokenizerBase:
 
 
 def load_pretrained(
-    model_cls: Any, path: str | Path, config: PolicyConfig, **kwargs: Any
+    model_cls: Any, path: str | Path, config: TrainedModelConfig, **config_overrides: Any
 ) -> PreTrainedModel:
-    """``model_cls.from_pretrained`` from a checked local directory, float32, sdpa attention."""
+    """``model_cls.from_pretrained`` from a checked local directory, float32, sdpa attention.
+
+    ``policy.hf_config_overrides`` and ``config_overrides`` are set on the HF config first.
+    """
     directory = resolve_model(str(path))
+    hf_config = AutoConfig.from_pretrained(str(directory))
+    for key, value in {**config.hf_config_overrides, **config_overrides}.items():
+        setattr(hf_config, key, value)
     model = model_cls.from_pretrained(
-        str(directory),
-        dtype=torch.float32,
-        attn_implementation="sdpa",
-        **config.hf_config_overrides,
-        **kwargs,
+        str(directory), config=hf_config, dtype=torch.float32, attn_implementation="sdpa"
     )
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and config.max_total_sequence_length > max_positions:

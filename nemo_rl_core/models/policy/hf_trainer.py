@@ -28,6 +28,7 @@ from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, packed_layout, padded_layout
 from nemo_rl_core.models.policy.hf_loading import VocabMismatchError, check_vocab
 from nemo_rl_core.models.policy.optim import build_optimizer, build_scheduler
+from nemo_rl_core.utils.timer import Timer
 
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
@@ -247,8 +248,20 @@ class HFTrainable(ABC):
         *,
         gbs: int | None = None,
         mbs: int | None = None,
+        timer: Timer | None = None,
     ) -> dict[str, Any]:
         """One optimizer step per global batch of ``gbs`` samples; the LR schedule steps once."""
+        with timer.time("train") if timer is not None else contextlib.nullcontext():
+            return self._train(data, loss_fn, eval_mode, gbs, mbs)
+
+    def _train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: LossFunction,
+        eval_mode: bool,
+        gbs: int | None,
+        mbs: int | None,
+    ) -> dict[str, Any]:
         gbs = gbs or self.cfg.train_global_batch_size
         mbs = mbs or self.cfg.train_micro_batch_size
         self.check_inputs(data)

@@ -1,0 +1,32 @@
+"""Value models behind NeMo RL's ``ValueInterface``; ``make_value_model`` builds one."""
+
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from nemo_rl_core.models.value.config import ValueConfig
+from nemo_rl_core.models.value.interfaces import ValueInterface
+
+
+def make_value_model(
+    config: ValueConfig,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    weights_path: str | Path | None = None,
+    optimizer_path: str | Path | None = None,
+    init_optimizer: bool = True,
+) -> ValueInterface:
+    """The value model for ``config.training_backend`` (``hf``, or ``megatron`` when present)."""
+    if config.training_backend == "megatron":
+        from nemo_rl_core.models.value.megatron_value import MegatronValue as value_cls
+    else:
+        from nemo_rl_core.models.value.hf_value import HFValue as value_cls
+    return value_cls(
+        config,
+        tokenizer=tokenizer,
+        weights_path=weights_path,
+        optimizer_path=optimizer_path,
+        init_optimizer=init_optimizer,
+    )
+
+
+__all__ = ["ValueConfig", "ValueInterface", "make_value_model"]
