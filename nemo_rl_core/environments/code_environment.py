@@ -1,0 +1,145 @@
+"""Model-written Python run against test cases in a sandbox (``env.code``).
+
+The last fenced code block of the model's answer runs once per test case, in the
+sandbox of ``code_sandbox`` (time, CPU, memory, output and process limits, no network,
+nothing outside its own directory). A test case is ``{"input": stdin, "output":
+expected stdout}`` (compared after stripping trailing whitespace per line) or ``{"assert":
+code}`` run after the solution in the same program. Reward 1.0 when every test passes;
+whatever the program does (hang, crash, escape attempt) fails that sample only, and the
+reason is in its metadata.
+"""
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypedDict
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from nemo_rl_core.data.interfaces import LLMMessageLogType
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.environments.code_sandbox import SandboxLimits, SandboxResult, run_sandboxed
+from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
+from nemo_rl_core.environments.metrics import reward_metrics
+
+_CODE_BLOCK = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+class CodeEnvConfig(BaseModel):
+    """``env.code`` keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_workers: int = Field(4, ge=1, description="sandboxes run at once")
+    stop_strings: list[str] | None = None
+    wall_time_limit_s: float = Field(10.0, gt=0)
+    cpu_time_limit_s: int = Field(5, ge=1)
+    memory_limit_mb: int = Field(512, ge=64)
+    output_limit_bytes: int = Field(1 << 20, ge=1024)
+    max_processes: int = Field(16, ge=1)
+
+    def limits(self) -> SandboxLimits:
+        return SandboxLimits(
+            wall_time_s=self.wall_time_limit_s,
+            cpu_time_s=self.cpu_time_limit_s,
+            memory_mb=self.memory_limit_mb,
+            output_bytes=self.output_limit_bytes,
+            max_processes=self.max_processes,
+        )
+
+
+class CodeEnvMetadata(TypedDict, total=False):
+    tests: list[dict[str, str]]
+    tests_passed: int
+    reward_reason: str
+
+
+def extract_code(response: str) -> str | None:
+    """The last fenced code block of a response (an unclosed last fence counts)."""
+    blocks = _CODE_BLOCK.findall(response + ("\n```" if response.count("```") % 2 else ""))
+    return blocks[-1] if blocks else None
+
+
+def _normalized(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+
+def _check(code: str, test: dict[str, str], limits: SandboxLimits) -> tuple[bool, str]:
+    if "assert" in test:
+        result: SandboxResult = run_sandboxed(f"{code}\n\n{test['assert']}\n", "", limits)
+        return result.ok, result.reason or "passed"
+    result = run_sandboxed(code, test.get("input", ""), limits)
+    if not result.ok:
+        tail = result.stderr.strip().splitlines()[-1:] or [""]
+        return False, f"{result.reason}: {tail[0]}"[:300]
+    if _normalized(result.stdout) != _normalized(test["output"]):
+        return False, "wrong output"
+    return True, "passed"
+
+
+class CodeEnvironment(EnvironmentInterface[CodeEnvMetadata]):
+    """Single-turn: reward 1.0 when the last code block passes all of the sample's tests."""
+
+    def __init__(self, cfg: CodeEnvConfig | dict[str, Any] | None = None):
+        self.cfg = CodeEnvConfig.model_validate(cfg or {})
+        self._executor = ThreadPoolExecutor(self.cfg.num_workers)
+
+    def step(
+        self,
+        message_log_batch: list[LLMMessageLogType],
+        metadata: list[CodeEnvMetadata],
+        *args: Any,
+        **kwargs: Any,
+    ) -> EnvironmentReturn[CodeEnvMetadata]:
+        limits = self.cfg.limits()
+        codes = []
+        for i, (log, meta) in enumerate(zip(message_log_batch, metadata, strict=True)):
+            tests = meta.get("tests")
+            if not tests or any("output" not in t and "assert" not in t for t in tests):
+                raise KeyError(
+                    f"sample {i}: metadata 'tests' must be a non-empty list of "
+                    "{'input', 'output'} or {'assert'} cases"
+                )
+            last = log[-1]["content"] if log and log[-1]["role"] == "assistant" else ""
+            codes.append(extract_code(last))
+        jobs = {
+            (i, j): self._executor.submit(_check, code, test, limits)
+            for i, (code, meta) in enumerate(zip(codes, metadata, strict=True))
+            if code is not None
+            for j, test in enumerate(meta["tests"])
+        }
+        rewards, new_metadata, observations, answers = [], [], [], []
+        for i, (code, meta) in enumerate(zip(codes, metadata, strict=True)):
+            if code is None:
+                passed, reason = 0, "no fenced code block in the response"
+            else:
+                results = [jobs[(i, j)].result() for j in range(len(meta["tests"]))]
+                passed = sum(ok for ok, _ in results)
+                failures = [f"test {j}: {why}" for j, (ok, why) in enumerate(results) if not ok]
+                reason = "; ".join(failures) if failures else "all tests passed"
+            reward = 1.0 if code is not None and passed == len(meta["tests"]) else 0.0
+            rewards.append(reward)
+            answers.append(code)
+            new_metadata.append({**meta, "tests_passed": passed, "reward_reason": reason})
+            observations.append(
+                {
+                    "role": "environment",
+                    "content": f"Environment: {passed}/{len(meta['tests'])} tests passed",
+                }
+            )
+        return EnvironmentReturn(
+            observations=observations,
+            metadata=new_metadata,
+            next_stop_strings=[self.cfg.stop_strings] * len(rewards),
+            rewards=torch.tensor(rewards, dtype=torch.float32),
+            terminateds=torch.ones(len(rewards), dtype=torch.bool),
+            answers=answers,
+        )
+
+    def global_post_process_and_metrics(
+        self, batch: BatchedDataDict
+    ) -> tuple[BatchedDataDict, dict[str, Any]]:
+        return batch, reward_metrics(batch)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
