@@ -157,6 +157,25 @@ class RewardShapingConfig(StrictConfig):
         return self
 
 
+class RewardScalingConfig(StrictConfig):
+    """``grpo.reward_scaling:`` clamp rewards to [source_min, source_max], map linearly
+    onto [target_min, target_max]."""
+
+    enabled: bool = False
+    source_min: float = 0.0
+    source_max: float = 1.0
+    target_min: float = 0.0
+    target_max: float = 1.0
+
+    @model_validator(mode="after")
+    def _nonempty_source(self) -> Self:
+        if self.source_max <= self.source_min:
+            raise ValueError(
+                f"source_max ({self.source_max}) must be greater than source_min ({self.source_min})"
+            )
+        return self
+
+
 class GRPOAdvantageConfig(StrictConfig):
     """The advantage/filtering keys of ``grpo:``.
 
@@ -171,6 +190,7 @@ class GRPOAdvantageConfig(StrictConfig):
     dynamic_sampling_max_gen_batches: int = Field(10, ge=1)
     batch_multiplier: int = Field(1, ge=1)
     reward_shaping: RewardShapingConfig = RewardShapingConfig()
+    reward_scaling: RewardScalingConfig = RewardScalingConfig()
     adv_estimator: AdvEstimatorConfig = AdvEstimatorConfig()
 
     def resolved_adv_estimator(self) -> AdvEstimatorConfig:

@@ -1,4 +1,4 @@
-"""Sample filters and reward shaping of GRPO/DAPO, as pure functions of tensors.
+"""Sample filters and reward shaping/scaling of GRPO/DAPO, as pure functions of tensors.
 
 Dynamic sampling drops prompt groups whose rewards are all equal (their GRPO advantages
 are zero, so they only dilute the batch); overlong filtering takes truncated responses
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from nemo_rl_core.algorithms.config import RewardShapingConfig
+from nemo_rl_core.algorithms.config import RewardScalingConfig, RewardShapingConfig
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
@@ -76,3 +76,13 @@ def apply_reward_shaping(
     excess = response_lengths.to(rewards.dtype) - expected
     penalty = (-excess / max(cfg.overlong_buffer_length, 1)).clamp(min=-1.0, max=0.0)
     return rewards + penalty * cfg.overlong_buffer_penalty
+
+
+def scale_rewards(rewards: torch.Tensor, cfg: RewardScalingConfig) -> torch.Tensor:
+    """Clamp to [source_min, source_max] and map linearly onto [target_min, target_max]
+    (no-op unless enabled), so environments with different reward ranges mix."""
+    if not cfg.enabled:
+        return rewards
+    clamped = rewards.clamp(cfg.source_min, cfg.source_max)
+    fraction = (clamped - cfg.source_min) / (cfg.source_max - cfg.source_min)
+    return cfg.target_min + fraction * (cfg.target_max - cfg.target_min)

@@ -12,17 +12,20 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from nemo_rl_core.algorithms.advantage_estimator import make_advantage_estimator
+from nemo_rl_core.algorithms.advantage_estimator import create_advantage_estimator
 from nemo_rl_core.algorithms.config import ClippedPGLossConfig, GRPOAdvantageConfig, StrictConfig
 from nemo_rl_core.algorithms.loss import ClippedPGLossFn
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
 from nemo_rl_core.data.config import DataConfig
 from nemo_rl_core.data.dataloader import build_dataloader
-from nemo_rl_core.data.llm_message_utils import message_logs_to_train_data
+from nemo_rl_core.data.llm_message_utils import (
+    batched_message_log_to_flat_message,
+    message_logs_to_train_data,
+)
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
-from nemo_rl_core.environments.registry import create_env
+from nemo_rl_core.environments.utils import create_env
 from nemo_rl_core.experience.rollouts import (
     calculate_rewards,
     generate_responses,
@@ -129,15 +132,28 @@ def generate_rollouts(
                 max_seq_len,
                 config.grpo.max_rollout_turns,
             )
-        return generate_responses_batch(generation, batch, tokenizer)
+        return generate_one_turn(generation, batch, tokenizer)
     finally:
         generation.finish_generation()
 
 
-def generate_responses_batch(
+def generate_one_turn(
     generation: GenerationInterface, batch: BatchedDataDict, tokenizer: Any
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
-    return generate_responses(generation, batch, tokenizer)
+    """One assistant turn per sample, left unscored: the reward stage asks the environments."""
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
+    flat, input_lengths = batched_message_log_to_flat_message(
+        batch["message_log"], pad_value_dict={"token_ids": pad_id}
+    )
+    generation_input = BatchedDataDict(
+        {"input_ids": flat["token_ids"], "input_lengths": input_lengths}
+    )
+    batch, _, metrics = generate_responses(
+        generation, generation_input, batch, tokenizer, input_lengths
+    )
+    return batch, metrics
 
 
 def score_rollouts(
@@ -181,11 +197,14 @@ def compute_advantages(
     train_data: BatchedDataDict, config: MasterConfig
 ) -> tuple[BatchedDataDict, dict]:
     """Per-prompt baselines and the advantage of every token (GRPO / Reinforce++)."""
-    estimator = make_advantage_estimator(config.grpo)
+    estimator = create_advantage_estimator(config.grpo.resolved_adv_estimator(), config.loss_fn)
     advantages = estimator.compute_advantage(
         prompt_ids=train_data["prompt_index"],
         rewards=train_data["total_reward"],
         mask=train_data["token_mask"],
+        valid_mask=train_data["sample_mask"],
+        logprobs_policy=train_data["prev_logprobs"],
+        logprobs_reference=train_data["reference_policy_logprobs"],
     )
     train_data["advantages"] = advantages
     baseline, std = calculate_baseline_and_std_per_prompt(

@@ -10,6 +10,7 @@ from nemo_rl_core.algorithms.config import (
     ClippedPGLossConfig,
     GRPOAdvantageConfig,
     PPOAdvantageConfig,
+    RewardScalingConfig,
     RewardShapingConfig,
     validate_section,
 )
@@ -18,6 +19,7 @@ from nemo_rl_core.algorithms.filters import (
     apply_overlong_filtering,
     apply_reward_shaping,
     dynamic_sampling_filter,
+    scale_rewards,
 )
 from nemo_rl_core.algorithms.loss import (
     ClippedPGLossFn,
@@ -40,6 +42,12 @@ grpo:
     overlong_buffer_length: 128
     overlong_buffer_penalty: 1
     max_response_length: 512
+  reward_scaling:
+    enabled: false
+    source_min: 0.0
+    source_max: 1.0
+    target_min: 0.0
+    target_max: 1.0
 loss_fn:
   reference_policy_kl_penalty: 0.01
   reference_policy_kl_type: "k3"
@@ -97,6 +105,17 @@ def test_dapo_reward_shaping():
     assert apply_reward_shaping(torch.ones(5), lengths, off).tolist() == [1.0] * 5
     with pytest.raises(ValueError, match="max_response_length"):
         RewardShapingConfig(enabled=True)
+
+
+def test_reward_scaling():
+    cfg = RewardScalingConfig(
+        enabled=True, source_min=-1.0, source_max=1.0, target_min=0.0, target_max=10.0
+    )
+    rewards = torch.tensor([-2.0, -1.0, 0.0, 0.5, 3.0])
+    assert scale_rewards(rewards, cfg).tolist() == pytest.approx([0.0, 0.0, 5.0, 7.5, 10.0])
+    assert scale_rewards(rewards, RewardScalingConfig()) is rewards
+    with pytest.raises(ValueError, match="source_max"):
+        RewardScalingConfig(source_min=1.0, source_max=1.0)
 
 
 def test_metric_normalizers():

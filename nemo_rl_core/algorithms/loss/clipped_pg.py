@@ -163,11 +163,7 @@ class ClippedPGLossFn:
         )
 
         actor_loss = reduce(weights * clip_loss)
-        loss = (
-            actor_loss + cfg.reference_policy_kl_penalty * kl
-            if self.uses_kl_penalty
-            else actor_loss
-        )
+        loss = actor_loss + cfg.reference_policy_kl_penalty * kl  # kl = 0 when off
 
         metrics: dict[str, Any] = {}
         if cfg.positive_example_nll_weight > 0:
