@@ -161,21 +161,22 @@ def test_distillation_needs_h_all_for_reverse_outside_topk(pad_front):
 
 
 def test_value_loss_clipping_hand_values(pad_front):
-    # head outputs at positions 0..2 predict the returns of tokens 1..3
+    # current values aligned with input_ids: position 0 (no state before it) is ignored
     data = BatchedDataDict(
         token_mask=pad_front([[1, 1, 1]]),
         sample_mask=torch.ones(1, dtype=torch.float64),
         returns=pad_front([[1.0, 1.0, 1.0]]),
         values=pad_front([[1.5, 1.5, 2.0]]),
     )
-    head = torch.tensor([[2.0, 0.5, 1.0, 99.0]], dtype=torch.float64)
-    loss, metrics = MseValueLossFn({"value_clip_range": 0.2})(data, *counts(data), logits=head)
+    current = torch.tensor([[99.0, 2.0, 0.5, 1.0]], dtype=torch.float64)
+    loss_fn = MseValueLossFn({"value_clip_range": 0.2})
+    loss, metrics = loss_fn(data, *counts(data), **prepare_loss_input(current, data, loss_fn))
     # token 1: max((2-1)^2, (1.7-1)^2) = 1; token 2: max(.25, (1.3-1)^2) = .25;
     # token 3: max(0, (1.8-1)^2) = .64 (clipping binds)
     assert loss.item() == pytest.approx(0.5 * (1.0 + 0.25 + 0.64) / 3)
     assert metrics["value_clipped_fraction"] == pytest.approx(1 / 3)
     unclipped, _ = MseValueLossFn({"value_clip_range": None})(
-        data, *counts(data), logits=head.unsqueeze(-1)
+        data, *counts(data), values=current.unsqueeze(-1)
     )
     assert unclipped.item() == pytest.approx(0.5 * (1.0 + 0.25 + 0.0) / 3)
 

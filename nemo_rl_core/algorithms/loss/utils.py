@@ -41,7 +41,8 @@ def prepare_loss_input(
     """The keyword inputs ``loss_fn`` declares through ``loss_fn.input_type``.
 
     LOGPROB: ``next_token_logprobs`` [B, S-1] from ``data["input_ids"]``.
-    LOGIT: ``logits`` as given.
+    LOGIT: ``logits`` as given, under the loss's ``logit_input_key`` when it declares one
+    (the value loss takes the value model's output as ``values``).
     DISTILLATION: from ``data["teacher_topk_logits"]``/``["teacher_topk_indices"]`` [B, S, k]:
     ``student_topk_logprobs`` (the student's full-vocabulary log-probs at the teacher's
     top-k ids), ``teacher_topk_logprobs`` (teacher renormalized over its top-k) and
@@ -51,7 +52,7 @@ def prepare_loss_input(
     """
     input_type = loss_fn.input_type
     if input_type == LossInputType.LOGIT:
-        return {"logits": logits}
+        return {getattr(loss_fn, "logit_input_key", "logits"): logits}
     if input_type == LossInputType.LOGPROB:
         return {"next_token_logprobs": next_token_logprobs_from_logits(logits, data["input_ids"])}
     if input_type == LossInputType.DISTILLATION:

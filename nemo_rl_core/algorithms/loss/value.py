@@ -13,20 +13,21 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
 class MseValueLossFn:
-    r"""Clipped squared error of the value head against the GAE returns.
+    r"""Clipped squared error of the value model against the GAE returns.
 
-        V_t      = value-head output at position t-1 (the state before token t)
         V^clip_t = V^old_t + clip(V_t - V^old_t, -c, c)           (c = ``value_clip_range``)
         L_t      = 1/2 max((V_t - R_t)^2, (V^clip_t - R_t)^2)      (c = None: 1/2 (V_t - R_t)^2)
         loss     = reduce(L)   (``token_level_loss``: over global_valid_toks, else per
                                sequence mean over global_valid_seqs)
 
-    ``logits`` is the value head's output [B, S] or [B, S, 1] per input position; data
-    ``returns`` and ``values`` (V^old, read only when clipping) are [B, S] aligned with
-    input_ids like advantages, so the head's positions :-1 meet the data's 1:.
+    All [B, S] aligned with input_ids, position 0 dropped: ``values`` (keyword, the
+    current model's V_t = estimate of the return from the state before token t, as
+    ``ValueInterface.get_values`` returns it; [B, S, 1] is accepted), data ``returns``
+    (R_t) and data ``values`` (V^old_t from the rollout's value pass, read only when clipping).
     """
 
     input_type = LossInputType.LOGIT
+    logit_input_key = "values"  # prepare_loss_input passes the model output under this name
 
     def __init__(self, cfg: MseValueLossConfig | Mapping[str, Any]):
         self.cfg = validate_section(MseValueLossConfig, cfg, "loss_fn")
@@ -39,11 +40,11 @@ class MseValueLossFn:
         data: BatchedDataDict,
         global_valid_seqs: torch.Tensor,
         global_valid_toks: torch.Tensor,
-        logits: torch.Tensor,
+        values: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        predicted = (logits.squeeze(-1) if logits.dim() == 3 else logits)[:, :-1]
+        predicted = (values.squeeze(-1) if values.dim() == 3 else values)[:, 1:]
         token_mask = data["token_mask"][:, 1:].to(predicted.dtype)
-        check_aligned("logits[:, :-1]", predicted, token_mask)
+        check_aligned("values[:, 1:]", predicted, token_mask)
         sample_mask = data["sample_mask"].to(predicted.dtype)
         returns = data["returns"][:, 1:].to(predicted.dtype)
         per_token = (predicted - returns).square()
