@@ -1,10 +1,11 @@
 """Math answers checked with ``math-verify`` (NeMo RL's ``MathEnvironment``).
 
-The model's last turn is parsed for its answer (``\\boxed{}``, LaTeX, plain numbers and
+The model's answer is parsed for its answer (``\\boxed{}``, LaTeX, plain numbers and
 expressions) and compared with the row's ``ground_truth`` symbolically, so ``\\frac{1}{2}``
 matches ``0.5``. Checking runs in a pool of ``env.math.num_workers`` processes with a
 per-sample time limit: sympy can hang on inputs like ``9^{9^{9}}``, and such a sample gets
 reward 0 with the reason in its metadata instead of stalling the run.
+``verifier_type: countdown`` (or ``CountdownEnvironment``) checks countdown expressions.
 """
 
 from typing import Any, Literal, TypedDict
@@ -15,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from nemo_rl_core.data.interfaces import LLMMessageLogType
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
-from nemo_rl_core.environments.math_verifier import verify_math_answer
+from nemo_rl_core.environments.math_verifier import check_answer
 from nemo_rl_core.environments.metrics import reward_metrics
 from nemo_rl_core.environments.worker_pool import TimedProcessPool
 
@@ -27,7 +28,7 @@ class MathEnvConfig(BaseModel):
 
     num_workers: int = Field(8, ge=1)
     stop_strings: list[str] | None = None
-    verifier_type: Literal["math"] = "math"
+    verifier_type: Literal["math", "countdown"] = "math"
     timeout_seconds: float = Field(10.0, gt=0, description="per-sample checking time limit")
 
 
@@ -40,10 +41,14 @@ class MathEnvironmentMetadata(TypedDict, total=False):
 class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
     """Single-turn: reward 1/0 for the final answer of the last assistant turn."""
 
-    def __init__(self, cfg: MathEnvConfig | dict[str, Any]):
-        self.cfg = cfg if isinstance(cfg, MathEnvConfig) else MathEnvConfig.model_validate(cfg)
+    def __init__(self, cfg: MathEnvConfig | dict[str, Any] | None = None):
+        self.cfg = (
+            cfg if isinstance(cfg, MathEnvConfig) else MathEnvConfig.model_validate(cfg or {})
+        )
         self._pool = TimedProcessPool(
-            verify_math_answer, self.cfg.num_workers, warmup_item=("\\boxed{1}", "1")
+            check_answer,
+            self.cfg.num_workers,
+            warmup_item={"verifier": "math", "response": "\\boxed{1}", "ground_truth": "1"},
         )
         self._failures = {"timeout": 0, "error": 0, "died": 0}
 
@@ -61,7 +66,15 @@ class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
         for i, meta in enumerate(metadata):
             if "ground_truth" not in meta:
                 raise KeyError(f"sample {i}: metadata has no 'ground_truth' (keys: {sorted(meta)})")
-        items = [(r, str(m["ground_truth"])) for r, m in zip(responses, metadata, strict=True)]
+        items = [
+            {
+                "verifier": self.cfg.verifier_type,
+                "response": response,
+                "ground_truth": str(meta["ground_truth"]),
+                "numbers": meta.get("numbers"),
+            }
+            for response, meta in zip(responses, metadata, strict=True)
+        ]
         outcomes = self._pool.map(items, self.cfg.timeout_seconds)
         rewards, answers, new_metadata, observations = [], [], [], []
         for meta, outcome in zip(metadata, outcomes, strict=True):
@@ -97,3 +110,12 @@ class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
 
     def shutdown(self) -> None:
         self._pool.shutdown()
+
+
+class CountdownEnvironment(MathEnvironment):
+    """``env.countdown``: the math environment with the countdown verifier (the boxed
+    expression must reach ``ground_truth`` using only the sample's ``numbers``)."""
+
+    def __init__(self, cfg: MathEnvConfig | dict[str, Any] | None = None):
+        base = cfg if isinstance(cfg, MathEnvConfig) else MathEnvConfig.model_validate(cfg or {})
+        super().__init__(base.model_copy(update={"verifier_type": "countdown"}))

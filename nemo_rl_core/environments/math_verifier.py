@@ -28,3 +28,55 @@ def verify_math_answer(item: tuple[str, str]) -> tuple[float, str | None]:
     extracted = str(predicted[-1]) if predicted else None
     correct = bool(predicted) and verify(gold, predicted, timeout_seconds=None)
     return (1.0 if correct else 0.0), extracted
+
+
+def verify_countdown_answer(item: tuple[str, str, list[int]]) -> tuple[float, str | None]:
+    """Reward 1.0 when the last ``\\boxed{}`` expression uses only the given numbers (each at
+    most once) with + - * / and parentheses, and equals the target exactly."""
+    import ast
+    import re
+    from collections import Counter
+    from fractions import Fraction
+
+    response, target, numbers = item
+    boxed = re.findall(r"\\boxed\{([^{}]*)\}", response)
+    if not boxed:
+        return 0.0, None
+    expression = boxed[-1].replace("\\times", "*").replace("\\cdot", "*").replace("\\div", "/")
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError:
+        return 0.0, expression
+    operators = {
+        ast.Add: Fraction.__add__,
+        ast.Sub: Fraction.__sub__,
+        ast.Mult: Fraction.__mul__,
+        ast.Div: Fraction.__truediv__,
+    }
+    used: list[int] = []
+
+    def evaluate(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.BinOp) and type(node.op) in operators:
+            return operators[type(node.op)](evaluate(node.left), evaluate(node.right))
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            used.append(node.value)
+            return Fraction(node.value)
+        raise ValueError("only integers, + - * / and parentheses are allowed")
+
+    try:
+        value = evaluate(tree.body)
+    except (ValueError, ZeroDivisionError):
+        return 0.0, expression
+    if Counter(used) - Counter(numbers):
+        return 0.0, expression  # a number not given, or used too often
+    return (1.0 if value == Fraction(target) else 0.0), expression
+
+
+def check_answer(item: dict) -> tuple[float, str | None]:
+    """Pool entry point: dispatch on the ``verifier`` the environment was configured with."""
+    if item["verifier"] == "countdown":
+        numbers = item.get("numbers")
+        if numbers is None:
+            raise ValueError("countdown sample has no 'numbers' in its metadata")
+        return verify_countdown_answer((item["response"], item["ground_truth"], numbers))
+    return verify_math_answer((item["response"], item["ground_truth"]))

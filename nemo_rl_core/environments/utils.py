@@ -13,6 +13,7 @@ from nemo_rl_core.environments.interfaces import EnvironmentInterface
 # name -> "module:Class"; aliases are the names NeMo RL's YAML files use.
 ENV_REGISTRY: dict[str, str] = {
     "math": "nemo_rl_core.environments.math_environment:MathEnvironment",
+    "countdown": "nemo_rl_core.environments.math_environment:CountdownEnvironment",
     "sliding_puzzle_game": "nemo_rl_core.environments.games.sliding_puzzle:SlidingPuzzleEnv",
     "sliding_puzzle": "nemo_rl_core.environments.games.sliding_puzzle:SlidingPuzzleEnv",
     "code": "nemo_rl_core.environments.code_environment:CodeEnvironment",

@@ -1,0 +1,161 @@
+"""Datasets: local files with a column mapping, seeded generators, DataConfig, DatumSpecs."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from transformers import AutoTokenizer
+
+from nemo_rl_core.data.config import DataConfig
+from nemo_rl_core.data.dataloader import StatefulDataLoader
+from nemo_rl_core.data.datasets.builder import build_dataset, load_rows
+from nemo_rl_core.data.datasets.generators import (
+    arithmetic_word_problems,
+    countdown_puzzles,
+    sliding_puzzle_games,
+)
+from nemo_rl_core.data.datasets.local_files import DatasetRowError
+
+ROWS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": i} for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _local_config(path, **kwargs) -> DataConfig:
+    return DataConfig(
+        dataset_name="ResponseDataset",
+        train_data_path=str(path),
+        input_key="question",
+        output_key="answer",
+        **kwargs,
+    )
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_parquet_and_saved_dataset_give_the_same_rows(tmp_path):
+    import datasets
+
+    jsonl = _write_jsonl(tmp_path / "train.jsonl", ROWS)
+    parquet = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), parquet)
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(saved))
+    loaded = [load_rows(_local_config(p)) for p in (jsonl, parquet, saved)]
+    assert loaded[0] == loaded[1] == loaded[2]
+    assert loaded[0][3] == {"problem": "What is 3 + 3?", "expected_answer": "6", "level": 3}
+    with pytest.raises(KeyError, match=r"splits \['train'\], not 'test' \(data.split\)"):
+        load_rows(_local_config(saved, split="test"))
+
+
+def test_missing_prompt_or_answer_names_row_and_column(tmp_path):
+    rows = [dict(r) for r in ROWS]
+    del rows[2]["question"]
+    path = _write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(DatasetRowError, match=r"row 2 has no column 'question' \(data.input_key\)"):
+        load_rows(_local_config(path))
+    rows = [dict(r) for r in ROWS]
+    rows[4]["answer"] = ""
+    parquet = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    with pytest.raises(DatasetRowError, match=r"row 4 is empty 'answer' \(data.output_key\)"):
+        load_rows(_local_config(parquet))
+
+
+def test_bad_json_line_and_bad_suffix_are_named(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
+    with pytest.raises(DatasetRowError, match="line 2 is not valid JSON"):
+        load_rows(_local_config(path))
+    csv = tmp_path / "rows.csv"
+    csv.write_text("a,b\n")
+    with pytest.raises(ValueError, match="suffix '.csv'"):
+        load_rows(_local_config(csv))
+
+
+def test_data_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="shuffel"):
+        DataConfig.model_validate({"shuffel": True})
+    with pytest.raises(ValueError, match="data.dataset_name 'gsm9k' is unknown"):
+        DataConfig(dataset_name="gsm9k")
+    with pytest.raises(ValueError, match="data.train_data_path is required"):
+        DataConfig(dataset_name="ResponseDataset")
+
+
+def test_generators_are_seeded_and_consistent():
+    assert arithmetic_word_problems(20, 1) == arithmetic_word_problems(20, 1)
+    assert arithmetic_word_problems(20, 1) != arithmetic_word_problems(20, 2)
+    for row in arithmetic_word_problems(50, 0):
+        assert row["expected_answer"].isdigit() and "?" in row["problem"]
+    puzzles = countdown_puzzles(30, 5)
+    assert puzzles == countdown_puzzles(30, 5)
+    for row in puzzles:
+        assert int(row["expected_answer"]) > 0 and len(row["numbers"]) == 4
+        assert str(row["numbers"]) in row["problem"]
+    games = sliding_puzzle_games(3, seed=9)
+    assert games == sliding_puzzle_games(3, seed=9) and games[0] != games[1]
+
+
+def test_built_dataset_prompts_are_templated_and_accounted(tokenizer, tmp_path):
+    prompt = tmp_path / "cot.txt"
+    prompt.write_text("Think step by step. {}")
+    system = tmp_path / "system.txt"
+    system.write_text("You are a helpful model.")
+    config = DataConfig(
+        dataset_name="arithmetic",
+        num_samples=8,
+        prompt_file=str(prompt),
+        system_prompt_file=str(system),
+    )
+    dataset = build_dataset(config, tokenizer)
+    datum = dataset[3]
+    row = load_rows(config)[3]
+    messages = [
+        {"role": "system", "content": "You are a helpful model."},
+        {"role": "user", "content": f"Think step by step. {row['problem']}"},
+    ]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    expected_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    flat_ids = [t for m in datum["message_log"] for t in m["token_ids"].tolist()]
+    assert flat_ids == expected_ids and datum["length"] == len(expected_ids)
+    assert [m["role"] for m in datum["message_log"]] == ["system", "user"]
+    assert datum["extra_env_info"] == {"ground_truth": row["expected_answer"]}
+    assert datum["task_name"] == "math" and datum["loss_multiplier"] == 1.0 and datum["idx"] == 3
+
+
+def test_prompt_longer_than_max_input_is_cut_and_masked(tokenizer):
+    dataset = build_dataset(
+        DataConfig(dataset_name="arithmetic", max_input_seq_length=8), tokenizer
+    )
+    datum = dataset[0]
+    assert datum["length"] <= 8 and datum["loss_multiplier"] == 0.0
+
+
+def test_countdown_and_puzzle_datasets_carry_env_info(tokenizer):
+    countdown = build_dataset(DataConfig(dataset_name="countdown", num_samples=4), tokenizer)[0]
+    assert countdown["task_name"] == "countdown" and "numbers" in countdown["extra_env_info"]
+    puzzle = build_dataset(DataConfig(dataset_name="sliding_puzzle", num_samples=2), tokenizer)[1]
+    assert puzzle["task_name"] == "sliding_puzzle_game"
+    assert puzzle["extra_env_info"]["num_moves"] == 0 and puzzle["stop_strings"] == ["</action>"]
+
+
+def test_dataloader_over_datums_resumes_at_the_next_prompt(tokenizer):
+    config = DataConfig(dataset_name="arithmetic", num_samples=10, seed=7)
+    dataset = build_dataset(config, tokenizer)
+    straight = StatefulDataLoader(dataset, 4, seed=config.seed)
+    expected = [straight.next_batch()["idx"] for _ in range(5)]
+    first = StatefulDataLoader(dataset, 4, seed=config.seed)
+    seen = [first.next_batch()["idx"] for _ in range(3)]
+    resumed = StatefulDataLoader(build_dataset(config, tokenizer), 4, seed=config.seed)
+    resumed.load_state_dict(first.state_dict())
+    seen += [resumed.next_batch()["idx"] for _ in range(2)]
+    assert seen == expected
+    batch = resumed.next_batch().repeat_interleave(3)
+    assert batch["idx"][:3] == [batch["idx"][0]] * 3 and batch["length"].shape == (12,)
