@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction
+from nemo_rl_core.algorithms.loss.utils import prepare_loss_input
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.generation.interfaces import GenerationDatumSpec
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout
@@ -74,8 +75,8 @@ class HFValue(HFTrainable, ValueInterface):
     def _loss_inputs(
         self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
     ) -> dict[str, torch.Tensor]:
-        """Value losses take the current ``values`` [b, S] (aligned as ``get_values``)."""
-        return {"values": self._values(layout)}
+        """The current values [b, S] (aligned as ``get_values``) under the loss's input key."""
+        return prepare_loss_input(self._values(layout), mb, loss_fn)
 
     def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
         self.model.train()

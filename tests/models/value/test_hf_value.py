@@ -7,22 +7,14 @@ import pytest
 import torch
 from transformers import AutoModelForTokenClassification
 
-from nemo_rl_core.algorithms.loss.interfaces import LossInputType, LossType
+from nemo_rl_core.algorithms.loss import MseValueLossFn
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.value import ValueConfig, make_value_model
 from nemo_rl_core.models.value.hf_value import HFValue
 
 
-class SquaredErrorToReturns:
-    """Token-level (V_t - R_t)^2 over valid response tokens, normalised globally."""
-
-    loss_type = LossType.TOKEN_LEVEL
-    input_type = LossInputType.LOGIT
-
-    def __call__(self, data, global_valid_seqs, global_valid_toks, values):
-        mask = data["token_mask"] * data["sample_mask"].unsqueeze(-1)
-        loss = ((values - data["returns"]) ** 2 * mask).sum() / global_valid_toks
-        return loss, {"loss": loss.item()}
+def mse(clip: float | None = None) -> MseValueLossFn:
+    return MseValueLossFn({"value_clip_range": clip})
 
 
 def value_config(model_dir: Path, **overrides: Any) -> ValueConfig:
@@ -66,17 +58,27 @@ def test_fresh_head_starts_at_zero(tiny_model_dir: Path) -> None:
 def test_value_model_trains_toward_targets(model_fixture: str, request) -> None:
     value = make_value_model(value_config(request.getfixturevalue(model_fixture)))
     data = rollout()
-    losses = [value.train(data, SquaredErrorToReturns())["loss"].item() for _ in range(12)]
+    losses = [value.train(data, mse())["loss"].item() for _ in range(12)]
     assert losses[-1] < 0.3 * losses[0], losses
     values = value.get_values(data)["values"]
     mask = data["token_mask"].bool()
     assert (values[0][mask[0]].mean() > 0.3) and (values[1][mask[1]].mean() < -0.3)
 
 
+def test_clipped_value_loss_limits_each_step(tiny_model_dir: Path) -> None:
+    value = make_value_model(value_config(tiny_model_dir, max_grad_norm=None))
+    data = rollout()
+    data["values"] = value.get_values(data)["values"]
+    metrics = value.train(data, mse(clip=0.05))
+    assert "value_clipped_fraction" in metrics["all_mb_metrics"]
+    moved = (value.get_values(data)["values"] - data["values"]).abs()
+    assert moved.max() > 0
+
+
 def test_values_only_see_the_prefix_before_each_token(tiny_model_dir: Path) -> None:
     value = make_value_model(value_config(tiny_model_dir))
     data = rollout()
-    value.train(data, SquaredErrorToReturns())  # a non-zero head
+    value.train(data, mse())  # a non-zero head
     before = value.get_values(data)["values"]
     changed = BatchedDataDict({**data, "input_ids": data["input_ids"].clone()})
     changed["input_ids"][:, 8] = 7
@@ -110,7 +112,7 @@ def test_packed_and_dynamic_values_equal_padded(
 ) -> None:
     value = make_value_model(value_config(tiny_model_dir))
     data = rollout(batch=6)
-    value.train(rollout(batch=4), SquaredErrorToReturns())
+    value.train(rollout(batch=4), mse())
     value.save_checkpoint(tmp_path / "v")
     other = make_value_model(
         value_config(tiny_model_dir, **section), weights_path=tmp_path / "v", init_optimizer=False
@@ -125,13 +127,13 @@ def test_checkpoint_round_trip_and_resume(tiny_model_dir: Path, tmp_path: Path) 
     data = [rollout(seed=s) for s in range(3)]
     straight = HFValue(config)
     for d in data:
-        straight.train(d, SquaredErrorToReturns())
+        straight.train(d, mse())
     first = HFValue(config)
-    first.train(data[0], SquaredErrorToReturns())
+    first.train(data[0], mse())
     first.save_checkpoint(tmp_path / "w", optimizer_path=tmp_path / "o")
     resumed = HFValue(config, weights_path=tmp_path / "w", optimizer_path=tmp_path / "o")
     for d in data[1:]:
-        resumed.train(d, SquaredErrorToReturns())
+        resumed.train(d, mse())
     for (name, a), b in zip(
         straight.model.named_parameters(), resumed.model.parameters(), strict=True
     ):
