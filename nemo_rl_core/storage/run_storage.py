@@ -118,8 +118,12 @@ class RunStorage:
     def __init__(self, root: str, run_id: str, storage_options: dict | None = None) -> None:
         self.run_id = validate_name("run id", run_id)
         self.root = str(root).rstrip("/") or "/"
+        options = dict(storage_options or {})
+        if fsspec.utils.get_protocol(self.root) not in ("file", "local"):
+            # Other writers (stages in other processes) change the run: never trust a listing.
+            options.setdefault("use_listings_cache", False)
         try:
-            self.fs, root_path = fsspec.core.url_to_fs(self.root, **(storage_options or {}))
+            self.fs, root_path = fsspec.core.url_to_fs(self.root, **options)
         except (ValueError, ImportError, TypeError) as exc:
             raise StorageError(f"cannot open storage root {self.root!r}: {exc}") from exc
         self._local = isinstance(self.fs, LocalFileSystem)
@@ -353,12 +357,18 @@ class RunStorage:
         if key.startswith("/") or any(part in ("", ".", "..") for part in parts):
             raise ValueError(f"object key {key!r} must be relative to the run, without '..'")
 
-    def _call(self, key: str, op: Callable[[], T]) -> T:
-        """Run one fsspec operation; connection and service errors become ``StorageError``."""
+    def _call(self, key: str, op: Callable[[], T], reading: bool = True) -> T:
+        """Run one fsspec operation; connection and service errors become ``StorageError``.
+
+        A missing object stays ``FileNotFoundError`` when reading (callers decide what
+        absence means); when writing it means a missing bucket, a ``StorageError``.
+        """
         try:
             return op()
-        except FileNotFoundError:
-            raise
+        except FileNotFoundError as exc:
+            if reading:
+                raise
+            raise StorageError(f"cannot write {self._url(key)}: {exc}") from exc
         except _TRANSIENT as exc:
             raise StorageError(f"storage operation on {self._url(key)} failed: {exc}") from exc
 
@@ -367,18 +377,18 @@ class RunStorage:
         self._check_key(key)
         path = self._path(key)
         if self._local:
-            self._call(key, lambda: _local_atomic_write(path, data))
+            self._call(key, lambda: _local_atomic_write(path, data), reading=False)
         else:
-            self._call(key, lambda: self.fs.pipe_file(path, data))
+            self._call(key, lambda: self.fs.pipe_file(path, data), reading=False)
         return ObjectRef(key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
 
     def _put_file(self, key: str, local_path: Path) -> None:
         self._check_key(key)
         path = self._path(key)
         if self._local:
-            self._call(key, lambda: _local_atomic_copy(local_path, path))
+            self._call(key, lambda: _local_atomic_copy(local_path, path), reading=False)
         else:
-            self._call(key, lambda: self.fs.put_file(str(local_path), path))
+            self._call(key, lambda: self.fs.put_file(str(local_path), path), reading=False)
 
     def _get_optional(self, key: str) -> bytes | None:
         try:
@@ -414,7 +424,6 @@ class RunStorage:
     def _list_names(self, key: str) -> list[str]:
         """Names of the entries directly under ``key`` (empty if it does not exist)."""
         path = self._path(key)
-        self.fs.invalidate_cache()
         try:
             entries = self._call(key, lambda: self.fs.ls(path, detail=False))
         except FileNotFoundError:
@@ -423,7 +432,6 @@ class RunStorage:
 
     def _delete_tree(self, key: str) -> None:
         path = self._path(key)
-        self.fs.invalidate_cache()
         try:
             if self._call(key, lambda: self.fs.exists(path)):
                 self._call(key, lambda: self.fs.rm(path, recursive=True))

@@ -304,3 +304,29 @@ def test_lease_excludes_other_owners_until_released_or_expired(storage: RunStora
     with pytest.raises(LeaseHeldError, match="flow-run-c"):
         storage.acquire_lease("flow-run-d")
     taker.release()
+
+
+def test_a_second_writer_is_seen_at_once(
+    storage_root: tuple[str, dict | None], tmp_path: Path
+) -> None:
+    """Another process's writes show up: no stale directory listings."""
+    root, options = storage_root
+    reader = RunStorage(root, "shared", storage_options=options)
+    other = {**options, "skip_instance_cache": True} if options else None
+    writer = RunStorage(root, "shared", storage_options=other)
+    assert reader.committed_checkpoints() == [] and reader.iterations() == []
+    writer.write_checkpoint(1, _make_checkpoint(tmp_path, 1), {"step": 1})
+    writer.write_json(4, "train", "metrics", {})
+    assert reader.committed_checkpoints() == [1] and reader.iterations() == [4]
+    writer.write_checkpoint(2, _make_checkpoint(tmp_path, 2), {"step": 2})
+    assert reader.latest_checkpoint() == 2
+
+
+def test_errors_never_show_credentials(s3_server) -> None:  # type: ignore[no-untyped-def]
+    secret = "SUPERSECRET-do-not-log"
+    options = {**s3_server.storage_options, "secret": secret}
+    storage = RunStorage("s3://missing-bucket-xyz/p", "run-1", storage_options=options)
+    assert secret not in repr(storage) and secret not in storage.run_url
+    with pytest.raises(StorageError) as info:
+        storage.write_json(0, "train", "metrics", {})
+    assert secret not in str(info.value)
