@@ -47,8 +47,9 @@ class LocalStack:
 
     @property
     def env(self) -> dict[str, str]:
-        """The test process's environment plus the stack's: for subprocesses."""
-        return {**os.environ, **self.env_vars}
+        """The test process's environment plus the stack's, venv first on PATH: for subprocesses."""
+        path = f"{PROJECT_ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"
+        return {**os.environ, **self.env_vars, "PATH": path}
 
     @property
     def api_url(self) -> str:
@@ -76,15 +77,18 @@ class LocalStack:
         }
 
     def run(
-        self, *args: str, cwd: Path | None = None, timeout: float = 300, check: bool = True
+        self,
+        *args: str,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 300,
+        check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        """Run a command (``prefect`` resolves to the venv's) with the stack's env."""
-        venv_bin = PROJECT_ROOT / ".venv" / "bin"
-        argv = [str(venv_bin / args[0]) if (venv_bin / args[0]).exists() else args[0], *args[1:]]
+        """Run a command with the stack's env (plus ``env``); on failure show its output."""
         proc = subprocess.run(
-            argv,
+            args,
             cwd=cwd or PROJECT_ROOT,
-            env=self.env,
+            env={**self.env, **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -137,6 +141,18 @@ class LocalStack:
             },
         )
         return [entry["message"] for entry in logs]
+
+    def wait_for_log(self, flow_run_id: str, text: str, timeout: float = 60) -> list[str]:
+        """A flow run's log messages once one contains ``text`` (a run's logs reach the
+        server in batches, some after its final state)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            logs = self.flow_run_logs(flow_run_id)
+            if any(text in message for message in logs):
+                return logs
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no log containing {text!r} after {timeout:.0f} s: {logs}")
+            time.sleep(0.5)
 
     def log_tail(self, service: str, lines: int = 40) -> str:
         """The last lines of a service's log (postgres, s3, server, worker, register)."""

@@ -66,6 +66,15 @@ def service_pids(local_stack: LocalStack) -> dict[str, int]:
     return pids
 
 
+def pause_all_schedules(local_stack: LocalStack) -> None:
+    """Pause every schedule (the server then drops their runs), so no nightly starts in a test."""
+    local_stack.run("prefect", "deployment", "schedule", "pause", "--all")
+    scheduled = local_stack.api(
+        "POST", "/flow_runs/filter", {"flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}}
+    )
+    assert not [run for run in scheduled if run["auto_scheduled"]], scheduled
+
+
 def descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (a worker's flow-run processes)."""
     children: dict[int, list[int]] = {}
@@ -103,7 +112,7 @@ def probe_project(local_stack: LocalStack, tmp_path_factory: pytest.TempPathFact
     shutil.copy(Path(__file__).parent / "probe_flow.py", project / "probe_flow.py")
     (project / "prefect.yaml").write_text(PROBE_PROJECT_YAML)
     local_stack.run(
-        "bash", "-c", f"PROBE_PROJECT_DIR={project} prefect deploy --all", cwd=project, timeout=300
+        "prefect", "deploy", "--all", cwd=project, env={"PROBE_PROJECT_DIR": str(project)}
     )
     return project
 
@@ -116,7 +125,8 @@ def probe_run(local_stack: LocalStack, probe_project: Path) -> dict[str, Any]:
         local_stack, "stack-probe/manual", "message=hello-s3", f"key={key}"
     )
     flow_run = local_stack.wait_for_flow_run(flow_run_id, timeout=300)
-    return {"flow_run": flow_run, "key": key, "logs": local_stack.flow_run_logs(flow_run_id)}
+    logs = local_stack.wait_for_log(flow_run_id, "Finished in state")
+    return {"flow_run": flow_run, "key": key, "logs": logs}
 
 
 def test_stack_is_healthy(local_stack: LocalStack) -> None:
@@ -129,9 +139,16 @@ def test_stack_is_healthy(local_stack: LocalStack) -> None:
     assert [w["status"] for w in workers] == ["ONLINE"], workers
     fs = s3fs.S3FileSystem(**local_stack.storage_options)
     assert fs.exists(local_stack.bucket)
-    blocks = local_stack.run("prefect", "block", "ls").stdout
-    for name in ("nemo-rl-s3-credentials", "nemo-rl-s3"):
-        assert name in blocks, blocks
+    credentials = local_stack.api(
+        "GET", "/block_types/slug/aws-credentials/block_documents/name/nemo-rl-s3-credentials"
+    )
+    assert (
+        credentials["data"]["aws_client_parameters"]["endpoint_url"] == local_stack.s3_endpoint_url
+    )
+    bucket_block = local_stack.api(
+        "GET", "/block_types/slug/s3-bucket/block_documents/name/nemo-rl-s3"
+    )
+    assert bucket_block["data"]["bucket_name"] == local_stack.bucket
 
 
 def test_start_again_keeps_the_running_services(local_stack: LocalStack) -> None:
@@ -161,11 +178,15 @@ def test_cron_deployment_lists_its_next_runs(local_stack: LocalStack, probe_proj
     # The server's scheduler picks up a new deployment within seconds.
     deadline = time.monotonic() + 60
     while not (scheduled := local_stack.api("POST", "/flow_runs/filter", query)):
-        assert time.monotonic() < deadline, "no scheduled runs 60 s after deploying a cron schedule"
+        assert time.monotonic() < deadline, (
+            f"no scheduled runs 60 s after deploying a cron schedule; server log:\n"
+            f"{local_stack.log_tail('server')}"
+        )
         time.sleep(1)
     starts = [datetime.fromisoformat(run["expected_start_time"]) for run in scheduled]
     assert all(start > datetime.now(UTC) for start in starts)
     assert all((start.hour, start.minute) == (2, 0) for start in starts), starts
+    pause_all_schedules(local_stack)
 
 
 def test_s3_secret_never_appears_in_logs(local_stack: LocalStack, probe_run: dict) -> None:
@@ -209,6 +230,7 @@ def test_project_deployments_register(local_stack: LocalStack) -> None:
         assert deployment["pull_steps"][0]["prefect.deployments.steps.set_working_directory"] == {
             "directory": str(PROJECT_ROOT)
         }
+    pause_all_schedules(local_stack)
 
 
 def test_stop_leaves_nothing_running(local_stack: LocalStack, probe_project: Path) -> None:
@@ -223,15 +245,11 @@ def test_stop_leaves_nothing_running(local_stack: LocalStack, probe_project: Pat
         )
         time.sleep(0.5)
     pids = service_pids(local_stack)
+    flow_run_pids = descendants(pids["worker"])
+    assert flow_run_pids, "the held flow run has no process under the worker"
+    everything = set(pids.values()) | flow_run_pids | descendants(pids["postgres"])
     local_stack.stack("stop")
-    left = {
-        name: pid
-        for name, pid in pids.items()
-        if local_stack.run(
-            "bash", "-c", f"kill -0 -- -{pid} || kill -0 {pid}", check=False
-        ).returncode
-        == 0
-    }
+    left = sorted(pid for pid in everything if alive(pid))
     assert not left, f"still running after stop: {left}"
     open_ports = {name: port for name, port in local_stack.ports.items() if port_open(port)}
     assert not open_ports, f"still listening after stop: {open_ports}"
