@@ -10,6 +10,7 @@ is the rank entry point.
 
 import contextlib
 import os
+import pickle
 import secrets
 import subprocess
 import sys
@@ -29,6 +30,16 @@ DRIVER_ADDRESS_ENV = "NEMO_RL_MEGATRON_DRIVER"
 DRIVER_KEY_ENV = "NEMO_RL_MEGATRON_KEY"
 START_TIMEOUT_S = 600.0
 _STOP = "__stop__"
+
+
+def _send(conn: Connection, obj: Any) -> None:
+    """Plain pickle: torch registers shared-memory reducers on multiprocessing's pickler,
+    which would hand tensors over as file descriptors the other process cannot open."""
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
 
 
 class WorkerError(RuntimeError):
@@ -98,7 +109,7 @@ class TorchrunWorkers:
         def accept() -> None:
             while len(conns) < self.world_size:
                 conn = self._listener.accept()
-                conns[conn.recv()] = conn
+                conns[_recv(conn)] = conn
 
         thread = threading.Thread(target=accept, daemon=True)
         thread.start()
@@ -122,12 +133,12 @@ class TorchrunWorkers:
 
     def _broadcast(self, message: tuple[str, tuple, dict]) -> list[Any]:
         for conn in self._conns:
-            conn.send(message)
+            _send(conn, message)
         replies = []
         for rank, conn in enumerate(self._conns):
             while not conn.poll(0.2):
                 self._check_alive()
-            status, payload = conn.recv()
+            status, payload = _recv(conn)
             if status == "error":
                 raise WorkerError(f"Megatron rank {rank} failed in {message[0]}:\n{payload}")
             replies.append(payload)
@@ -141,7 +152,7 @@ class TorchrunWorkers:
         if self._proc.poll() is None:
             for conn in getattr(self, "_conns", []):
                 with contextlib.suppress(OSError):
-                    conn.send((_STOP, (), {}))
+                    _send(conn, (_STOP, (), {}))
             try:
                 self._proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -163,21 +174,21 @@ def serve() -> None:
     """Rank entry point: connect to the driver, build the worker, answer calls until stopped."""
     host, port = os.environ[DRIVER_ADDRESS_ENV].rsplit(":", 1)
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[DRIVER_KEY_ENV]))
-    conn.send(int(os.environ["RANK"]))
+    _send(conn, int(os.environ["RANK"]))
     worker: MegatronWorker | None = None
     while True:
-        method, args, kwargs = conn.recv()
+        method, args, kwargs = _recv(conn)
         if method == _STOP:
             break
         try:
             if method == "__init__":
                 worker = MegatronWorker(*args, **kwargs)
-                conn.send(("ok", (False, None)))
+                _send(conn, ("ok", (False, None)))
                 continue
             result = getattr(worker, method)(*args, **kwargs)
-            conn.send(("ok", (worker.result_rank(), result)))
+            _send(conn, ("ok", (worker.result_rank(), result)))
         except Exception:  # noqa: BLE001 - the traceback goes to the driver, which raises
-            conn.send(("error", traceback.format_exc()))
+            _send(conn, ("error", traceback.format_exc()))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

@@ -116,7 +116,9 @@ def transformer_config(
         bf16=cfg.optimizer.bf16,
         fp16=cfg.optimizer.fp16,
         use_cpu_initialization=True,
-        perform_initialization=False,
+        # Initialization also tags parameters as tensor-parallel (for grad-norm accounting);
+        # the random values are overwritten by the converted HF weights.
+        perform_initialization=True,
         # The fused kernels exist only on GPU; on CPU they are turned off whatever the config.
         apply_rope_fusion=cfg.apply_rope_fusion and use_te,
         bias_activation_fusion=cfg.bias_activation_fusion and on_gpu,
@@ -129,7 +131,7 @@ def transformer_config(
 
 
 def build_gpt_model(hf_config: Any, cfg: MegatronConfig, *, use_te: bool) -> Any:
-    """A GPTModel on this rank's device, weights uninitialized (load them after)."""
+    """A GPTModel on this rank's device with random weights (load HF weights after)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,

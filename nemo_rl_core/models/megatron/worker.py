@@ -183,6 +183,7 @@ class MegatronWorker:
         from megatron.core.distributed import (
             DistributedDataParallel,
             DistributedDataParallelConfig,
+            finalize_model_grads,
         )
 
         module: torch.nn.Module = self.gpt
@@ -202,9 +203,13 @@ class MegatronWorker:
             use_distributed_optimizer=self.mcfg.optimizer.use_distributed_optimizer,
         )
         with cuda_as_cpu():
-            return DistributedDataParallel(
+            model = DistributedDataParallel(
                 config=self.gpt.config, ddp_config=ddp_config, module=module
             )
+        # The schedule reduces gradients over data-parallel ranks only through these hooks.
+        self.gpt.config.no_sync_func = model.no_sync
+        self.gpt.config.finalize_model_grads_func = finalize_model_grads
+        return model
 
     def _build_optimizer(self) -> None:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
