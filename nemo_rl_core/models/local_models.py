@@ -22,6 +22,8 @@ CHATML_TEMPLATE = (
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 TINY_MODELS = {"tiny-llama": "llama", "tiny-qwen2": "qwen2"}
+# Bumped whenever build_tiny_model's output changes, so a cached older build is not reused.
+TINY_BUILD_VERSION = 2
 SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -128,18 +130,21 @@ def build_tiny_model(
     output_dir: str | Path,
     arch: str = "llama",
     *,
-    hidden_size: int = 64,
+    hidden_size: int = 128,
     num_layers: int = 2,
     num_attention_heads: int = 4,
     num_key_value_heads: int = 2,
-    intermediate_size: int = 128,
+    intermediate_size: int = 256,
     vocab_size: int = 512,
     max_position_embeddings: int = 1024,
     tie_word_embeddings: bool = True,
     dtype: str = "float32",
     seed: int = 0,
 ) -> Path:
-    """Save a random ``arch`` (llama|qwen2) model and a locally trained tokenizer."""
+    """Save a random ``arch`` (llama|qwen2) model and a locally trained tokenizer.
+
+    The default head size (hidden_size / num_attention_heads = 32) is one vLLM-CPU runs.
+    """
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
@@ -233,7 +238,7 @@ def resolve_model(model_name: str, cache_dir: str | Path | None = None) -> Path:
     """
     cache = Path(cache_dir) if cache_dir else default_model_cache()
     if model_name in TINY_MODELS:
-        target = cache / model_name
+        target = cache / f"{model_name}-v{TINY_BUILD_VERSION}"
         if not (target / "model.safetensors").is_file():
             staging = cache / f"{model_name}.partial.{os.getpid()}"
             build_tiny_model(staging, TINY_MODELS[model_name])
