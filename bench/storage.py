@@ -6,7 +6,7 @@ inside) goes through the codec to local disk and through ``RunStorage`` to local
 to an S3 server (moto, started here), beside raw bytes of the same size written and read
 the same way in the same run. Prints medians and codec/raw ratios.
 
-    .venv/bin/python bench/storage.py            # ~100 MB batch, 5 runs
+    .venv/bin/python bench/storage.py            # ~100 MB batch, 5 runs each
     .venv/bin/python bench/storage.py --smoke    # tiny, a few seconds (CI)
 """
 
@@ -74,13 +74,18 @@ def rollout_batch(samples: int, max_len: int, seed: int = 0) -> BatchedDataDict:
     )
 
 
-def median_time(fn: Callable[[], object], runs: int) -> float:
-    times = []
+def paired_medians(
+    codec: Callable[[], object], raw: Callable[[], object] | None, runs: int
+) -> tuple[float, float | None]:
+    """Median seconds of ``codec`` and ``raw``, run alternately so load swings hit both."""
+    codec_times, raw_times = [], []
     for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, times in ((codec, codec_times), (raw, raw_times)):
+            if fn is not None:
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+    return statistics.median(codec_times), statistics.median(raw_times) if raw_times else None
 
 
 @contextmanager
@@ -125,8 +130,8 @@ def bench_rows(batch: BatchedDataDict, runs: int, s3_options: dict) -> list[tupl
     size = len(payload)
     raw = os.urandom(size)
 
-    enc = median_time(lambda: batch_to_bytes(batch), runs)
-    dec = median_time(lambda: batch_from_bytes(payload), runs)
+    enc, _ = paired_medians(lambda: batch_to_bytes(batch), None, runs)
+    dec, _ = paired_medians(lambda: batch_from_bytes(payload), None, runs)
     rows.append(("memory (encode/decode only)", "write", enc, None, size))
     rows.append(("memory (encode/decode only)", "read", dec, None, size))
 
@@ -134,12 +139,12 @@ def bench_rows(batch: BatchedDataDict, runs: int, s3_options: dict) -> list[tupl
         path, raw_path = Path(tmp) / "batch.parquet", Path(tmp) / "raw.bin"
         write_batch(batch, path)
         raw_path.write_bytes(raw)
-        codec_w = median_time(lambda: write_batch(batch, path), runs)
-        raw_w = median_time(lambda: raw_path.write_bytes(raw), runs)
-        codec_r = median_time(lambda: read_batch(path), runs)
-        raw_r = median_time(lambda: raw_path.read_bytes(), runs)
-        rows.append(("local disk, codec file", "write", codec_w, raw_w, size))
-        rows.append(("local disk, codec file", "read", codec_r, raw_r, size))
+        write = paired_medians(
+            lambda: write_batch(batch, path), lambda: raw_path.write_bytes(raw), runs
+        )
+        read = paired_medians(lambda: read_batch(path), raw_path.read_bytes, runs)
+        rows.append(("local disk, codec file", "write", *write, size))
+        rows.append(("local disk, codec file", "read", *read, size))
 
         for label, root, options in (
             ("local disk, RunStorage", f"file://{tmp}/store", None),
@@ -152,19 +157,25 @@ def bench_rows(batch: BatchedDataDict, runs: int, s3_options: dict) -> list[tupl
             storage.fs.makedirs(storage._path(""), exist_ok=True)
             ref = storage.write_batch(0, "generate", batch)
             storage.fs.pipe_file(raw_key, raw)
-            codec_w = median_time(lambda s=storage: s.write_batch(0, "generate", batch), runs)
-            raw_w = median_time(lambda s=storage, k=raw_key: s.fs.pipe_file(k, raw), runs)
-            codec_r = median_time(lambda s=storage, r=ref: s.read_batch(r), runs)
-            raw_r = median_time(lambda s=storage, k=raw_key: s.fs.cat_file(k), runs)
-            rows.append((label, "write", codec_w, raw_w, size))
-            rows.append((label, "read", codec_r, raw_r, size))
+            write = paired_medians(
+                lambda s=storage: s.write_batch(0, "generate", batch),
+                lambda s=storage, k=raw_key: s.fs.pipe_file(k, raw),
+                runs,
+            )
+            read = paired_medians(
+                lambda s=storage, r=ref: s.read_batch(r),
+                lambda s=storage, k=raw_key: s.fs.cat_file(k),
+                runs,
+            )
+            rows.append((label, "write", *write, size))
+            rows.append((label, "read", *read, size))
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny batch, 2 runs (CI)")
-    parser.add_argument("--samples", type=int, default=768)
+    parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--max-len", type=int, default=4096)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
@@ -172,7 +183,9 @@ def main() -> None:
 
     torch.set_num_threads(1)
     batch = rollout_batch(samples, max_len)
-    print(f"cpu: {platform.processor() or platform.machine()}, cores: {os.cpu_count()}, runs: {runs}")
+    print(
+        f"cpu: {platform.processor() or platform.machine()}, cores: {os.cpu_count()}, runs: {runs}"
+    )
     print(f"batch: {samples} samples x {max_len} max tokens, keys: {', '.join(batch)}")
     with moto_server() as s3_options:
         rows = bench_rows(batch, runs, s3_options)
