@@ -178,6 +178,7 @@ class HFGeneration(GenerationInterface):
         self, data: BatchedDataDict[GenerationDatumSpec], greedy: bool = False
     ) -> BatchedDataDict[GenerationOutputSpec]:
         """Sample one response per prompt; seeded per call so reruns repeat."""
+        greedy = greedy or self.cfg.temperature == 0.0
         requests: GenerationRequests = build_requests(
             data, self.cfg, self.model_spec.vocab_size, self.max_model_len
         )

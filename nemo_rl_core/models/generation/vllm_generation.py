@@ -82,12 +82,6 @@ class VllmGeneration(GenerationInterface):
     ) -> None:
         self.model, self.cfg, self.max_model_len = setup_backend(config, model_path)
         self.on_gpu = torch.cuda.is_available()
-        vllm_cfg = self.cfg.vllm_cfg
-        if vllm_cfg.skip_tokenizer_init and self.cfg.stop_strings:
-            raise ValueError(
-                "generation.stop_strings needs the engine's tokenizer: set "
-                "vllm_cfg.skip_tokenizer_init: false"
-            )
         self._refit_info: RefitInfo = dict(self.model.weights)
         self._sleeping = False
         set_vllm_env_defaults()
@@ -153,9 +147,14 @@ class VllmGeneration(GenerationInterface):
         """Sample one response per prompt; logprobs are those the sampler used."""
         from vllm.inputs import TokensPrompt
 
+        greedy = greedy or self.cfg.temperature == 0.0
         if self._sleeping:
             raise RuntimeError("the engine is asleep: call prepare_for_generation() first")
         requests = build_requests(data, self.cfg, self.model.vocab_size, self.max_model_len)
+        if self.cfg.vllm_cfg.skip_tokenizer_init and any(requests.stop_strings):
+            raise ValueError(
+                "stop strings need the engine's tokenizer: set vllm_cfg.skip_tokenizer_init: false"
+            )
         params = [
             self._sampling_params(greedy, stop, budget)
             for stop, budget in zip(requests.stop_strings, requests.max_tokens, strict=True)
