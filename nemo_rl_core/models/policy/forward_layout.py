@@ -25,11 +25,10 @@ class ForwardLayout:
     def unpack(self, per_token: torch.Tensor) -> torch.Tensor:
         """``[rows, T, ...]`` -> ``[batch, seq, ...]``, zero beyond each sample's length."""
         flat = per_token.reshape(-1, *per_token.shape[2:])
-        gathered = flat[self.source_index.reshape(-1)].reshape(
-            *self.source_index.shape, *per_token.shape[2:]
-        )
+        index = self.source_index.to(per_token.device)
+        gathered = flat[index.reshape(-1)].reshape(*index.shape, *per_token.shape[2:])
         mask = self.valid.reshape(*self.valid.shape, *([1] * (per_token.dim() - 2)))
-        return gathered * mask.to(gathered.dtype)
+        return gathered * mask.to(device=gathered.device, dtype=gathered.dtype)
 
 
 def _round_up(value: int, multiple: int) -> int:

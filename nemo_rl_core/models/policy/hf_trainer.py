@@ -285,6 +285,7 @@ class HFTrainable(ABC):
             if self.optimizer is not None:
                 self.optimizer.zero_grad(set_to_none=True)
             for mb_idx, mb in enumerate(self.microbatches(batch, mbs)):
+                mb = mb.to(self.device)
                 with torch.set_grad_enabled(not eval_mode):
                     layout = self.layout(mb, self.cfg.sequence_packing.enabled)
                     loss_inputs = self._loss_inputs(mb, layout, loss_fn)
