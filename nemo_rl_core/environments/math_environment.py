@@ -49,6 +49,7 @@ class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
             check_answer,
             self.cfg.num_workers,
             warmup_item={"verifier": "math", "response": "\\boxed{1}", "ground_truth": "1"},
+            preload_modules=("nemo_rl_core.environments.math_worker_preload",),
         )
         self._failures = {"timeout": 0, "error": 0, "died": 0}
 

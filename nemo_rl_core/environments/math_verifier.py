@@ -1,7 +1,7 @@
 """The answer check that runs inside math pool workers.
 
-Kept apart from ``math_environment`` so a spawned worker imports math-verify only, not
-torch: worker start-up (and restart after a killed check) stays a few seconds.
+Kept apart from ``math_environment`` so the pool's forkserver preloads math-verify only,
+not torch.
 """
 
 import logging
@@ -80,3 +80,19 @@ def check_answer(item: dict) -> tuple[float, str | None]:
             raise ValueError("countdown sample has no 'numbers' in its metadata")
         return verify_countdown_answer((item["response"], item["ground_truth"], numbers))
     return verify_math_answer((item["response"], item["ground_truth"]))
+
+
+# Checks that touch the lazily imported parts of sympy (simplify, radicals, polynomials,
+# sets), run once where workers are forked from, so no worker pays for them on a timed task.
+WARMUP_ITEMS = (
+    {"verifier": "math", "response": "\\boxed{x^2 - 1}", "ground_truth": "(x-1)(x+1)"},
+    {"verifier": "math", "response": "\\boxed{2\\sqrt{2}}", "ground_truth": "\\sqrt{8}"},
+    {"verifier": "math", "response": "\\boxed{(1, 2]}", "ground_truth": "(1,2]"},
+    {"verifier": "math", "response": "\\boxed{\\sin(\\pi/6)}", "ground_truth": "\\frac{1}{2}"},
+    {"verifier": "countdown", "response": "\\boxed{1+2}", "ground_truth": "3", "numbers": [1, 2]},
+)
+
+
+def warm_up() -> None:
+    for item in WARMUP_ITEMS:
+        check_answer(item)
