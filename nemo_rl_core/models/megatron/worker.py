@@ -12,6 +12,7 @@ averages gradients over data-parallel ranks; the loss handed to backward is scal
 so the gradient is that of the global loss.
 """
 
+import copy
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction
-from nemo_rl_core.algorithms.loss.utils import prepare_loss_input
+from nemo_rl_core.algorithms.loss.utils import next_token_logprobs_from_logits, prepare_loss_input
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.megatron.config import MegatronConfig
 from nemo_rl_core.models.megatron.converters import GPTLayout, hf_to_megatron, megatron_to_hf
@@ -34,7 +35,7 @@ from nemo_rl_core.models.megatron.model import (
     init_parallel_state,
     use_transformer_engine,
 )
-from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, padded_layout
 
 Head = Literal["lm", "value"]
@@ -48,7 +49,7 @@ class NonFiniteLossError(FloatingPointError):
 class WorkerSpec:
     """Everything a rank needs to build its model; picklable, sent to torchrun ranks."""
 
-    config: PolicyConfig
+    config: TrainedModelConfig  # PolicyConfig or ValueConfig
     model_path: str  # HF directory: config.json (+ weights unless weights_path is given)
     weights_path: str | None = None
     optimizer_path: str | None = None
@@ -122,7 +123,7 @@ class MegatronWorker:
         if spec.head == "value":
             self.gpt.output_layer = ValueHead(self.layout.hidden_size, self.gpt.config.params_dtype)
             self.gpt.share_embeddings_and_output_weights = False
-        generation = self.cfg.generation
+        generation = getattr(self.cfg, "generation", None)
         temperature = generation.temperature if generation else 1.0
         self.temperature = temperature if temperature > 0 else 1.0
         # NeMo RL keeps the *base* model as reference, even when resuming from a checkpoint.
@@ -276,31 +277,42 @@ class MegatronWorker:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         out = self.model(layout.input_ids.to(device), layout.position_ids.to(device), None)
         if self.spec.head == "value":
-            return out.squeeze(-1).float(), layout
+            # Position t holds the value of the state before token t: hidden state t-1.
+            return torch.nn.functional.pad(out.squeeze(-1).float()[:, :-1], (1, 0)), layout
         return out[..., : self.layout.vocab_size].float() / self.temperature, layout
 
     # ---- inference ----------------------------------------------------------------------
 
-    @torch.no_grad()
-    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
-        """``[B_local, S]`` next-token logprobs of this rank's share (position 0 and padding 0)."""
+    def _inference(
+        self, data: BatchedDataDict, micro_batch_size: int | None
+    ) -> Iterator[tuple[torch.Tensor, ForwardLayout]]:
+        """(row-layout output, layout) per microbatch of this rank's share, without grad."""
         self.model.eval()
         share = self._dp_share(data)
-        mbs = micro_batch_size or self.cfg.logprob_batch_size
-        outputs = []
-        for mb in share.make_microbatch_iterator(mbs) if share.size else []:
-            logits, layout = self._forward(mb)
-            logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
-            ids = layout.input_ids[:, 1:].to(logits.device)
-            picked = torch.nn.functional.pad(logprobs.gather(-1, ids[..., None])[..., 0], (1, 0))
-            outputs.append(layout.unpack(picked.cpu()))
-        return torch.cat(outputs) if outputs else torch.zeros(0, data["input_ids"].shape[1])
+        if not share.size:
+            return
+        with torch.no_grad():
+            for mb in share.make_microbatch_iterator(
+                micro_batch_size or self.cfg.logprob_batch_size
+            ):
+                yield self._forward(mb)
 
-    @torch.no_grad()
+    @staticmethod
+    def _concat(parts: list[torch.Tensor], empty_shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.cat(parts) if parts else torch.zeros(0, *empty_shape)
+
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
+        """``[B_local, S]`` next-token logprobs of this rank's share (position 0 and padding 0)."""
+        parts = []
+        for logits, layout in self._inference(data, micro_batch_size):
+            shifted = next_token_logprobs_from_logits(logits, layout.input_ids.to(logits.device))
+            parts.append(layout.unpack(torch.nn.functional.pad(shifted, (1, 0)).cpu()))
+        return self._concat(parts, (data["input_ids"].shape[1],))
+
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None
     ) -> torch.Tensor:
-        """Logprobs under the initial weights, swapped in for the call (as NeMo RL does)."""
+        """Logprobs under the base weights, swapped in for the call (as NeMo RL does)."""
         if self.reference_state is None:
             raise RuntimeError(
                 "this policy was built with init_reference_model=False; it has no reference model"
@@ -312,36 +324,22 @@ class MegatronWorker:
         finally:
             self.gpt.load_state_dict(current, strict=False)
 
-    @torch.no_grad()
     def get_topk_logits(
         self, data: BatchedDataDict, k: int, micro_batch_size: int | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-``k`` logits and token ids for the next token, ``[B_local, S-1, k]``."""
-        self.model.eval()
-        share = self._dp_share(data)
-        mbs = micro_batch_size or self.cfg.logprob_batch_size
         values, indices = [], []
-        for mb in share.make_microbatch_iterator(mbs) if share.size else []:
-            logits, layout = self._forward(mb)
+        for logits, layout in self._inference(data, micro_batch_size):
             top = torch.topk(logits, k, dim=-1)
             values.append(layout.unpack(top.values.cpu())[:, :-1])
-            indices.append(layout.unpack(top.indices.cpu())[:, :-1].long())
-        if not values:
-            empty = torch.zeros(0, data["input_ids"].shape[1] - 1, k)
-            return empty, empty.long()
-        return torch.cat(values), torch.cat(indices)
+            indices.append(layout.unpack(top.indices.cpu())[:, :-1])
+        shape = (data["input_ids"].shape[1] - 1, k)
+        return self._concat(values, shape), self._concat(indices, shape).long()
 
-    @torch.no_grad()
     def get_values(self, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
-        """``[B_local, S]`` value predictions of this rank's share (zero past the length)."""
-        self.model.eval()
-        share = self._dp_share(data)
-        mbs = micro_batch_size or self.cfg.logprob_batch_size
-        outputs = []
-        for mb in share.make_microbatch_iterator(mbs) if share.size else []:
-            values, layout = self._forward(mb)
-            outputs.append(layout.unpack(values.cpu()))
-        return torch.cat(outputs) if outputs else torch.zeros(0, data["input_ids"].shape[1])
+        """``[B_local, S]`` values of this rank's share (zero at position 0 and past the length)."""
+        parts = [layout.unpack(v.cpu()) for v, layout in self._inference(data, micro_batch_size)]
+        return self._concat(parts, (data["input_ids"].shape[1],))
 
     # ---- training -----------------------------------------------------------------------
 
@@ -405,12 +403,7 @@ class MegatronWorker:
         mb_losses: list[torch.Tensor] = []
 
         def loss_func(mb: BatchedDataDict, output: torch.Tensor) -> tuple[torch.Tensor, dict]:
-            kwargs = (
-                {"values": output}
-                if self.spec.head == "value"
-                else prepare_loss_input(output, mb, loss_fn)
-            )
-            loss, metrics = loss_fn(mb, seqs, toks, **kwargs)
+            loss, metrics = loss_fn(mb, seqs, toks, **prepare_loss_input(output, mb, loss_fn))
             mb_losses.append(loss.detach())
             metrics = {k: _as_metric(v) for k, v in metrics.items()}
             metrics.update(
@@ -519,9 +512,13 @@ class MegatronWorker:
             str(path / "model.safetensors"),
             metadata={"format": "pt"},
         )
-        config = self.hf_config
+        config = copy.deepcopy(self.hf_config)
         if self.spec.head == "value":
             config.num_labels = 1
+            config.architectures = [
+                arch.replace("ForCausalLM", "ForTokenClassification")
+                for arch in config.architectures or []
+            ]
         config.save_pretrained(path)
         generation_config = Path(self.spec.model_path) / "generation_config.json"
         if generation_config.is_file():

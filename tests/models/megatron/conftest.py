@@ -7,12 +7,17 @@ import pytest
 import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.models.policy.config import PolicyConfig, TrainedModelConfig
 
 LR = 1e-3
 
 
-def policy_config(model_dir: Path, backend: str, **megatron: Any) -> PolicyConfig:
+def policy_config(
+    model_dir: Path,
+    backend: str,
+    config_cls: type[TrainedModelConfig] = PolicyConfig,
+    **megatron: Any,
+) -> TrainedModelConfig:
     """fp32, constant LR, no weight decay: the settings both backends implement identically
     (Megatron exempts norms and biases from weight decay, torch AdamW does not)."""
     base: dict[str, Any] = {
@@ -35,7 +40,7 @@ def policy_config(model_dir: Path, backend: str, **megatron: Any) -> PolicyConfi
             "scheduler": {"lr_warmup_iters": 0, "lr_warmup_init": LR},
             **megatron,
         }
-    return PolicyConfig(**base)
+    return config_cls(**base)
 
 
 def make_batch(vocab_size: int, batch: int = 4, seq: int = 12, seed: int = 0) -> BatchedDataDict:
@@ -57,6 +62,8 @@ def make_batch(vocab_size: int, batch: int = 4, seq: int = 12, seed: int = 0) ->
             "prev_logprobs": torch.zeros(batch, seq),
             "generation_logprobs": torch.zeros(batch, seq),
             "reference_policy_logprobs": torch.zeros(batch, seq),
+            "returns": torch.randn(batch, seq, generator=gen),
+            "values": torch.zeros(batch, seq),
         }
     )
 
