@@ -65,5 +65,9 @@ class GenerationInterface(ABC):
         """Refit the running engine in place from an HF safetensors directory."""
         raise NotImplementedError(f"{type(self).__name__} cannot be refit from a checkpoint")
 
+    def invalidate_kv_cache(self) -> bool:
+        """Drop caches computed with the old weights (vLLM's prefix cache) after a refit."""
+        return False
+
     def shutdown(self) -> bool:
         return True

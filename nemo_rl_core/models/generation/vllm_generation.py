@@ -183,7 +183,6 @@ class VllmGeneration(GenerationInterface):
         if self.on_gpu and self.cfg.colocated.enabled:
             self.llm.sleep(level=1)
             self._sleeping = True
-        self.llm.reset_prefix_cache()
         return True
 
     def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> None:
@@ -219,7 +218,11 @@ class VllmGeneration(GenerationInterface):
         """Invalidate what the old weights produced: the tied head's packing, cached prefixes."""
         if self.model.tie_word_embeddings:
             self.llm.apply_model(_repack_tied_lm_head)
-        self.llm.reset_prefix_cache()
+        self.invalidate_kv_cache()
+
+    def invalidate_kv_cache(self) -> bool:
+        """Forget cached prefixes: their KV was computed with the old weights."""
+        return self.llm.reset_prefix_cache()
 
     def shutdown(self) -> bool:
         """Stop this engine and drop its model so the memory can be reused."""
