@@ -9,6 +9,7 @@ otherwise the stage computes, writes each output atomically and records it.
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -113,7 +114,9 @@ def run_stage(
         return entry["outputs"]
     _maybe_inject_fault(stage, iteration, "before")
     log.info("run %s iteration %d stage %s: running", run.run_id, iteration, stage)
+    started = time.perf_counter()
     outputs, metrics = compute()
+    metrics = {**metrics, "seconds": time.perf_counter() - started}
     _maybe_inject_fault(stage, iteration, "before_commit")
     refs: dict[str, ObjectRef] = {}
     for name, value in outputs.items():

@@ -17,7 +17,8 @@ from nemo_rl_core.algorithms.config import ClippedPGLossConfig, GRPOAdvantageCon
 from nemo_rl_core.algorithms.loss import ClippedPGLossFn
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
 from nemo_rl_core.data.config import DataConfig
-from nemo_rl_core.data.dataloader import build_dataloader
+from nemo_rl_core.data.dataloader import StatefulDataLoader
+from nemo_rl_core.data.datasets.builder import build_dataset
 from nemo_rl_core.data.llm_message_utils import (
     batched_message_log_to_flat_message,
     message_logs_to_train_data,
@@ -93,21 +94,27 @@ def build_loss_fn(config: MasterConfig) -> ClippedPGLossFn:
     return ClippedPGLossFn(config.loss_fn)
 
 
+def make_dataloader(config: MasterConfig, tokenizer: Any) -> StatefulDataLoader:
+    """The training dataloader: ``num_prompts_per_step`` prompts per iteration."""
+    return StatefulDataLoader(
+        build_dataset(config.data, tokenizer),
+        batch_size=config.grpo.num_prompts_per_step,
+        shuffle=config.data.shuffle,
+        seed=config.data.seed,
+        drop_last=config.data.drop_last,
+    )
+
+
 def take_prompts(
-    config: MasterConfig, tokenizer: Any, dataloader_state: dict | None
+    dataloader: StatefulDataLoader, config: MasterConfig, dataloader_state: dict
 ) -> tuple[BatchedDataDict, dict]:
-    """The next ``num_prompts_per_step`` prompts, each repeated ``num_generations_per_prompt``
+    """The prompts after ``dataloader_state``, each repeated ``num_generations_per_prompt``
     times, and the dataloader state after taking them."""
-    dataloader = build_dataloader(
-        config.data, tokenizer, config.grpo.num_prompts_per_step, config.grpo.seed
-    )
-    if dataloader_state is not None:
-        dataloader.load_state_dict(dataloader_state)
+    dataloader.load_state_dict(dataloader_state)
     batch = dataloader.next_batch()
-    repeated = batch.repeat_interleave(config.grpo.num_generations_per_prompt)
-    repeated["prompt_index"] = torch.arange(batch.size).repeat_interleave(
-        config.grpo.num_generations_per_prompt
-    )
+    generations = config.grpo.num_generations_per_prompt
+    repeated = batch.repeat_interleave(generations)
+    repeated["prompt_index"] = torch.arange(batch.size).repeat_interleave(generations)
     return repeated, dataloader.state_dict()
 
 
@@ -202,7 +209,6 @@ def compute_advantages(
         prompt_ids=train_data["prompt_index"],
         rewards=train_data["total_reward"],
         mask=train_data["token_mask"],
-        valid_mask=train_data["sample_mask"],
         logprobs_policy=train_data["prev_logprobs"],
         logprobs_reference=train_data["reference_policy_logprobs"],
     )

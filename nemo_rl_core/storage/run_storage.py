@@ -300,17 +300,29 @@ class RunStorage:
         return json.loads(data)
 
     def prune_checkpoints(
-        self, keep_top_k: int | None, metric_name: str | None = None, higher_is_better: bool = True
+        self,
+        keep_top_k: int | None,
+        metric_name: str | None = None,
+        higher_is_better: bool = True,
+        save_period: int = 1,
     ) -> list[int]:
         """Keep the top ``keep_top_k`` committed checkpoints (by ``metric_name`` from their
         training info, else the newest), never the newest one; drop uncommitted leftovers
-        older than the newest. Returns the deleted steps. ``keep_top_k=None`` keeps all."""
-        if keep_top_k is None:
-            return []
+        older than the newest. Returns the deleted steps. ``keep_top_k=None`` keeps all.
+
+        Every iteration commits a checkpoint (it is how weights reach the next one); those
+        whose step is not a multiple of ``save_period`` are dropped once a newer one exists,
+        as NeMo RL saves only every ``save_period`` steps."""
         committed = self.committed_checkpoints()
         if not committed:
             return []
         latest = committed[-1]
+        off_period = {s for s in committed if s % save_period != 0 and s != latest}
+        for step in sorted(off_period):
+            self._delete_tree(_step_dir(step))
+        committed = [s for s in committed if s not in off_period]
+        if keep_top_k is None:
+            return sorted(off_period)
         history = [(step, self.read_checkpoint_info(step)) for step in committed]
         if metric_name is not None and all(metric_name in info for _, info in history):
             history.sort(key=lambda item: item[1][metric_name], reverse=higher_is_better)
@@ -327,7 +339,7 @@ class RunStorage:
         doomed |= {s for s in all_steps if s < latest and s not in committed}
         for step in sorted(doomed):
             self._delete_tree(_step_dir(step))
-        return sorted(doomed)
+        return sorted(doomed | off_period)
 
     # ---- lease -----------------------------------------------------------------------
 

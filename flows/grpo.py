@@ -1,0 +1,62 @@
+"""The GRPO flow: each iteration is the diagram of DESIGN.md, one Prefect task per stage.
+
+    prompts -> generate -> reward -> logprob -> advantage -> train -> checkpoint
+
+Run locally without a server:
+    python -m flows.grpo --config examples/configs/grpo_math_tiny.yaml grpo.max_num_steps=3
+Stages whose manifest entry is complete for the same inputs are skipped, so running the
+same run_id again continues where a failed run stopped.
+"""
+
+from prefect import flow
+
+from flows.cli import run_flow_from_cli
+from flows.report import publish_iteration_report
+from flows.run_setup import lease_owner, plan_run
+from tasks.advantage import advantage
+from tasks.checkpoint import checkpoint
+from tasks.generate import generate
+from tasks.logprob import logprob
+from tasks.prompts import prompts
+from tasks.reward import reward
+from tasks.runtime import close_runtime
+from tasks.stage import open_storage
+from tasks.train import train
+
+GRPO_STAGES = ("prompts", "generate", "reward", "logprob", "advantage", "train", "checkpoint")
+
+
+@flow(name="grpo", log_prints=True)
+def grpo(
+    config_path: str = "examples/configs/grpo_math_tiny.yaml",
+    overrides: list[str] | None = None,
+    run_id: str | None = None,
+    storage_root: str | None = None,
+    steps_per_run: int | None = None,
+) -> dict:
+    plan = plan_run(config_path, overrides, run_id, storage_root, steps_per_run, "grpo")
+    run = plan.run
+    history = []
+    with open_storage(run).acquire_lease(owner=lease_owner()):
+        try:
+            for iteration in plan.iterations:
+                batch = prompts(run, iteration)
+                rollouts = generate(run, iteration, batch)
+                scored = reward(run, iteration, rollouts)
+                logprobs = logprob(run, iteration, scored)
+                advantages = advantage(run, iteration, logprobs)
+                trained = train(run, iteration, advantages, batch)
+                checkpoint(run, iteration, trained)
+                history.append(publish_iteration_report(run, iteration))
+        finally:
+            close_runtime(run)
+    return {
+        "run_id": run.run_id,
+        "storage_root": run.storage_root,
+        "iterations": plan.iterations,
+        "metrics": history,
+    }
+
+
+if __name__ == "__main__":
+    run_flow_from_cli(grpo, "grpo")

@@ -1,0 +1,47 @@
+"""Per-iteration Prefect artifact: the table NeMo RL users watch, from the manifest."""
+
+from prefect.artifacts import create_markdown_artifact
+
+from tasks.stage import RunRef, open_storage
+
+REPORTED = (
+    ("reward", "mean_reward"),
+    ("train", "loss"),
+    ("train", "kl_penalty"),
+    ("train", "probs_ratio_clamped_fraction"),
+    ("train", "grad_norm"),
+    ("generate", "mean_gen_tokens_per_sample"),
+)
+
+
+def iteration_metrics(run: RunRef, iteration: int) -> dict[str, float]:
+    """Flat ``stage/metric`` numbers and ``seconds/stage`` from the iteration's manifest."""
+    stages = open_storage(run).read_manifest(iteration).get("stages", {})
+    flat: dict[str, float] = {}
+    for stage, entry in stages.items():
+        for key, value in (entry.get("metrics") or {}).items():
+            if isinstance(value, int | float):
+                name = f"seconds/{stage}" if key == "seconds" else f"{stage}/{key}"
+                flat[name] = float(value)
+    return flat
+
+
+def publish_iteration_report(run: RunRef, iteration: int) -> dict[str, float]:
+    metrics = iteration_metrics(run, iteration)
+    rows = [
+        f"| {stage}/{name} | {metrics[f'{stage}/{name}']:.4g} |"
+        for stage, name in REPORTED
+        if f"{stage}/{name}" in metrics
+    ]
+    rows += [
+        f"| {key} | {value:.2f} |"
+        for key, value in sorted(metrics.items())
+        if key.startswith("seconds/")
+    ]
+    table = "\n".join(["| metric | value |", "|---|---|", *rows])
+    create_markdown_artifact(
+        key=f"{run.run_id.lower().replace('_', '-').replace('.', '-')}-iter-{iteration}",
+        markdown=f"### run `{run.run_id}` iteration {iteration}\n\n{table}\n",
+        description=f"metrics of iteration {iteration}",
+    )
+    return metrics

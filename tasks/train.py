@@ -1,0 +1,40 @@
+"""Stage ``train``: one policy update on the iteration's batch, then the committed
+checkpoint that the next iteration's stages read their weights from."""
+
+from prefect import task
+
+from nemo_rl_core.algorithms import grpo
+from tasks.runtime import runtime_for
+from tasks.stage import (
+    RunRef,
+    StageOutputs,
+    digest_of,
+    is_transient,
+    read_output_batch,
+    read_output_json,
+    run_stage,
+)
+
+
+@task(name="train", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=is_transient)
+def train(
+    run: RunRef, iteration: int, advantages: StageOutputs, prompts: StageOutputs
+) -> StageOutputs:
+    runtime = runtime_for(run)
+    weights = runtime.weights(iteration)
+    inputs = {
+        "config": runtime.config_digest,
+        "advantages": digest_of(advantages),
+        "weights": weights.digest,
+        "dataloader_state": digest_of(prompts, "dataloader_state"),
+    }
+
+    def compute():
+        batch = read_output_batch(run, advantages)
+        dataloader_state = read_output_json(run, prompts, "dataloader_state")
+        policy = runtime.policy_for_update(iteration)
+        metrics = grpo.train_policy(policy, batch, runtime.loss_fn(), runtime.config, iteration)
+        checkpoint_url = runtime.save_checkpoint(iteration + 1, dataloader_state, metrics)
+        return {"metrics": {**metrics, "checkpoint": checkpoint_url}}, metrics
+
+    return run_stage(run, iteration, "train", inputs, compute)

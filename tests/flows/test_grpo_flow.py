@@ -1,0 +1,113 @@
+"""End to end: the GRPO flow on the embedded default (no server, local storage)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from flows.grpo import GRPO_STAGES, grpo
+from flows.rerun_stage import rerun_stage
+from tasks.stage import FAULT_ENV
+
+pytestmark = pytest.mark.e2e
+ITERATIONS = 3
+
+
+def final_weights(root: Path, run_id: str) -> dict:
+    step_dir = root / "runs" / run_id / "checkpoints" / f"step_{ITERATIONS:06d}"
+    return load_file(step_dir / "model.safetensors")
+
+
+def manifest(root: Path, run_id: str, iteration: int) -> dict:
+    return json.loads(
+        (root / "runs" / run_id / f"iter_{iteration:06d}" / "MANIFEST.json").read_text()
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_config: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("storage")
+    summary = grpo(
+        config_path=str(tiny_config),
+        overrides=[f"grpo.max_num_steps={ITERATIONS}"],
+        run_id="clean",
+        storage_root=str(root),
+    )
+    return root, summary
+
+
+def test_writes_the_design_layout_and_finite_metrics(uninterrupted):
+    root, summary = uninterrupted
+    run_dir = root / "runs" / "clean"
+    assert (run_dir / "config.yaml").is_file()
+    assert summary["iterations"] == list(range(ITERATIONS))
+    for iteration in range(ITERATIONS):
+        entry = manifest(root, "clean", iteration)["stages"]
+        assert set(entry) == set(GRPO_STAGES)
+        for stage in ("prompts", "generate", "reward", "logprob", "advantage"):
+            assert (run_dir / f"iter_{iteration:06d}" / stage / "batch.parquet").is_file()
+        assert (run_dir / f"iter_{iteration:06d}" / "train" / "metrics.json").is_file()
+    for step in range(1, ITERATIONS + 1):
+        assert (run_dir / "checkpoints" / f"step_{step:06d}" / "COMMITTED").is_file()
+    for metrics in summary["metrics"]:
+        for key in ("reward/mean_reward", "train/loss"):
+            assert math.isfinite(metrics[key]), (key, metrics)
+
+
+def test_failed_stage_resumes_to_identical_weights(
+    uninterrupted, tiny_config, tmp_path, monkeypatch
+):
+    clean_root, _ = uninterrupted
+    overrides = [f"grpo.max_num_steps={ITERATIONS}"]
+    monkeypatch.setenv(FAULT_ENV, "reward@1")
+    with pytest.raises(Exception, match="fault injected into stage 'reward' of iteration 1"):
+        grpo(
+            config_path=str(tiny_config),
+            overrides=overrides,
+            run_id="faulty",
+            storage_root=str(tmp_path),
+        )
+    before = manifest(tmp_path, "faulty", 1)["stages"]
+    assert set(before) == {"prompts", "generate"}
+    monkeypatch.delenv(FAULT_ENV)
+    grpo(
+        config_path=str(tiny_config),
+        overrides=overrides,
+        run_id="faulty",
+        storage_root=str(tmp_path),
+    )
+    after = manifest(tmp_path, "faulty", 1)["stages"]
+    for stage in ("prompts", "generate"):
+        assert after[stage]["finished_at"] == before[stage]["finished_at"], (
+            f"{stage} was recomputed"
+        )
+    clean, resumed = final_weights(clean_root, "clean"), final_weights(tmp_path, "faulty")
+    assert clean.keys() == resumed.keys()
+    for name in clean:
+        assert clean[name].equal(resumed[name]), name
+
+
+def test_rerun_one_stage_is_bit_identical_and_marks_later_stale(uninterrupted, tiny_config):
+    root, _ = uninterrupted
+    original = manifest(root, "clean", 1)["stages"]
+    outputs = rerun_stage(run_id="clean", iteration=1, stage="reward", storage_root=str(root))
+    assert outputs["batch"]["sha256"] == original["reward"]["outputs"]["batch"]["sha256"]
+    stages = manifest(root, "clean", 1)["stages"]
+    assert stages["reward"]["status"] == "complete"
+    assert all(
+        stages[s]["status"] == "stale" for s in ("logprob", "advantage", "train", "checkpoint")
+    )
+    before = final_weights(root, "clean")
+    grpo(
+        config_path=str(tiny_config),
+        overrides=[f"grpo.max_num_steps={ITERATIONS}"],
+        run_id="clean",
+        storage_root=str(root),
+    )
+    stages = manifest(root, "clean", 1)["stages"]
+    assert all(stages[s]["status"] == "complete" for s in GRPO_STAGES)
+    after = final_weights(root, "clean")
+    for name in before:
+        assert before[name].equal(after[name]), name
