@@ -175,6 +175,7 @@ s3_healthy() { curl -s -o /dev/null "http://127.0.0.1:$INFRA_S3_PORT/moto-api/";
 
 start_s3() {
   alive s3 && return 0
+  NEEDS_REGISTER=1
   launch s3 "$BIN/moto_server" -H 127.0.0.1 -p "$INFRA_S3_PORT"
 }
 
@@ -183,6 +184,7 @@ server_healthy() { curl -sf "$PREFECT_API_URL/health"; }
 start_server() {
   alive server && return 0
   pg_up || die "start postgres before the server"
+  NEEDS_REGISTER=1
   PREFECT_SERVER_DATABASE_CONNECTION_URL=postgresql+asyncpg://prefect@127.0.0.1:$INFRA_PG_PORT/prefect \
     launch server "$BIN/prefect" server start --host 127.0.0.1 --port "$INFRA_API_PORT" --no-ui --analytics-off
 }
@@ -202,6 +204,7 @@ start_worker() {
 wants() { [[ " ${COMPONENTS[*]} " == *" $1 "* ]]; }
 
 START_T0=$SECONDS
+NEEDS_REGISTER=0
 
 start() {
   save_settings
@@ -214,7 +217,8 @@ start() {
   if wants postgres; then start_postgres; fi
   if wants server; then start_server; fi
   local register_pid=
-  if wants s3 || wants server; then
+  # Only after a (re)start of S3 or the server: the bucket lives in moto's memory.
+  if ((NEEDS_REGISTER)); then
     INFRA_START_TIMEOUT=$INFRA_START_TIMEOUT "$BIN/python" "$ROOT/infra/register.py" >"$LOGS/register.log" 2>&1 &
     register_pid=$!
   fi
