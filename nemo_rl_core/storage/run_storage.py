@@ -34,6 +34,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -56,6 +57,8 @@ COMMITTED = "COMMITTED"
 TRAINING_INFO = "training_info.json"
 MANIFEST = "MANIFEST.json"
 _MANIFEST_LOCK = threading.Lock()
+# sha256 releases the GIL on large buffers: hashing runs beside the transfer or decode.
+_HASHER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="run-storage-sha256")
 
 try:  # s3fs raises botocore's errors for connection trouble; other backends only OSError
     from botocore.exceptions import BotoCoreError, ClientError
@@ -162,17 +165,19 @@ class RunStorage:
 
     def read_batch(self, ref: ObjectRef) -> BatchedDataDict:
         """Read a stored batch; its size and sha256 must match ``ref`` (else IntegrityError)."""
-        data = self._get_verified(ref)  # sha256 covers every byte: skip the page CRCs
-        return batch_from_bytes(data, source=self._url(ref.key), verify_checksums=False)
+        source = self._url(ref.key)
+        # sha256 covers every byte, so the page CRCs need not be checked again.
+        return self._get_verified(
+            ref, lambda data: batch_from_bytes(data, source=source, verify_checksums=False)
+        )
 
     def write_json(self, iteration: int, stage: str, name: str, obj: dict) -> ObjectRef:
         key = self._stage_key(iteration, stage, f"{validate_name('name', name)}.json")
         return self._put(key, json.dumps(obj, indent=2, sort_keys=True).encode())
 
     def read_json(self, ref: ObjectRef) -> dict:
-        data = self._get_verified(ref)
         try:
-            return json.loads(data)
+            return self._get_verified(ref, json.loads)
         except ValueError as exc:
             raise IntegrityError(f"{self._url(ref.key)} is not valid JSON: {exc}") from exc
 
@@ -388,11 +393,12 @@ class RunStorage:
         """Write ``data`` at ``key`` so that readers see the whole object or nothing."""
         self._check_key(key)
         path = self._path(key)
+        digest = _HASHER.submit(_sha256, data)  # hashed while it is written
         if self._local:
             self._call(key, lambda: _local_atomic_write(path, data), reading=False)
         else:
             self._call(key, lambda: self.fs.pipe_file(path, data), reading=False)
-        return ObjectRef(key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        return ObjectRef(key=key, size=len(data), sha256=digest.result())
 
     def _put_file(self, key: str, local_path: Path) -> None:
         self._check_key(key)
@@ -408,21 +414,25 @@ class RunStorage:
         except FileNotFoundError:
             return None
 
-    def _get_verified(self, ref: ObjectRef) -> bytes:
+    def _get_verified(self, ref: ObjectRef, decode: Callable[[bytes], T]) -> T:
+        """Fetch ``ref`` and decode it while its sha256 is checked; a mismatch in size or
+        digest raises ``IntegrityError`` (also when the damage made decoding fail)."""
         self._check_key(ref.key)
         data = self._get_optional(ref.key)
+        url = self._url(ref.key)
         if data is None:
-            raise IntegrityError(f"{self._url(ref.key)} is missing (expected {ref.size} bytes)")
+            raise IntegrityError(f"{url} is missing (expected {ref.size} bytes)")
         if len(data) != ref.size:
-            raise IntegrityError(
-                f"{self._url(ref.key)} has {len(data)} bytes, its reference says {ref.size}"
-            )
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != ref.sha256:
-            raise IntegrityError(
-                f"{self._url(ref.key)} has sha256 {digest}, its reference says {ref.sha256}"
-            )
-        return data
+            raise IntegrityError(f"{url} has {len(data)} bytes, its reference says {ref.size}")
+        digest = _HASHER.submit(_sha256, data)
+        try:
+            value = decode(data)
+        finally:
+            if digest.result() != ref.sha256:
+                raise IntegrityError(
+                    f"{url} has sha256 {digest.result()}, its reference says {ref.sha256}"
+                )
+        return value
 
     def _size_optional(self, key: str) -> int | None:
         try:
@@ -498,6 +508,10 @@ class Lease:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _iter_dir(iteration: int) -> str:
