@@ -139,13 +139,20 @@ def generate_rollouts(
                 max_seq_len,
                 config.grpo.max_rollout_turns,
             )
-        return generate_one_turn(generation, batch, tokenizer)
+        seeds = sampling_seeds(config.grpo.seed, iteration, batch.size)
+        return generate_one_turn(generation, batch, tokenizer, seeds)
     finally:
         generation.finish_generation()
 
 
+def sampling_seeds(seed: int, iteration: int, size: int) -> torch.Tensor:
+    """Per-sample seeds of one iteration: a rerun or resumed stage samples the same tokens."""
+    base = (seed * 1_000_003 + iteration * 10_007) % (2**31 - size)
+    return torch.arange(base, base + size, dtype=torch.int64)
+
+
 def generate_one_turn(
-    generation: GenerationInterface, batch: BatchedDataDict, tokenizer: Any
+    generation: GenerationInterface, batch: BatchedDataDict, tokenizer: Any, seeds: torch.Tensor
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
     """One assistant turn per sample, left unscored: the reward stage asks the environments."""
     pad_id = (

@@ -28,6 +28,7 @@ from nemo_rl_core.models.generation.interfaces import (
     GenerationDatumSpec,
     GenerationInterface,
     GenerationOutputSpec,
+    sample_seeds,
 )
 from nemo_rl_core.models.generation.model_files import (
     RefitInfo,
@@ -188,7 +189,8 @@ class HFGeneration(GenerationInterface):
             self.model_spec.tokenizer, requests.stop_strings, input_ids.shape[1]
         )
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed + self._calls)
+            seeds = sample_seeds(data)
+            torch.manual_seed(seeds[0] if seeds[0] is not None else self.seed + self._calls)
             out = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,

@@ -25,6 +25,19 @@ class GenerationDatumSpec(TypedDict):
     input_ids: torch.Tensor  # [B, S] right-padded prompts
     input_lengths: torch.Tensor  # [B]
     stop_strings: NotRequired[list[list[str] | None]]
+    sample_seeds: NotRequired[torch.Tensor]  # [B] int64, per-sample sampling seeds
+
+
+def sample_seeds(data: BatchedDataDict) -> list[int | None]:
+    """The optional per-sample sampling seeds (``sample_seeds`` [B]); None where absent.
+
+    Not in NeMo RL: staged training needs an iteration's samples to be reproducible by a
+    fresh engine, whatever that engine generated before.
+    """
+    seeds = data.get("sample_seeds")
+    if seeds is None:
+        return [None] * len(data["input_lengths"])
+    return [int(seed) for seed in seeds]
 
 
 class GenerationOutputSpec(TypedDict):

@@ -27,6 +27,7 @@ from nemo_rl_core.models.generation.interfaces import (
     GenerationDatumSpec,
     GenerationInterface,
     GenerationOutputSpec,
+    sample_seeds,
 )
 from nemo_rl_core.models.generation.model_files import (
     RefitInfo,
@@ -127,10 +128,13 @@ class VllmGeneration(GenerationInterface):
             kwargs["compilation_config"] = vllm_cfg.compilation_config
         return {**kwargs, **self.cfg.vllm_kwargs}
 
-    def _sampling_params(self, greedy: bool, stop: list[str] | None, max_tokens: int) -> Any:
+    def _sampling_params(
+        self, greedy: bool, stop: list[str] | None, max_tokens: int, seed: int | None = None
+    ) -> Any:
         from vllm import SamplingParams
 
         return SamplingParams(
+            seed=seed,
             temperature=0.0 if greedy else self.cfg.temperature,
             top_p=1.0 if greedy else self.cfg.top_p,
             top_k=-1 if greedy or not self.cfg.top_k_enabled else self.cfg.top_k,
@@ -155,9 +159,14 @@ class VllmGeneration(GenerationInterface):
             raise ValueError(
                 "stop strings need the engine's tokenizer: set vllm_cfg.skip_tokenizer_init: false"
             )
+        # Per-sample seeds make sampling independent of the engine's history: a fresh engine
+        # resampling an iteration (a resumed run) draws what a warm one drew.
+        seeds = sample_seeds(data)
         params = [
-            self._sampling_params(greedy, stop, budget)
-            for stop, budget in zip(requests.stop_strings, requests.max_tokens, strict=True)
+            self._sampling_params(greedy, stop, budget, seed)
+            for stop, budget, seed in zip(
+                requests.stop_strings, requests.max_tokens, seeds, strict=True
+            )
         ]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in requests.prompts], params, use_tqdm=False
