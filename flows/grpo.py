@@ -11,8 +11,9 @@ same run_id again continues where a failed run stopped.
 from prefect import flow
 
 from flows.cli import run_flow_from_cli
-from flows.report import publish_iteration_report
+from flows.report import IterationProgress, publish_iteration_report
 from flows.run_setup import lease_owner, plan_run
+from nemo_rl_core.utils.logger import Logger
 from tasks.advantage import advantage
 from tasks.checkpoint import checkpoint
 from tasks.generate import generate
@@ -33,10 +34,21 @@ def grpo(
     run_id: str | None = None,
     storage_root: str | None = None,
     steps_per_run: int | None = None,
+    storage_block: str | None = None,
 ) -> dict:
-    plan = plan_run(config_path, overrides, run_id, storage_root, steps_per_run, "grpo")
+    """Train GRPO for ``steps_per_run`` iterations (default: up to ``grpo.max_num_steps``).
+
+    ``run_id`` continues that run (a new id otherwise); ``storage_root`` defaults to
+    ``checkpointing.checkpoint_dir``; ``storage_block`` names a prefect-aws
+    ``AwsCredentials`` block for an ``s3://`` root (else ``AWS_*`` environment variables).
+    """
+    plan = plan_run(
+        config_path, overrides, run_id, storage_root, steps_per_run, "grpo", storage_block
+    )
     run = plan.run
     history = []
+    progress = IterationProgress(run, plan.iterations)
+    metrics_log = Logger(plan.config.logger, run_name=run.run_id)
     with open_storage(run).acquire_lease(owner=lease_owner()):
         try:
             for iteration in plan.iterations:
@@ -48,8 +60,11 @@ def grpo(
                 trained = train(run, iteration, advantages, batch)
                 checkpoint(run, iteration, trained)
                 history.append(publish_iteration_report(run, iteration))
+                metrics_log.log_metrics(history[-1], step=iteration)
+                progress.iteration_done(iteration)
         finally:
             close_runtime(run)
+            metrics_log.close()
     return {
         "run_id": run.run_id,
         "storage_root": run.storage_root,

@@ -1,6 +1,10 @@
 """Per-iteration Prefect artifact: the table NeMo RL users watch, from the manifest."""
 
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    update_progress_artifact,
+)
 
 from tasks.stage import RunRef, open_storage
 
@@ -45,3 +49,18 @@ def publish_iteration_report(run: RunRef, iteration: int) -> dict[str, float]:
         description=f"metrics of iteration {iteration}",
     )
     return metrics
+
+
+class IterationProgress:
+    """A Prefect progress artifact: the share of this flow run's iterations that are done."""
+
+    def __init__(self, run: RunRef, iterations: list[int]) -> None:
+        self.total = max(len(iterations), 1)
+        self.done = 0
+        self.artifact_id = create_progress_artifact(
+            progress=0.0, description=f"run {run.run_id}: iterations {iterations}"
+        )
+
+    def iteration_done(self, iteration: int) -> None:
+        self.done += 1
+        update_progress_artifact(self.artifact_id, progress=100.0 * self.done / self.total)

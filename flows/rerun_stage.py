@@ -11,6 +11,7 @@ import json
 from prefect import flow
 
 from flows.grpo import GRPO_STAGES
+from flows.run_setup import load_storage_block
 from tasks.advantage import advantage
 from tasks.checkpoint import checkpoint
 from tasks.generate import generate
@@ -35,11 +36,16 @@ STAGE_CALLS = {
 
 @flow(name="rerun-stage", log_prints=True)
 def rerun_stage(
-    run_id: str, iteration: int, stage: str, storage_root: str = "results"
+    run_id: str,
+    iteration: int,
+    stage: str,
+    storage_root: str = "results",
+    storage_block: str | None = None,
 ) -> StageOutputs:
     if stage not in STAGE_CALLS:
         raise ValueError(f"stage {stage!r} is not one of {list(STAGE_CALLS)}")
     run = RunRef(storage_root, run_id)
+    load_storage_block(storage_root, storage_block)
     storage = open_storage(run)
     entries = storage.read_manifest(iteration).get("stages", {})
     task_fn, upstream = STAGE_CALLS[stage]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from nemo_rl_core.algorithms.grpo import MasterConfig, load_master_config
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
-from tasks.stage import RunRef, open_storage
+from tasks.stage import RunRef, open_storage, use_storage_options
 
 # A resume must train the same model on the same data as the run it continues.
 IDENTITY_KEYS = (("policy", "model_name"), ("data",), ("grpo", "seed"))
@@ -65,9 +65,11 @@ def plan_run(
     storage_root: str | None,
     steps_per_run: int | None,
     algorithm: str,
+    storage_block: str | None = None,
 ) -> RunPlan:
     config = load_master_config(config_path, overrides)
     root = storage_root or config.checkpointing.checkpoint_dir
+    load_storage_block(root, storage_block)
     if not config.checkpointing.enabled:
         raise ConfigError(
             "checkpointing.enabled=false: stages hand weights to the next iteration through "
@@ -87,6 +89,23 @@ def plan_run(
             raise ConfigError(f"steps_per_run must be >= 1, got {steps_per_run}")
         end = min(end, start + steps_per_run)
     return RunPlan(run, config, list(range(start, end)))
+
+
+def load_storage_block(storage_root: str, block_name: str | None) -> None:
+    """Use the credentials of a prefect-aws ``AwsCredentials`` block for ``storage_root``."""
+    if block_name is None:
+        return
+    from prefect_aws import AwsCredentials
+
+    credentials = AwsCredentials.load(block_name)
+    options: dict = {
+        "key": credentials.aws_access_key_id,
+        "secret": credentials.aws_secret_access_key.get_secret_value(),
+    }
+    endpoint = credentials.aws_client_parameters.endpoint_url
+    if endpoint:
+        options["client_kwargs"] = {"endpoint_url": endpoint}
+    use_storage_options(storage_root, options)
 
 
 def lease_owner() -> str:

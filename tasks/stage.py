@@ -46,12 +46,23 @@ class RunRef:
 
 
 _storages: dict[RunRef, RunStorage] = {}
+_storage_options: dict[str, dict[str, Any]] = {}
+
+
+def use_storage_options(storage_root: str, options: dict[str, Any]) -> None:
+    """fsspec options (credentials, endpoint) for a root, kept in this process only: task
+    parameters are stored and shown by Prefect, so secrets never travel in a RunRef."""
+    _storage_options[storage_root] = options
+    for run in [r for r in _storages if r.storage_root == storage_root]:
+        del _storages[run]
 
 
 def open_storage(run: RunRef) -> RunStorage:
-    """The process's storage handle for ``run`` (credentials come from the environment)."""
+    """The process's storage handle for ``run``; credentials come from a Prefect block
+    (``use_storage_options``) or the environment (``AWS_*``, ``AWS_ENDPOINT_URL_S3``)."""
     if run not in _storages:
-        _storages[run] = RunStorage(run.storage_root, run.run_id)
+        options = _storage_options.get(run.storage_root)
+        _storages[run] = RunStorage(run.storage_root, run.run_id, storage_options=options)
     return _storages[run]
 
 
