@@ -11,8 +11,9 @@ same run_id again continues where a failed run stopped.
 from prefect import flow
 
 from flows.cli import run_flow_from_cli
+from flows.lease import hold_lease
 from flows.report import IterationProgress, publish_iteration_report
-from flows.run_setup import lease_owner, plan_run
+from flows.run_setup import lease_owner, open_run, plan_iterations
 from nemo_rl_core.utils.logger import Logger
 from tasks.advantage import advantage
 from tasks.checkpoint import checkpoint
@@ -21,7 +22,6 @@ from tasks.logprob import logprob
 from tasks.prompts import prompts
 from tasks.reward import reward
 from tasks.runtime import close_runtime
-from tasks.stage import open_storage
 from tasks.train import train
 
 GRPO_STAGES = ("prompts", "generate", "reward", "logprob", "advantage", "train", "checkpoint")
@@ -42,16 +42,14 @@ def grpo(
     ``checkpointing.checkpoint_dir``; ``storage_block`` names a prefect-aws
     ``AwsCredentials`` block for an ``s3://`` root (else ``AWS_*`` environment variables).
     """
-    plan = plan_run(
-        config_path, overrides, run_id, storage_root, steps_per_run, "grpo", storage_block
-    )
-    run = plan.run
-    history = []
-    progress = IterationProgress(run, plan.iterations)
-    metrics_log = Logger(plan.config.logger, run_name=run.run_id)
-    with open_storage(run).acquire_lease(owner=lease_owner()):
+    run, config = open_run(config_path, overrides, run_id, storage_root, "grpo", storage_block)
+    with hold_lease(run, owner=lease_owner()):
+        iterations = plan_iterations(run, config, steps_per_run)
+        history = []
+        progress = IterationProgress(run, iterations)
+        metrics_log = Logger(config.logger, run_name=run.run_id)
         try:
-            for iteration in plan.iterations:
+            for iteration in iterations:
                 batch = prompts(run, iteration)
                 rollouts = generate(run, iteration, batch)
                 scored = reward(run, iteration, rollouts)
@@ -68,7 +66,7 @@ def grpo(
     return {
         "run_id": run.run_id,
         "storage_root": run.storage_root,
-        "iterations": plan.iterations,
+        "iterations": iterations,
         "metrics": history,
     }
 

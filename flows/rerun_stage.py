@@ -11,7 +11,8 @@ import json
 from prefect import flow
 
 from flows.grpo import GRPO_STAGES
-from flows.run_setup import load_storage_block
+from flows.lease import hold_lease
+from flows.run_setup import lease_owner, load_storage_block
 from tasks.advantage import advantage
 from tasks.checkpoint import checkpoint
 from tasks.generate import generate
@@ -56,7 +57,7 @@ def rerun_stage(
             f"{missing}, which were never recorded; continue the run instead"
         )
     later = list(GRPO_STAGES[GRPO_STAGES.index(stage) :])
-    with storage.acquire_lease(owner=f"rerun-stage {stage}@{iteration}"):
+    with hold_lease(run, owner=f"{lease_owner()} rerun-stage {stage}@{iteration}"):
         storage.mark_stale(iteration, later)
         try:
             return task_fn(run, iteration, *(entries[name]["outputs"] for name in upstream))

@@ -6,7 +6,6 @@ import datetime as dt
 import os
 import secrets
 import socket
-from dataclasses import dataclass
 
 from nemo_rl_core.algorithms.grpo import MasterConfig, load_master_config
 from nemo_rl_core.storage.run_storage import RunStorage
@@ -15,13 +14,6 @@ from tasks.stage import RunRef, open_storage, use_storage_options
 
 # A resume must train the same model on the same data as the run it continues.
 IDENTITY_KEYS = (("policy", "model_name"), ("data",), ("grpo", "seed"))
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    run: RunRef
-    config: MasterConfig
-    iterations: list[int]
 
 
 def new_run_id(prefix: str) -> str:
@@ -58,24 +50,29 @@ def first_iteration(storage: RunStorage) -> int:
     return latest
 
 
-def plan_run(
+def open_run(
     config_path: str,
     overrides: list[str] | None,
     run_id: str | None,
     storage_root: str | None,
-    steps_per_run: int | None,
     algorithm: str,
     storage_block: str | None = None,
-) -> RunPlan:
+) -> tuple[RunRef, MasterConfig]:
+    """Validate the config and name the run; nothing is written yet (no lease is held)."""
     config = load_master_config(config_path, overrides)
     root = storage_root or config.checkpointing.checkpoint_dir
-    load_storage_block(root, storage_block)
     if not config.checkpointing.enabled:
         raise ConfigError(
             "checkpointing.enabled=false: stages hand weights to the next iteration through "
             "checkpoints, so a staged run needs checkpointing enabled"
         )
-    run = RunRef(root, run_id or new_run_id(algorithm))
+    load_storage_block(root, storage_block)
+    return RunRef(root, run_id or new_run_id(algorithm)), config
+
+
+def plan_iterations(run: RunRef, config: MasterConfig, steps_per_run: int | None) -> list[int]:
+    """Under the lease: check a resume keeps its model and data, store the resolved config,
+    and return the iterations this flow run covers."""
     storage = open_storage(run)
     resolved = config.model_dump(mode="json")
     stored = storage.read_run_config()
@@ -88,7 +85,7 @@ def plan_run(
         if steps_per_run < 1:
             raise ConfigError(f"steps_per_run must be >= 1, got {steps_per_run}")
         end = min(end, start + steps_per_run)
-    return RunPlan(run, config, list(range(start, end)))
+    return list(range(start, end))
 
 
 def load_storage_block(storage_root: str, block_name: str | None) -> None:

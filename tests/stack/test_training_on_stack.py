@@ -1,0 +1,107 @@
+"""Training through the real stack: deployments picked up by the worker, S3 storage,
+the nightly schedule continuing one experiment, and the lease refusing a concurrent run."""
+
+import datetime as dt
+import threading
+
+import pytest
+import s3fs
+from local_stack import LocalStack
+
+pytestmark = [pytest.mark.stack, pytest.mark.e2e]
+# Sampling with transformers keeps these runs short; the embedded tests exercise vLLM.
+FAST = ["policy.generation.backend=hf", "grpo.num_prompts_per_step=2"]
+
+
+@pytest.fixture(scope="module")
+def deployments(local_stack: LocalStack) -> dict[str, str]:
+    local_stack.run("prefect", "deploy", "--all", timeout=600)
+    names = ["grpo/manual", "grpo/nightly", "rerun-stage/default"]
+    return {name: local_stack.api("GET", f"/deployments/name/{name}")["id"] for name in names}
+
+
+def start_run(stack: LocalStack, deployment_id: str, **parameters) -> str:
+    flow_run = stack.api(
+        "POST", f"/deployments/{deployment_id}/create_flow_run", {"parameters": parameters}
+    )
+    return flow_run["id"]
+
+
+def committed_steps(stack: LocalStack, run_id: str) -> list[int]:
+    fs = s3fs.S3FileSystem(**stack.storage_options)
+    root = f"{stack.bucket}/runs/{run_id}/checkpoints"
+    fs.invalidate_cache()
+    steps = [p.rsplit("_", 1)[-1] for p in fs.ls(root)] if fs.exists(root) else []
+    return sorted(int(s) for s in steps if fs.exists(f"{root}/step_{s}/COMMITTED"))
+
+
+def test_manual_deployment_trains_on_s3(
+    local_stack: LocalStack, deployments: dict[str, str]
+) -> None:
+    flow_run_id = start_run(
+        local_stack,
+        deployments["grpo/manual"],
+        run_id="stack-manual",
+        overrides=[*FAST, "grpo.max_num_steps=2"],
+    )
+    final = local_stack.wait_for_flow_run(flow_run_id, timeout=1200)
+    assert final["state_type"] == "COMPLETED", local_stack.flow_run_logs(flow_run_id)[-20:]
+    assert committed_steps(local_stack, "stack-manual") == [1, 2]
+
+
+def test_nightly_schedule_is_registered(
+    local_stack: LocalStack, deployments: dict[str, str]
+) -> None:
+    deployment = local_stack.api("GET", f"/deployments/{deployments['grpo/nightly']}")
+    crons = [s["schedule"]["cron"] for s in deployment["schedules"]]
+    assert crons == ["0 2 * * *"]
+    local_stack.api("POST", f"/deployments/{deployments['grpo/nightly']}/resume_deployment")
+    local_stack.api("POST", f"/deployments/{deployments['grpo/nightly']}/schedule", {})
+    upcoming = local_stack.api(
+        "POST",
+        "/flow_runs/filter",
+        {
+            "deployments": {"id": {"any_": [deployments["grpo/nightly"]]}},
+            "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
+        },
+    )
+    local_stack.api("POST", f"/deployments/{deployments['grpo/nightly']}/pause_deployment")
+    times = sorted(dt.datetime.fromisoformat(run["expected_start_time"]) for run in upcoming)
+    assert times, "the nightly deployment has no scheduled runs"
+    assert all(t.hour == 2 and t.minute == 0 for t in times)
+    for run in upcoming:
+        local_stack.api("DELETE", f"/flow_runs/{run['id']}")
+
+
+def test_nightly_runs_continue_one_experiment_and_a_concurrent_one_is_refused(
+    local_stack: LocalStack, deployments: dict[str, str]
+) -> None:
+    nightly = deployments["grpo/nightly"]
+    params = {
+        "run_id": "stack-nightly",
+        "steps_per_run": 1,
+        "overrides": [*FAST, "grpo.max_num_steps=10"],
+    }
+    first = local_stack.wait_for_flow_run(start_run(local_stack, nightly, **params), timeout=1200)
+    assert first["state_type"] == "COMPLETED"
+    assert committed_steps(local_stack, "stack-nightly") == [1]
+
+    # The next night and an accidental concurrent trigger: one continues, one is refused.
+    ids = [start_run(local_stack, nightly, **params) for _ in range(2)]
+    finals = {}
+    threads = [
+        threading.Thread(
+            target=lambda i=i: finals.update({i: local_stack.wait_for_flow_run(i, 1200)})
+        )
+        for i in ids
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    states = sorted(finals[i]["state_type"] for i in ids)
+    assert states == ["COMPLETED", "FAILED"], states
+    refused = next(i for i in ids if finals[i]["state_type"] == "FAILED")
+    messages = "\n".join(local_stack.flow_run_logs(refused)) + finals[refused]["state"]["message"]
+    assert "lease" in messages.lower(), messages[-2000:]
+    assert committed_steps(local_stack, "stack-nightly") == [1, 2]
