@@ -524,26 +524,31 @@ class MegatronWorker:
         if generation_config.is_file():
             (path / "generation_config.json").write_text(generation_config.read_text())
 
-    def _optimizer_files(self, optimizer_path: str) -> tuple[Path, Path]:
-        root = Path(optimizer_path)
-        return (
-            root / f"optim_tp{self.tp_rank}_dp{self.dp_rank}.pt",
-            root / f"param_state_tp{self.tp_rank}.pt",
-        )
+    def _optimizer_file(self, optimizer_path: str) -> Path:
+        return Path(optimizer_path) / f"optim_tp{self.tp_rank}_dp{self.dp_rank}.pt"
+
+    def _torch_optimizers(self) -> list[Any]:
+        """The megatron optimizers under the chain (one per parameter-group family)."""
+        return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
 
     def save_optimizer(self, optimizer_path: str) -> None:
-        """Megatron's optimizer state per rank, its parameter state per TP rank, the scheduler."""
+        """Per rank: the torch optimizer state and fp32 main params of this rank's shard, and
+        the scheduler. (megatron's ``save_parameter_state`` assumes TE/apex Adam, whose state
+        has no per-parameter ``step``; torch's AdamW, the fallback without them, has one.)"""
         if self.optimizer is None:
             raise RuntimeError("no optimizer to save (built with init_optimizer=False)")
-        common, params = self._optimizer_files(optimizer_path)
-        common.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-            common,
-        )
-        if self.mcfg.optimizer.use_distributed_optimizer:
-            with cuda_as_cpu():
-                self.optimizer.save_parameter_state(str(params))
+        path = self._optimizer_file(optimizer_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        inner = [
+            {
+                "state": opt.optimizer.state_dict(),
+                "main_params": [
+                    p.detach().clone() for g in opt.optimizer.param_groups for p in g["params"]
+                ],
+            }
+            for opt in self._torch_optimizers()
+        ]
+        torch.save({"optimizers": inner, "scheduler": self.scheduler.state_dict()}, path)
 
     def load_optimizer(self, optimizer_path: str) -> None:
         if self.optimizer is None:
@@ -551,15 +556,17 @@ class MegatronWorker:
                 f"optimizer_path={optimizer_path} was given with init_optimizer=False; "
                 "pass one or the other"
             )
-        common, params = self._optimizer_files(optimizer_path)
-        if not common.is_file():
+        path = self._optimizer_file(optimizer_path)
+        if not path.is_file():
             raise FileNotFoundError(
-                f"optimizer checkpoint {optimizer_path} has no {common.name}; it was saved with "
-                "another tensor/data-parallel layout than this policy's"
+                f"optimizer checkpoint {optimizer_path} has no {path.name}; it was saved with "
+                "another tensor/data-parallel layout than this model's"
             )
-        state = torch.load(common, weights_only=False)
-        with cuda_as_cpu():
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.mcfg.optimizer.use_distributed_optimizer:
-                self.optimizer.load_parameter_state(str(params))
-        self.scheduler.load_state_dict(state["scheduler"])
+        saved = torch.load(path, weights_only=False)
+        for opt, state in zip(self._torch_optimizers(), saved["optimizers"], strict=True):
+            opt.optimizer.load_state_dict(state["state"])
+            params = [p for g in opt.optimizer.param_groups for p in g["params"]]
+            with torch.no_grad():
+                for param, value in zip(params, state["main_params"], strict=True):
+                    param.copy_(value)
+        self.scheduler.load_state_dict(saved["scheduler"])
