@@ -1,17 +1,11 @@
-"""Fixtures for the generation tests: models vLLM-CPU can run, and prompt batches.
-
-The shared ``tiny_model_dir`` has head_dim 16, which vLLM-CPU's attention kernels do not
-support (32 is the smallest); these models keep the same tokenizer with head_dim 32.
-"""
+"""Fixtures for the generation tests: prompt batches and a reference logprob check."""
 
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.models.local_models import build_tiny_model
 
 PROMPTS = [
     "what is the sum of 3 and 4",
@@ -23,25 +17,6 @@ PROMPTS = [
     "move the tile left",
     "you are a helpful assistant",
 ]
-
-
-@pytest.fixture(scope="session")
-def vllm_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """2-layer Llama, tied embeddings, head_dim 32, fp32."""
-    return build_tiny_model(
-        tmp_path_factory.mktemp("gen_models") / "llama-hd32", "llama", hidden_size=128
-    )
-
-
-@pytest.fixture(scope="session")
-def vllm_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """2-layer Qwen2, untied embeddings, qkv bias, head_dim 32, fp32."""
-    return build_tiny_model(
-        tmp_path_factory.mktemp("gen_models") / "qwen2-hd32",
-        "qwen2",
-        hidden_size=128,
-        tie_word_embeddings=False,
-    )
 
 
 def prompt_batch(tokenizer, texts: list[str] = PROMPTS, **extra) -> BatchedDataDict:

