@@ -62,13 +62,18 @@ def main() -> None:
     parser.add_argument(
         "--model", default=None, help="model name/dir (default: a 4x256 tiny Llama)"
     )
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--max-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--mbs", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--no-train", action="store_true", help="time get_logprobs only")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as scratch:
         if args.model is None:
