@@ -295,3 +295,17 @@ def test_unknown_version_and_foreign_files_raise_codec_error(tmp_path: Path) -> 
         read_batch(tmp_path / "foreign.parquet")
     with pytest.raises(FileNotFoundError):
         read_batch(tmp_path / "missing.parquet")
+
+
+def test_codec_writes_and_reads_through_an_s3_filesystem(s3_server, s3_bucket: str) -> None:  # type: ignore[no-untyped-def]
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3_server.storage_options)
+    batch = _message_log_batch()
+    write_batch(batch, f"{s3_bucket}/direct/batch.parquet", filesystem=fs)
+    assert_identical(
+        batch.data, read_batch(f"{s3_bucket}/direct/batch.parquet", filesystem=fs).data
+    )
+    fs.pipe_file(f"{s3_bucket}/direct/broken.parquet", b"PAR1 not really")
+    with pytest.raises(CodecError, match="broken.parquet"):
+        read_batch(f"{s3_bucket}/direct/broken.parquet", filesystem=fs)
