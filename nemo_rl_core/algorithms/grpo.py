@@ -7,6 +7,7 @@ can be recomputed alone from its stored inputs.
 
 import hashlib
 import json
+from abc import abstractmethod
 from typing import Any
 
 import torch
@@ -40,11 +41,12 @@ from nemo_rl_core.utils.config import load_config_with_overrides, validate_confi
 from nemo_rl_core.utils.logger import LoggerConfig
 
 
-class GRPOConfig(GRPOAdvantageConfig):
-    """``grpo:``: NeMo RL's keys and defaults (advantage keys inherited)."""
+class RolloutLoopConfig(StrictConfig):
+    """The loop keys ``grpo:`` and ``ppo:`` share (NeMo RL's names and defaults): how many
+    prompts and samples per step, how many steps, the seed."""
 
     num_prompts_per_step: int = Field(ge=1)
-    num_generations_per_prompt: int = Field(ge=1)
+    num_generations_per_prompt: int = Field(1, ge=1)
     max_rollout_turns: int = Field(1, ge=1)
     max_num_epochs: int = Field(1, ge=1)
     max_num_steps: int = Field(ge=1)
@@ -54,14 +56,20 @@ class GRPOConfig(GRPOAdvantageConfig):
     max_val_samples: int | None = None
     seed: int = 42
     skip_reference_policy_logprobs_calculation: bool = False
+
+
+class GRPOConfig(GRPOAdvantageConfig, RolloutLoopConfig):
+    """``grpo:``: NeMo RL's keys and defaults (advantage and loop keys inherited)."""
+
+    num_generations_per_prompt: int = Field(ge=1)
     reward_scaling: dict[str, Any] = Field(default_factory=dict)
     async_grpo: dict[str, Any] = Field(default_factory=dict)
 
 
-class MasterConfig(StrictConfig):
-    """The whole YAML of a GRPO run."""
+class RLMasterConfig(StrictConfig):
+    """The sections every on-policy algorithm's YAML shares; ``algorithm`` is its own
+    section (``grpo:``, ``ppo:``), which the shared stage functions read."""
 
-    grpo: GRPOConfig
     loss_fn: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig)
     policy: PolicyConfig
     data: DataConfig
@@ -70,8 +78,22 @@ class MasterConfig(StrictConfig):
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
+    @property
+    @abstractmethod
+    def algorithm(self) -> RolloutLoopConfig: ...
+
     def algorithm_max_steps(self) -> int:
-        return self.grpo.max_num_steps
+        return self.algorithm.max_num_steps
+
+
+class MasterConfig(RLMasterConfig):
+    """The whole YAML of a GRPO run."""
+
+    grpo: GRPOConfig
+
+    @property
+    def algorithm(self) -> GRPOConfig:
+        return self.grpo
 
 
 def load_master_config(config_path: str, overrides: list[str] | None = None) -> MasterConfig:
@@ -85,20 +107,20 @@ def digest_json(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def make_task_to_env(config: MasterConfig) -> dict[str, EnvironmentInterface]:
+def make_task_to_env(config: RLMasterConfig) -> dict[str, EnvironmentInterface]:
     """One environment per ``env:`` entry, keyed by task name."""
     return {name: create_env(name, settings) for name, settings in config.env.items()}
 
 
-def build_loss_fn(config: MasterConfig) -> ClippedPGLossFn:
+def build_loss_fn(config: RLMasterConfig) -> ClippedPGLossFn:
     return ClippedPGLossFn(config.loss_fn)
 
 
-def make_dataloader(config: MasterConfig, tokenizer: Any) -> StatefulDataLoader:
+def make_dataloader(config: RLMasterConfig, tokenizer: Any) -> StatefulDataLoader:
     """The training dataloader: ``num_prompts_per_step`` prompts per iteration."""
     return StatefulDataLoader(
         build_dataset(config.data, tokenizer),
-        batch_size=config.grpo.num_prompts_per_step,
+        batch_size=config.algorithm.num_prompts_per_step,
         shuffle=config.data.shuffle,
         seed=config.data.seed,
         drop_last=config.data.drop_last,
@@ -106,13 +128,13 @@ def make_dataloader(config: MasterConfig, tokenizer: Any) -> StatefulDataLoader:
 
 
 def take_prompts(
-    dataloader: StatefulDataLoader, config: MasterConfig, dataloader_state: dict
+    dataloader: StatefulDataLoader, config: RLMasterConfig, dataloader_state: dict
 ) -> tuple[BatchedDataDict, dict]:
     """The prompts after ``dataloader_state``, each repeated ``num_generations_per_prompt``
     times, and the dataloader state after taking them."""
     dataloader.load_state_dict(dataloader_state)
     batch = dataloader.next_batch()
-    generations = config.grpo.num_generations_per_prompt
+    generations = config.algorithm.num_generations_per_prompt
     repeated = batch.repeat_interleave(generations)
     repeated["prompt_index"] = torch.arange(batch.size).repeat_interleave(generations)
     return repeated, dataloader.state_dict()
@@ -123,23 +145,23 @@ def generate_rollouts(
     batch: BatchedDataDict,
     tokenizer: Any,
     task_to_env: dict[str, EnvironmentInterface],
-    config: MasterConfig,
+    config: RLMasterConfig,
     iteration: int,
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
     """Responses for every prompt; multi-turn tasks play the whole episode here."""
     max_seq_len = config.policy.max_total_sequence_length
     generation.prepare_for_generation()
     try:
-        if config.grpo.max_rollout_turns > 1:
+        if config.algorithm.max_rollout_turns > 1:
             return run_multi_turn_rollout(
                 generation,
                 batch,
                 tokenizer,
                 task_to_env,
                 max_seq_len,
-                config.grpo.max_rollout_turns,
+                config.algorithm.max_rollout_turns,
             )
-        seeds = sampling_seeds(config.grpo.seed, iteration, batch.size)
+        seeds = sampling_seeds(config.algorithm.seed, iteration, batch.size)
         return generate_one_turn(generation, batch, tokenizer, seeds)
     finally:
         generation.finish_generation()
@@ -171,10 +193,10 @@ def generate_one_turn(
 
 
 def score_rollouts(
-    batch: BatchedDataDict, task_to_env: dict[str, EnvironmentInterface], config: MasterConfig
+    batch: BatchedDataDict, task_to_env: dict[str, EnvironmentInterface], config: RLMasterConfig
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
     """Rewards from the environments (multi-turn episodes were scored while played)."""
-    if config.grpo.max_rollout_turns == 1:
+    if config.algorithm.max_rollout_turns == 1:
         env_return = calculate_rewards(batch, task_to_env)
         batch["total_reward"] = env_return.rewards.to(torch.float32)
     rewards = batch["total_reward"]
@@ -186,7 +208,7 @@ def score_rollouts(
 
 
 def compute_logprobs(
-    policy: PolicyInterface, batch: BatchedDataDict, tokenizer: Any, config: MasterConfig
+    policy: PolicyInterface, batch: BatchedDataDict, tokenizer: Any, config: RLMasterConfig
 ) -> BatchedDataDict:
     """Flat training inputs of the rollouts with the policy's and reference's logprobs."""
     train_data = message_logs_to_train_data(
@@ -198,7 +220,7 @@ def compute_logprobs(
     train_data["total_reward"] = batch["total_reward"]
     train_data["prompt_index"] = batch["prompt_index"]
     train_data["prev_logprobs"] = policy.get_logprobs(train_data)["logprobs"]
-    if config.grpo.skip_reference_policy_logprobs_calculation:
+    if config.algorithm.skip_reference_policy_logprobs_calculation:
         train_data["reference_policy_logprobs"] = train_data["prev_logprobs"].clone()
     else:
         train_data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(train_data)[
@@ -235,7 +257,7 @@ def train_policy(
     policy: PolicyInterface,
     train_data: BatchedDataDict,
     loss_fn: Any,
-    config: MasterConfig,
+    config: RLMasterConfig,
     iteration: int,
 ) -> dict[str, Any]:
     """One optimizer step on the iteration's batch; a non-finite loss fails with the iteration."""
