@@ -7,13 +7,22 @@ import os
 import secrets
 import socket
 
-from nemo_rl_core.algorithms.grpo import MasterConfig, load_master_config
+from nemo_rl_core.algorithms.grpo import RLMasterConfig, load_master_config
+from nemo_rl_core.algorithms.ppo import load_ppo_config
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
 from tasks.stage import RunRef, open_storage, use_storage_options
 
 # A resume must train the same model on the same data as the run it continues.
-IDENTITY_KEYS = (("policy", "model_name"), ("data",), ("grpo", "seed"))
+IDENTITY_KEYS = (
+    ("policy", "model_name"),
+    ("value", "model_name"),
+    ("data",),
+    ("grpo", "seed"),
+    ("ppo", "seed"),
+)
+# Each flow validates its YAML into its algorithm's master config.
+CONFIG_LOADERS = {"grpo": load_master_config, "ppo": load_ppo_config}
 
 
 def new_run_id(prefix: str) -> str:
@@ -57,9 +66,9 @@ def open_run(
     storage_root: str | None,
     algorithm: str,
     storage_block: str | None = None,
-) -> tuple[RunRef, MasterConfig]:
+) -> tuple[RunRef, RLMasterConfig]:
     """Validate the config and name the run; nothing is written yet (no lease is held)."""
-    config = load_master_config(config_path, overrides)
+    config = CONFIG_LOADERS[algorithm](config_path, overrides)
     root = storage_root or config.checkpointing.checkpoint_dir
     if not config.checkpointing.enabled:
         raise ConfigError(
@@ -70,7 +79,7 @@ def open_run(
     return RunRef(root, run_id or new_run_id(algorithm)), config
 
 
-def plan_iterations(run: RunRef, config: MasterConfig, steps_per_run: int | None) -> list[int]:
+def plan_iterations(run: RunRef, config: RLMasterConfig, steps_per_run: int | None) -> list[int]:
     """Under the lease: check a resume keeps its model and data, store the resolved config,
     and return the iterations this flow run covers."""
     storage = open_storage(run)
