@@ -1,5 +1,5 @@
-"""Warm objects of one run inside one worker process: config, tokenizer, policy,
-generation engine and environments.
+"""Warm objects of one run inside one worker process: config, tokenizer, policy, value
+model (PPO), generation engine and environments.
 
 Loading a model per stage would dominate an iteration's time, so each process keeps
 one of each and tracks which weights version it holds. A generation engine is refit in
@@ -19,17 +19,21 @@ import torch
 
 from nemo_rl_core.algorithms.grpo import (
     MasterConfig,
+    RLMasterConfig,
     build_loss_fn,
     digest_json,
     make_dataloader,
     make_task_to_env,
 )
+from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.models.generation import configure_generation_config, make_generation
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy import make_policy
+from nemo_rl_core.models.value import make_value_model
 from tasks.stage import RunRef, open_storage
 
 INITIAL_VERSION = 0
+VALUE_DIR = "value"  # the value model's weights and optimizer inside a checkpoint
 
 
 @dataclass
@@ -43,11 +47,13 @@ class WeightsVersion:
 @dataclass
 class RunRuntime:
     run: RunRef
-    config: MasterConfig
+    config: RLMasterConfig
     model_dir: Path
     _tokenizer: Any = None
     _policy: Any = None
     _policy_step: int | None = None
+    _value: Any = None
+    _value_step: int | None = None
     _generation: Any = None
     _generation_step: int | None = None
     _envs: dict[str, Any] | None = None
@@ -100,6 +106,42 @@ class RunRuntime:
         self._policy_step = step
         return self._policy
 
+    @property
+    def value_model_dir(self) -> Path:
+        return resolve_model(self.config.value.model_name)
+
+    def value_weights(self, step: int) -> WeightsVersion:
+        """The value model's weights version at the start of iteration ``step`` (PPO)."""
+        if step == INITIAL_VERSION:
+            return WeightsVersion(0, _dir_digest(self.value_model_dir))
+        info = open_storage(self.run).read_checkpoint_info(step)
+        return WeightsVersion(step, info["value_weights_sha256"])
+
+    def value(self, step: int) -> Any:
+        """The value model holding the weights (and optimizer state) of ``step`` (PPO)."""
+        if self._value is not None and self._value_step == step:
+            return self._value
+        if self._value is not None:
+            self._value.shutdown()
+        source = self.weights_dir(step) / VALUE_DIR if step != INITIAL_VERSION else None
+        value_config = self.config.value.model_copy(
+            update={"model_name": str(self.value_model_dir)}
+        )
+        self._value = make_value_model(
+            value_config,
+            tokenizer=self.tokenizer,
+            weights_path=str(source) if source else None,
+            optimizer_path=str(source / "optimizer") if source else None,
+        )
+        self._value_step = step
+        return self._value
+
+    def value_for_update(self, step: int) -> Any:
+        """The value model at ``step``, marked as changing (as ``policy_for_update``)."""
+        value = self.value(step)
+        self._value_step = None
+        return value
+
     def policy_for_update(self, step: int) -> Any:
         """The policy at ``step``, marked as changing: if the update fails half-way, the next
         call reloads from storage instead of trusting weights of unknown version."""
@@ -108,7 +150,8 @@ class RunRuntime:
         return policy
 
     def save_checkpoint(self, step: int, dataloader_state: dict, metrics: dict) -> str:
-        """Commit the warm policy as checkpoint ``step`` (weights, optimizer, dataloader, RNG)."""
+        """Commit the warm policy as checkpoint ``step`` (weights, optimizer, dataloader, RNG),
+        with the warm value model under ``value/`` for PPO."""
         local = Path(self._scratch.name) / f"save_step_{step}"
         self._policy.save_checkpoint(
             weights_path=str(local),
@@ -116,15 +159,27 @@ class RunRuntime:
             tokenizer_path=str(local),
         )
         torch.save(rng_states(), local / "rng_states.pt")
+        value_info = {}
+        if isinstance(self.config, PPOMasterConfig):
+            self._value.save_checkpoint(
+                weights_path=str(local / VALUE_DIR),
+                optimizer_path=str(local / VALUE_DIR / "optimizer"),
+            )
+            value_info["value_weights_sha256"] = _file_digest(
+                local / VALUE_DIR / "model.safetensors"
+            )
         info = {
             "step": step,
             "weights_sha256": _file_digest(local / "model.safetensors"),
+            **value_info,
             "dataloader_state": dataloader_state,
             # Flat, as NeMo RL's training_info: checkpointing.metric_name ranks by these.
             **{k: v for k, v in metrics.items() if isinstance(v, int | float)},
         }
         url = open_storage(self.run).write_checkpoint(step, local, info)
         self._policy_step = step
+        if value_info:
+            self._value_step = step
         return url
 
     @property
@@ -150,7 +205,7 @@ class RunRuntime:
         if self._generation is None:
             settings = configure_generation_config(self.config.policy.generation, self.tokenizer)
             self._generation = make_generation(
-                settings, str(self.weights_dir(step)), seed=self.config.grpo.seed
+                settings, str(self.weights_dir(step)), seed=self.config.algorithm.seed
             )
         elif self._generation_step != step:
             if self._policy is not None and self._policy_step == step:
@@ -172,7 +227,7 @@ class RunRuntime:
     def close(self) -> None:
         for env in (self._envs or {}).values():
             env.shutdown()
-        for engine in (self._generation, self._policy):
+        for engine in (self._generation, self._policy, self._value):
             if engine is not None:
                 engine.shutdown()
         self._scratch.cleanup()
@@ -189,7 +244,8 @@ def runtime_for(run: RunRef) -> RunRuntime:
             raise FileNotFoundError(
                 f"run {run.run_id!r} under {run.storage_root} has no stored config.yaml"
             )
-        config = MasterConfig.model_validate(stored)
+        config_class = PPOMasterConfig if "ppo" in stored else MasterConfig
+        config = config_class.model_validate(stored)
         _runtimes[run] = RunRuntime(run, config, resolve_model(config.policy.model_name))
     return _runtimes[run]
 

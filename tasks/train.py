@@ -1,9 +1,9 @@
-"""Stage ``train``: one policy update on the iteration's batch, then the committed
-checkpoint that the next iteration's stages read their weights from."""
+"""Stage ``train``: one policy update (and, for PPO, one value update) on the iteration's
+batch, then the committed checkpoint that the next iteration's stages read weights from."""
 
 from prefect import task
 
-from nemo_rl_core.algorithms import grpo
+from nemo_rl_core.algorithms import grpo, ppo
 from tasks.runtime import runtime_for
 from tasks.stage import (
     RunRef,
@@ -28,12 +28,18 @@ def train(
         "weights": weights.digest,
         "dataloader_state": digest_of(prompts, "dataloader_state"),
     }
+    is_ppo = isinstance(runtime.config, ppo.PPOMasterConfig)
+    if is_ppo:
+        inputs["value_weights"] = runtime.value_weights(iteration).digest
 
     def compute():
         batch = read_output_batch(run, advantages)
         dataloader_state = read_output_json(run, prompts, "dataloader_state")
         policy = runtime.policy_for_update(iteration)
         metrics = grpo.train_policy(policy, batch, runtime.loss_fn(), runtime.config, iteration)
+        if is_ppo:
+            value_model = runtime.value_for_update(iteration)
+            metrics |= ppo.train_value(value_model, batch, runtime.config, iteration)
         checkpoint_url = runtime.save_checkpoint(iteration + 1, dataloader_state, metrics)
         return {"metrics": {**metrics, "checkpoint": checkpoint_url}}, metrics
 
