@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from nemo_rl_core.data.interfaces import LLMMessageLogType
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
-from nemo_rl_core.environments.math_verifier import check_answer
+from nemo_rl_core.environments.math_verifier import check_answer, warm_up
 from nemo_rl_core.environments.metrics import reward_metrics
 from nemo_rl_core.environments.worker_pool import TimedProcessPool
 
@@ -45,11 +45,11 @@ class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
         self.cfg = (
             cfg if isinstance(cfg, MathEnvConfig) else MathEnvConfig.model_validate(cfg or {})
         )
+        warm_up()  # sympy's lazy imports happen once here; forked workers inherit them
         self._pool = TimedProcessPool(
             check_answer,
             self.cfg.num_workers,
             warmup_item={"verifier": "math", "response": "\\boxed{1}", "ground_truth": "1"},
-            preload_modules=("nemo_rl_core.environments.math_worker_preload",),
         )
         self._failures = {"timeout": 0, "error": 0, "died": 0}
 

@@ -1,7 +1,7 @@
 """The answer check that runs inside math pool workers.
 
-Kept apart from ``math_environment`` so the pool's forkserver preloads math-verify only,
-not torch.
+The environment runs ``warm_up`` once before forking its workers, so math-verify, sympy
+and their lazily imported parts are loaded in every worker from the start.
 """
 
 import logging

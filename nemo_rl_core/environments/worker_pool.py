@@ -75,11 +75,13 @@ class _Worker:
 class TimedProcessPool:
     """``num_workers`` processes running ``fn`` (a picklable top-level function).
 
-    Workers fork from a forkserver (a fresh single-threaded process, so no threads of the
-    caller's torch are forked) that imports ``preload_modules`` once: a replacement for a
-    killed worker starts in milliseconds instead of re-importing sympy. Each worker first
-    runs ``fn(warmup_item)`` untimed, so slow first calls never count against a task's
-    time limit; the pool waits for every worker to be warm.
+    Workers are forked from the caller, so they start in milliseconds with whatever the
+    caller already imported (prepare the parent, e.g. import and warm up the checker,
+    before building the pool); a killed worker's replacement is as cheap. ``spawn`` and
+    ``forkserver`` would re-import the caller's ``__main__`` (and its torch) in every
+    worker: CPython's forkserver never preloads ``__main__``. Forking a parent that runs
+    torch threads is safe here because workers only run ``fn``, never torch ops. Each
+    worker first runs ``fn(warmup_item)`` untimed; the pool waits for all to be warm.
     """
 
     def __init__(
@@ -88,16 +90,13 @@ class TimedProcessPool:
         num_workers: int,
         warmup_item: Any = None,
         startup_timeout_s: float = 300.0,
-        preload_modules: tuple[str, ...] = (),
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self._fn = fn
         self._warmup_item = warmup_item
         self._startup_timeout_s = startup_timeout_s
-        self._ctx = multiprocessing.get_context("forkserver")
-        if preload_modules:  # takes effect if this process's forkserver is not running yet
-            self._ctx.set_forkserver_preload(list(preload_modules))
+        self._ctx = multiprocessing.get_context("fork")
         self._workers = [self._spawn() for _ in range(num_workers)]
         while not all(w.ready for w in self._workers):
             wait([w.conn for w in self._workers if not w.ready], timeout=1.0)
