@@ -11,7 +11,12 @@ from typing import Any
 from pydantic import Field
 
 from nemo_rl_core.algorithms.advantage_estimator import GeneralizedAdvantageEstimator
-from nemo_rl_core.algorithms.config import MseValueLossConfig, PPOAdvantageConfig
+from nemo_rl_core.algorithms.config import (
+    MseValueLossConfig,
+    PPOAdvantageConfig,
+    RewardScalingConfig,
+)
+from nemo_rl_core.algorithms.filters import scale_rewards
 from nemo_rl_core.algorithms.grpo import RLMasterConfig, RolloutLoopConfig, train_policy
 from nemo_rl_core.algorithms.loss import MseValueLossFn
 from nemo_rl_core.algorithms.utils import masked_mean
@@ -21,7 +26,10 @@ from nemo_rl_core.utils.config import load_config_with_overrides, validate_confi
 
 
 class PPOConfig(PPOAdvantageConfig, RolloutLoopConfig):
-    """``ppo:``: GAE keys (``gae_gamma``, ``gae_lambda``...) and GRPO's loop keys."""
+    """``ppo:``: GAE keys (``gae_gamma``, ``gae_lambda``...), GRPO's loop keys, and
+    ``reward_scaling`` (as ``grpo.reward_scaling``: e.g. 0/1 correctness onto -1/+1)."""
+
+    reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
 
 
 class PPOMasterConfig(RLMasterConfig):
@@ -53,12 +61,13 @@ def compute_values(value_model: ValueInterface, train_data: BatchedDataDict) -> 
 def compute_advantages(
     train_data: BatchedDataDict, config: PPOMasterConfig
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
-    """GAE ``advantages`` and the value model's targets ``returns``; with
-    ``loss_fn.use_kl_in_reward`` the per-token KL to the reference is part of the reward."""
+    """GAE ``advantages`` and the value model's targets ``returns`` from the (scaled)
+    rewards; with ``loss_fn.use_kl_in_reward`` the per-token KL to the reference is part of
+    the reward."""
     estimator = GeneralizedAdvantageEstimator(config.ppo, config.loss_fn)
     mask = train_data["token_mask"]
     advantages, returns = estimator.compute_advantages_and_returns(
-        rewards=train_data["total_reward"],
+        rewards=scale_rewards(train_data["total_reward"], config.ppo.reward_scaling),
         mask=mask,
         values=train_data["values"],
         logprobs_policy=train_data["prev_logprobs"],
