@@ -1,15 +1,18 @@
 """Policies behind NeMo RL's ``PolicyInterface``; ``make_policy`` picks the training backend."""
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
+from nemo_rl_core.utils.config import validate_config
 
 
 def make_policy(
-    config: PolicyConfig,
+    config: PolicyConfig | Mapping[str, Any],
     tokenizer: PreTrainedTokenizerBase | None = None,
     weights_path: str | Path | None = None,
     optimizer_path: str | Path | None = None,
@@ -18,8 +21,11 @@ def make_policy(
 ) -> PolicyInterface:
     """The policy for ``config.training_backend``: ``hf`` (torch) or ``megatron`` (megatron-core).
 
-    Backends are imported lazily so the HF path never needs megatron-core installed.
+    ``config`` may be NeMo RL's plain ``policy:`` dict; it is validated here. Backends are
+    imported lazily so the HF path never needs megatron-core installed.
     """
+    if not isinstance(config, PolicyConfig):
+        config = validate_config(PolicyConfig, dict(config), source="policy config")
     if config.training_backend == "megatron":
         from nemo_rl_core.models.policy.megatron_policy import MegatronPolicy as policy_cls
     else:

@@ -1,21 +1,27 @@
 """Value models behind NeMo RL's ``ValueInterface``; ``make_value_model`` builds one."""
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from nemo_rl_core.models.value.config import ValueConfig
 from nemo_rl_core.models.value.interfaces import ValueInterface
+from nemo_rl_core.utils.config import validate_config
 
 
 def make_value_model(
-    config: ValueConfig,
+    config: ValueConfig | Mapping[str, Any],
     tokenizer: PreTrainedTokenizerBase | None = None,
     weights_path: str | Path | None = None,
     optimizer_path: str | Path | None = None,
     init_optimizer: bool = True,
 ) -> ValueInterface:
-    """The value model for ``config.training_backend`` (``hf``, or ``megatron`` when present)."""
+    """The value model for ``config.training_backend`` (``hf``, or ``megatron`` when present);
+    ``config`` may be a plain dict, validated here."""
+    if not isinstance(config, ValueConfig):
+        config = validate_config(ValueConfig, dict(config), source="value config")
     if config.training_backend == "megatron":
         from nemo_rl_core.models.value.megatron_value import MegatronValue as value_cls
     else:

@@ -15,6 +15,7 @@ from nemo_rl_core.models.policy import make_policy
 from nemo_rl_core.models.policy.hf_loading import VocabMismatchError
 from nemo_rl_core.models.policy.hf_policy import HFPolicy
 from nemo_rl_core.models.policy.hf_trainer import NonFiniteTrainingError
+from nemo_rl_core.utils.config import ConfigError
 
 
 def token_budget(section: str, tokens: int, **extra: Any) -> dict[str, Any]:
@@ -301,10 +302,12 @@ def test_bad_inputs_fail_with_clear_errors(tiny_model_dir: Path, tmp_path: Path)
         policy.get_logprobs(too_long)
 
 
-def test_make_policy_accepts_missing_sample_mask(tiny_model_dir: Path) -> None:
+def test_make_policy_takes_a_plain_dict_and_no_sample_mask(tiny_model_dir: Path) -> None:
     data = token_batch(batch=4)
     del data["sample_mask"]
-    policy = make_policy(policy_config(tiny_model_dir))
+    with pytest.raises(ConfigError, match="train_micro_batch_sizes: unknown key"):
+        make_policy({**policy_config(tiny_model_dir).model_dump(), "train_micro_batch_sizes": 2})
+    policy = make_policy(policy_config(tiny_model_dir).model_dump(by_alias=True))
     assert isinstance(policy, HFPolicy)
     metrics = policy.train(BatchedDataDict(data), NLLLossFn())
     assert metrics["global_valid_seqs"] == 4
