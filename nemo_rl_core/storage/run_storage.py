@@ -223,13 +223,17 @@ class RunStorage:
         return entry
 
     def completed_stage(self, iteration: int, stage: str, inputs: dict[str, str]) -> dict | None:
-        """The stage's entry if complete, not stale, with these inputs and intact outputs."""
+        """The stage's entry if complete, not stale, with these inputs and intact outputs.
+
+        Every output is read back and checked against its sha256: a damaged or truncated
+        object makes the stage count as not done, so it is recomputed instead of trusted."""
         entry = self.read_manifest(iteration)["stages"].get(validate_name("stage", stage))
         if entry is None or entry.get("status") != "complete" or entry.get("inputs") != inputs:
             return None
         for ref in entry.get("outputs", {}).values():
-            size = self._size_optional(ObjectRef.from_dict(ref).key)
-            if size != ref["size"]:
+            try:
+                self._get_verified(ObjectRef.from_dict(ref), lambda data: None)
+            except IntegrityError:
                 return None
         return entry
 
