@@ -31,7 +31,9 @@ import threading
 from dataclasses import dataclass
 
 _CLONE_NEWNET = 0x40000000
-_UID_BASE = 61000  # unprivileged ids for sandboxes, one per concurrent run
+# Unprivileged ids for sandboxes, one per concurrent run; processes sharing a host take
+# different 256-id blocks (by pid) so their runs rarely share a uid's process count.
+_UID_FIRST, _UID_BLOCKS, _UID_BLOCK = 61000, 16, 256
 
 _GUARD = r"""
 import os, sys, sysconfig
@@ -115,8 +117,9 @@ class SandboxResult:
 class _UidPool:
     """Hands each concurrent run its own unprivileged uid (NPROC is counted per uid)."""
 
-    def __init__(self, size: int = 256):
-        self._free = list(range(_UID_BASE, _UID_BASE + size))
+    def __init__(self) -> None:
+        start = _UID_FIRST + (os.getpid() % _UID_BLOCKS) * _UID_BLOCK
+        self._free = list(range(start, start + _UID_BLOCK))
         self._lock = threading.Lock()
 
     def take(self) -> int:

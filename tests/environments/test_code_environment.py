@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_core.environments.code_environment import extract_code
-from nemo_rl_core.environments.code_sandbox import SandboxLimits, run_sandboxed
+from nemo_rl_core.environments.code_sandbox import (
+    _UID_BLOCK,
+    _UID_BLOCKS,
+    _UID_FIRST,
+    SandboxLimits,
+    run_sandboxed,
+)
 from nemo_rl_core.environments.utils import create_env
 
 REVERSE_TESTS = [{"input": "abc\n", "output": "cba"}, {"input": "hello\n", "output": "olleh"}]
@@ -22,12 +28,12 @@ def _answer(code: str) -> list[dict]:
 
 
 def _sandbox_processes() -> list[int]:
-    """Processes owned by the sandbox uids (61000+) right now."""
+    """Processes owned by sandbox uids right now."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if 61000 <= entry.stat().st_uid < 61256:
+                if _UID_FIRST <= entry.stat().st_uid < _UID_FIRST + _UID_BLOCKS * _UID_BLOCK:
                     pids.append(int(entry.name))
             except FileNotFoundError:
                 pass
