@@ -97,41 +97,49 @@ EOF
 }
 
 # A pid file names a live process only if that process still leads the session we made
-# for it with setsid (a recycled pid does not).
+# for it with setsid (a recycled pid does not) and is no zombie (killed, not yet reaped).
 alive() {
   local f=$RUN/$1.pid pid
   [[ -f $f ]] || return 1
   pid=$(cat "$f")
-  [[ $(ps -o sid= -p "$pid" 2>/dev/null | tr -d ' ') == "$pid" ]]
+  ps -o sid=,stat= -p "$pid" 2>/dev/null | awk -v pid="$pid" '$1 == pid && $2 !~ /^Z/ {ok = 1} END {exit !ok}'
 }
 
-# launch NAME CMD...: run CMD in its own session (process group = its pid), so stop can
-# signal it together with its children (a worker's flow-run processes).
+# session_members SID...: the live (not zombie) processes of those sessions.
+session_members() {
+  ps -eo pid=,sid=,stat= | awk -v sids=" $* " 'index(sids, " " $2 " ") && $3 !~ /^Z/ {print $1}'
+}
+
+# launch NAME CMD...: run CMD in a session of its own and record it, so stop finds it and
+# everything it started (a worker's flow-run processes), also those of an earlier worker
+# that was killed and restarted.
 launch() {
   local name=$1
   shift
   [[ -f $LOGS/$name.log ]] && mv "$LOGS/$name.log" "$LOGS/$name.log.1"
   (cd "$ROOT" && exec setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null) &
   echo $! >"$RUN/$name.pid"
+  echo $! >>"$RUN/$name.sessions"
 }
 
-# stop_group NAME: INT the group (what a Prefect worker and the server shut down cleanly
-# on), then TERM, then KILL whatever is left.
-stop_group() {
-  local name=$1 pid i
-  [[ -f $RUN/$name.pid ]] || return 0
-  pid=$(cat "$RUN/$name.pid")
-  if alive "$name"; then
-    for signal in INT TERM KILL; do
-      kill -"$signal" -- "-$pid" 2>/dev/null || true
-      for ((i = 0; i < 50; i++)); do
-        kill -0 -- "-$pid" 2>/dev/null || break 2
-        sleep 0.2
-      done
-      echo "stack: $name (pgid $pid) still running after SIG$signal" >&2
+# stop_sessions NAME: INT every process of NAME's sessions (what a Prefect worker and the
+# server shut down cleanly on), then TERM, then KILL whatever is left. Only those pids.
+stop_sessions() {
+  local name=$1 signal i pids sessions
+  mapfile -t sessions < <(cat "$RUN/$name.sessions" "$RUN/$name.pid" 2>/dev/null | sort -u)
+  ((${#sessions[@]})) || return 0
+  for signal in INT TERM KILL; do
+    pids=$(session_members "${sessions[@]}")
+    [[ -n $pids ]] || break
+    # shellcheck disable=SC2086 # one pid per word
+    kill -"$signal" $pids 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+      [[ -n $(session_members "${sessions[@]}") ]] || break 2
+      sleep 0.2
     done
-  fi
-  rm -f "$RUN/$name.pid"
+    echo "stack: $name still running after SIG$signal: $(session_members "${sessions[@]}" | xargs)" >&2
+  done
+  rm -f "$RUN/$name.pid" "$RUN/$name.sessions"
   echo "stopped $name"
 }
 
@@ -219,7 +227,7 @@ start() {
   local register_pid=
   # Only after a (re)start of S3 or the server: the bucket lives in moto's memory.
   if ((NEEDS_REGISTER)); then
-    INFRA_START_TIMEOUT=$INFRA_START_TIMEOUT "$BIN/python" "$ROOT/infra/register.py" >"$LOGS/register.log" 2>&1 &
+    INFRA_START_TIMEOUT=$INFRA_START_TIMEOUT launch register "$BIN/python" "$ROOT/infra/register.py"
     register_pid=$!
   fi
   if wants s3; then wait_for s3 "$LOGS/s3.log" s3_healthy; fi
@@ -231,9 +239,9 @@ start() {
 
 stop() {
   # Order matters: a worker whose API is gone hangs on shutdown, so it goes first.
-  for name in worker server s3 postgres; do
-    wants "$name" || continue
-    if [[ $name == postgres ]]; then stop_postgres; else stop_group "$name"; fi
+  for name in worker register server s3 postgres; do
+    wants "$name" || [[ $name == register ]] || continue
+    if [[ $name == postgres ]]; then stop_postgres; else stop_sessions "$name"; fi
   done
 }
 

@@ -100,9 +100,11 @@ class LocalStack:
             )
         return proc
 
-    def stack(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def stack(
+        self, *args: str, timeout: float = 600, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """``infra/stack.sh ARGS`` on this stack's state dir (e.g. ``"start", "worker"``)."""
-        return self.run(str(STACK_SH), *args, timeout=timeout)
+        return self.run(str(STACK_SH), *args, timeout=timeout, check=check)
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         """Call the Prefect REST API (``path`` after ``/api``) and decode its JSON answer."""

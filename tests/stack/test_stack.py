@@ -1,8 +1,10 @@
 """The local stack itself: healthy services, a deployed flow run by the worker, a cron
 schedule on the server, S3 blocks whose secret stays out of logs, and a clean stop."""
 
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -242,7 +244,8 @@ def test_project_deployments_register(local_stack: LocalStack) -> None:
 
 
 def test_stop_leaves_nothing_running(local_stack: LocalStack, probe_project: Path) -> None:
-    """Last in this module: stops the stack with a flow run in progress, then restarts it."""
+    """Last in this module: a worker is killed mid-run and restarted, then the stack stops
+    with the orphaned run still going, and must end it too; then it starts again."""
     flow_run_id = run_deployment(
         local_stack, "stack-probe/manual", "key=probe/held.txt", "hold_seconds=600"
     )
@@ -252,10 +255,22 @@ def test_stop_leaves_nothing_running(local_stack: LocalStack, probe_project: Pat
             f"held run not RUNNING:\n{local_stack.log_tail('worker')}"
         )
         time.sleep(0.5)
+    killed_worker = service_pids(local_stack)["worker"]
+    orphaned_run = descendants(killed_worker)
+    assert orphaned_run, "the held flow run has no process under the worker"
+    os.kill(killed_worker, signal.SIGKILL)
+    while alive(killed_worker):  # the kill lands when the process is next scheduled
+        time.sleep(0.1)
+    assert "worker: down" in local_stack.stack("status", check=False).stdout
+    local_stack.stack("start", "worker")
     pids = service_pids(local_stack)
-    flow_run_pids = descendants(pids["worker"])
-    assert flow_run_pids, "the held flow run has no process under the worker"
-    everything = set(pids.values()) | flow_run_pids | descendants(pids["postgres"])
+    assert pids["worker"] != killed_worker
+    everything = (
+        set(pids.values())
+        | orphaned_run
+        | descendants(pids["worker"])
+        | descendants(pids["postgres"])
+    )
     local_stack.stack("stop")
     left = sorted(pid for pid in everything if alive(pid))
     assert not left, f"still running after stop: {left}"
