@@ -2,6 +2,8 @@
 
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +15,8 @@ from nemo_rl_core.environments.code_sandbox import (
     _UID_BLOCKS,
     _UID_FIRST,
     SandboxLimits,
+    _enter_network_namespace,
+    network_namespace_available,
     run_sandboxed,
 )
 from nemo_rl_core.environments.utils import create_env
@@ -187,3 +191,25 @@ def test_extract_code_takes_the_last_block():
 def test_bad_tests_metadata_names_the_sample(env):
     with pytest.raises(KeyError, match="sample 0"):
         env.step([_answer("print(1)")], [{"tests": [{"input": "x"}]}])
+
+
+@pytest.mark.skipif(not network_namespace_available(), reason="host cannot unshare a netns")
+def test_network_namespace_alone_reaches_nothing():
+    """The OS layer under the audit hook: a plain child in the namespace cannot connect."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    code = f"import socket; socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), 2)"
+    try:
+        child = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", code],
+            preexec_fn=_enter_network_namespace,
+            capture_output=True,
+            text=True,
+        )
+        assert child.returncode != 0 and "Error" in child.stderr
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
