@@ -40,6 +40,13 @@ from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_with_overrides, validate_config
 from nemo_rl_core.utils.logger import LoggerConfig
 
+# ``reward_reason`` prefixes of a check that did not finish (the worker pool's outcome kinds).
+ENV_FAILURE_KINDS = ("error", "timeout", "died")
+
+
+class EnvironmentFailureError(RuntimeError):
+    """Too many reward checks failed in one batch: the environment, not the policy, is broken."""
+
 
 class RolloutLoopConfig(StrictConfig):
     """The loop keys ``grpo:`` and ``ppo:`` share (NeMo RL's names and defaults): how many
@@ -56,6 +63,9 @@ class RolloutLoopConfig(StrictConfig):
     max_val_samples: int | None = None
     seed: int = 42
     skip_reference_policy_logprobs_calculation: bool = False
+    # Not in NeMo RL: a reward checker that raised, hung or died gives reward 0; past this
+    # fraction of the batch the reward stage fails instead of training on broken rewards.
+    max_env_failure_fraction: float = Field(0.5, ge=0.0, le=1.0)
 
 
 class GRPOConfig(GRPOAdvantageConfig, RolloutLoopConfig):
@@ -195,15 +205,33 @@ def generate_one_turn(
 def score_rollouts(
     batch: BatchedDataDict, task_to_env: dict[str, EnvironmentInterface], config: RLMasterConfig
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
-    """Rewards from the environments (multi-turn episodes were scored while played)."""
+    """Rewards from the environments (multi-turn episodes were scored while played).
+
+    A sample whose checker raised, timed out or died has reward 0 and the reason in its
+    ``extra_env_info["reward_reason"]``; they are counted in the metrics, and past
+    ``max_env_failure_fraction`` of the batch this raises ``EnvironmentFailureError``."""
+    failures: dict[str, int] = dict.fromkeys(ENV_FAILURE_KINDS, 0)
     if config.algorithm.max_rollout_turns == 1:
         env_return = calculate_rewards(batch, task_to_env)
         batch["total_reward"] = env_return.rewards.to(torch.float32)
+        batch["extra_env_info"] = list(env_return.metadata)
+        for meta in env_return.metadata:
+            kind = str((meta or {}).get("reward_reason", "")).split(":", 1)[0]
+            if kind in failures:
+                failures[kind] += 1
     rewards = batch["total_reward"]
+    failed_fraction = sum(failures.values()) / max(len(rewards), 1)
+    if failed_fraction > config.algorithm.max_env_failure_fraction:
+        raise EnvironmentFailureError(
+            f"{sum(failures.values())} of {len(rewards)} reward checks failed ({failures}), "
+            f"more than max_env_failure_fraction={config.algorithm.max_env_failure_fraction}"
+        )
     return batch, {
         "mean_reward": float(rewards.mean()),
         "max_reward": float(rewards.max()),
         "fraction_positive": float((rewards > 0).float().mean()),
+        **{f"env_{kind}_count": count for kind, count in failures.items()},
+        "env_failed_fraction": failed_fraction,
     }
 
 

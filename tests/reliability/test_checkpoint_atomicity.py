@@ -1,0 +1,85 @@
+"""Checkpoint atomicity: a process SIGKILLed while it writes a checkpoint leaves the
+previous checkpoint as the newest COMMITTED one, and a resume starts from it."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flows.run_setup import first_iteration
+from nemo_rl_core.storage.run_storage import RunStorage, StorageError
+
+# The child writes step 1 whole, then dies (SIGKILL) in the middle of step 2: after its
+# weight files, before training_info.json and the COMMITTED marker.
+WRITER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from nemo_rl_core.storage.run_storage import RunStorage, TRAINING_INFO
+
+    root, source = sys.argv[1], Path(sys.argv[2])
+    storage = RunStorage(root, "ckpt-run")
+    storage.write_checkpoint(1, source, {"step": 1})
+    real_put = storage._put
+
+    def put_then_die(key, data):
+        if key.endswith(TRAINING_INFO):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_put(key, data)
+
+    storage._put = put_then_die
+    storage.write_checkpoint(2, source, {"step": 2})
+    """
+)
+
+
+def _checkpoint_source(tmp_path: Path) -> Path:
+    source = tmp_path / "source"
+    (source / "optimizer").mkdir(parents=True)
+    (source / "model.safetensors").write_bytes(b"w" * 4096)
+    (source / "optimizer" / "optim.pt").write_bytes(b"o" * 1024)
+    return source
+
+
+@pytest.mark.parametrize("backend", ["file", "s3"])
+def test_killed_checkpoint_write_keeps_previous_as_newest_committed(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if backend == "file":
+        root, env = str(tmp_path / "store"), None
+    else:
+        server = request.getfixturevalue("s3_server")
+        root = f"s3://{request.getfixturevalue('s3_bucket')}/p"
+        env = {
+            **os.environ,
+            "AWS_ENDPOINT_URL_S3": server.endpoint_url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    done = subprocess.run(
+        [sys.executable, "-c", WRITER, root, str(_checkpoint_source(tmp_path))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -9, done.stderr
+
+    options = None if env is None else request.getfixturevalue("s3_server").storage_options
+    storage = RunStorage(root, "ckpt-run", storage_options=options)
+    # The weights of step 2 reached storage, its marker did not.
+    assert storage._exists("checkpoints/step_000002/model.safetensors")
+    assert storage.committed_checkpoints() == [1]
+    assert storage.latest_checkpoint() == 1
+    assert first_iteration(storage) == 1, "resume must start after the last committed step"
+    with pytest.raises(StorageError, match="step_000002 is not a committed checkpoint"):
+        storage.fetch_checkpoint(2, tmp_path / "fetched")
+    fetched = storage.fetch_checkpoint(1, tmp_path / "fetched1")
+    assert (fetched / "model.safetensors").read_bytes() == b"w" * 4096
+    # The retried write replaces the leftover and commits.
+    storage.write_checkpoint(2, _checkpoint_source(tmp_path / "again"), {"step": 2})
+    assert storage.latest_checkpoint() == 2
