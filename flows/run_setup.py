@@ -51,11 +51,19 @@ def first_iteration(storage: RunStorage) -> int:
     """Where to continue: the newest committed checkpoint, or an earlier iteration whose
     stages were marked stale by a rerun (they must be recomputed first)."""
     latest = storage.latest_checkpoint() or 0
-    for iteration in storage.iterations():
+    iterations = storage.iterations()
+    for iteration in iterations:
         if iteration < latest:
             stages = storage.read_manifest(iteration).get("stages", {})
             if any(entry.get("status") == "stale" for entry in stages.values()):
                 return iteration
+    # Killed after train committed checkpoint ``latest`` but before the iteration recorded
+    # it: finish that iteration (train is recomputed from the checkpoint before, bit-equal).
+    previous = latest - 1
+    if previous in iterations and (previous == 0 or previous in storage.committed_checkpoints()):
+        checkpoint_stage = storage.read_manifest(previous)["stages"].get("checkpoint", {})
+        if checkpoint_stage.get("status") != "complete":
+            return previous
     return latest
 
 
