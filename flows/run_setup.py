@@ -9,6 +9,8 @@ import socket
 
 from nemo_rl_core.algorithms.grpo import RLMasterConfig, load_master_config
 from nemo_rl_core.algorithms.ppo import load_ppo_config
+from nemo_rl_core.data.datasets.builder import load_rows
+from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
 from tasks.stage import RunRef, open_storage, use_storage_options
@@ -83,6 +85,9 @@ def open_run(
             "checkpointing.enabled=false: stages hand weights to the next iteration through "
             "checkpoints, so a staged run needs checkpointing enabled"
         )
+    # A missing model directory or a bad data row fails here, before the run is written.
+    resolve_model(config.policy.model_name)
+    load_rows(config.data)
     load_storage_block(root, storage_block)
     return RunRef(root, run_id or new_run_id(algorithm)), config
 

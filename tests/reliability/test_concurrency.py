@@ -1,0 +1,43 @@
+"""Concurrency: a second flow run of an experiment (run_id) that another run drives is
+refused by the storage lease, naming the holder, before it writes anything; a lease that
+its killed holder stopped renewing expires and is taken over."""
+
+import time
+from pathlib import Path
+
+import pytest
+from reliability_helpers import CONFIG, FAST
+
+from flows.grpo import grpo
+from flows.lease import hold_lease
+from nemo_rl_core.storage.run_storage import LeaseHeldError
+from tasks.stage import RunRef, open_storage
+
+
+def test_second_run_of_one_experiment_is_refused(prefect_api, tmp_path: Path) -> None:
+    run = RunRef(str(tmp_path), "nightly")
+    with open_storage(run).acquire_lease("flow-run first-night", ttl_s=600):
+        with pytest.raises(LeaseHeldError, match="leased by 'flow-run first-night' until"):
+            grpo(
+                config_path=str(CONFIG),
+                overrides=FAST,
+                run_id="nightly",
+                storage_root=str(tmp_path),
+            )
+        written = sorted(p.name for p in (tmp_path / "runs" / "nightly").rglob("*"))
+        assert written == ["LEASE.json"], "the refused run wrote something"
+
+
+def test_stale_lease_of_a_killed_run_expires_and_is_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = RunRef(str(tmp_path), "nightly")
+    open_storage(run).acquire_lease("killed worker", ttl_s=1.0)  # never renewed, never released
+    with pytest.raises(LeaseHeldError, match="killed worker"):
+        open_storage(run).acquire_lease("next night")
+    time.sleep(1.2)
+    monkeypatch.setenv("NEMO_RL_CORE_LEASE_TTL_S", "30")
+    with hold_lease(run, owner="next night") as lease:
+        assert open_storage(run)._read_lease()["owner"] == "next night"
+        assert lease.expires_at > time.time() + 20
+    assert open_storage(run)._read_lease() is None, "released at the end of the run"
