@@ -1,0 +1,250 @@
+"""What the issue-8 benchmarks share: the machine line, medians, the RESULTS.md record, a
+local S3 server, and timing of a GRPO flow run read back from its manifests.
+
+A flow run's stages are timed from storage, not from inside the flow: each manifest entry
+holds the stage's compute seconds and when it was committed, so one stage's wall time is
+the gap between two commits and the rest of that gap is orchestration and handoff.
+"""
+
+import datetime as dt
+import os
+import platform
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+PLOTS = Path(__file__).with_name("plots")
+TINY_CONFIG = "examples/configs/grpo_math_tiny.yaml"
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(
+            line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line
+        )
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def machine_line() -> str:
+    return (
+        f"cpu: {cpu_model()}, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f} at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC"
+    )
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def command_line() -> str:
+    """The exact command that ran this script, as it would be typed in the repo root."""
+    return " ".join([".venv/bin/python", *map(shlex.quote, sys.argv)])
+
+
+def record(heading: str, table: str, reading: str, smoke: bool) -> None:
+    """Append a section to RESULTS.md (never in smoke mode: smoke runs only keep the script
+    working, their figures mean nothing)."""
+    if smoke:
+        print("smoke mode: not recorded in bench/RESULTS.md")
+        return
+    section = (
+        f"\n## {heading}\n\nCommand: `{command_line()}`; {machine_line()}.\n\n"
+        f"```\n{table.rstrip()}\n```\n\n{reading.strip()}\n"
+    )
+    with RESULTS.open("a") as out:
+        out.write(section)
+    print(f"recorded in {RESULTS}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def local_s3_bucket(log_dir: Path) -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 with one fresh bucket; yields ``s3://bucket``.
+
+    Credentials and endpoint go into ``AWS_*`` environment variables, which is how a flow
+    finds S3 without a Prefect block (restored on exit)."""
+    import boto3
+
+    moto = Path(sys.executable).parent / "moto_server"
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    with open(log_dir / "moto_server.log", "wb") as log:
+        proc = subprocess.Popen(
+            [str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
+        )
+    env = {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": endpoint,
+    }
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        _wait_until_up(endpoint, proc)
+        bucket = f"bench-{uuid.uuid4().hex[:8]}"
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+        yield f"s3://{bucket}"
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_until_up(endpoint: str, proc: subprocess.Popen, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            urllib.request.urlopen(endpoint, timeout=2).close()
+            return
+        except urllib.error.HTTPError:  # answering at all means it is up
+            return
+        except OSError as exc:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto_server did not start on {endpoint}: {exc}") from exc
+            time.sleep(0.2)
+
+
+def flow_iteration_times(storage_root: str, run_id: str, iterations: int) -> list[dict]:
+    """Per iteration after the first: ``{"total": s, stage: wall s, stage + "_compute": s}``.
+
+    A stage's wall time runs from the previous commit (the previous stage, or the previous
+    iteration's ``checkpoint``) to its own; the first iteration has no start and is left
+    out (it also pays model loading and engine start-up)."""
+    from flows.grpo import GRPO_STAGES
+    from nemo_rl_core.storage.run_storage import RunStorage
+
+    storage = RunStorage(storage_root, run_id)
+    manifests = [storage.read_manifest(i)["stages"] for i in range(iterations)]
+    timings = []
+    for previous, stages in zip(manifests, manifests[1:], strict=False):
+        last = _committed_at(previous["checkpoint"])
+        timing = {"total": _committed_at(stages["checkpoint"]) - last}
+        for stage in GRPO_STAGES:
+            committed = _committed_at(stages[stage])
+            timing[stage] = committed - last
+            timing[f"{stage}_compute"] = stages[stage]["metrics"]["seconds"]
+            last = committed
+        timings.append(timing)
+    return timings
+
+
+def flow_rewards(storage_root: str, run_id: str, iterations: int) -> list[float]:
+    """Mean reward of each iteration, from the reward stage's manifest metrics."""
+    from nemo_rl_core.storage.run_storage import RunStorage
+
+    storage = RunStorage(storage_root, run_id)
+    return [
+        storage.read_manifest(i)["stages"]["reward"]["metrics"]["mean_reward"]
+        for i in range(iterations)
+    ]
+
+
+def _committed_at(entry: dict) -> float:
+    return dt.datetime.fromisoformat(entry["finished_at"]).timestamp()
+
+
+def batch_overrides(prompts: int, generations: int, iterations: int) -> list[str]:
+    """Config overrides for ``prompts x generations`` sequences, one optimizer step each."""
+    return [
+        f"grpo.num_prompts_per_step={prompts}",
+        f"grpo.num_generations_per_prompt={generations}",
+        f"policy.train_global_batch_size={prompts * generations}",
+        f"grpo.max_num_steps={iterations}",
+    ]
+
+
+@contextmanager
+def _timed(timing: dict[str, float], stage: str):
+    start = time.perf_counter()
+    yield
+    timing[stage] = time.perf_counter() - start
+
+
+def plain_loop(
+    config_path: str, overrides: list[str], iterations: int
+) -> tuple[list[dict], list[float]]:
+    """Per-iteration stage seconds (after the first) and mean rewards of GRPO as a plain
+    loop over the core step functions: batches in memory, the policy warm, the generation
+    engine refit from the policy's state dict. The warm objects are built by the flow's
+    own ``RunRuntime``, so both paths load the same models the same way."""
+    from nemo_rl_core.algorithms import grpo as core
+    from nemo_rl_core.models.local_models import resolve_model
+    from tasks.runtime import RunRuntime
+    from tasks.stage import RunRef
+
+    config = core.load_master_config(config_path, overrides)
+    model_dir = resolve_model(config.policy.model_name)
+    runtime = RunRuntime(RunRef("memory://plain", "plain"), config, model_dir)
+    timings, rewards = [], []
+    try:
+        tokenizer, envs = runtime.tokenizer, runtime.task_to_env
+        policy, engine = runtime.policy(0), runtime.generation(0)
+        state = runtime.dataloader_state(0)
+        for iteration in range(iterations):
+            timing: dict[str, float] = {}
+            start = time.perf_counter()
+            with _timed(timing, "prompts"):
+                batch, state = core.take_prompts(runtime.dataloader, config, state)
+            with _timed(timing, "generate"):
+                if iteration:
+                    engine.update_weights_from_state_dict(policy.state_dict_for_refit())
+                rollouts, _ = core.generate_rollouts(
+                    engine, batch, tokenizer, envs, config, iteration
+                )
+            with _timed(timing, "reward"):
+                scored, metrics = core.score_rollouts(rollouts, envs, config)
+            with _timed(timing, "logprob"):
+                train_data = core.compute_logprobs(policy, scored, tokenizer, config)
+            with _timed(timing, "advantage"):
+                train_data, _ = core.compute_advantages(train_data, config)
+            with _timed(timing, "train"):
+                core.train_policy(policy, train_data, runtime.loss_fn(), config, iteration)
+            timing["checkpoint"] = 0.0
+            timing["total"] = time.perf_counter() - start
+            rewards.append(metrics["mean_reward"])
+            if iteration:
+                timings.append(timing)
+    finally:
+        runtime.close()
+    return timings, rewards
+
+
+def flow_run(
+    config_path: str, overrides: list[str], iterations: int, storage_root: str
+) -> tuple[list[dict], list[float]]:
+    """Per-iteration stage seconds (after the first) and mean rewards of the GRPO flow,
+    run in this process (Prefect's ephemeral API) on ``storage_root``."""
+    from flows.grpo import grpo
+
+    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+    grpo(config_path=config_path, overrides=overrides, run_id=run_id, storage_root=storage_root)
+    return (
+        flow_iteration_times(storage_root, run_id, iterations),
+        flow_rewards(storage_root, run_id, iterations),
+    )

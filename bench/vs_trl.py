@@ -1,0 +1,271 @@
+"""TRL side by side: TRL's ``GRPOTrainer`` and our GRPO flow on the same model, prompts,
+generations per prompt, max completion length, optimizer steps, learning rate and reward.
+
+TRL runs in its own venv (``.bench-venvs/trl``, created on first use with
+``python3.11 -m venv`` and ``pip install trl torch math-verify``) so its pins never touch
+ours; this file is also its worker (``--trl-worker SPEC``: stdlib imports only at the top).
+
+Same work on both sides: the prompts are our dataloader's batches in order, as the exact
+prompt text (chat template applied) with shuffling off in TRL; the reward is the same
+``verify_math_answer`` (loaded from ``nemo_rl_core/environments/math_verifier.py``);
+one optimizer step per ``prompts x generations`` batch, micro batches of the same size,
+AdamW with the same lr, betas, eps, weight decay and grad-norm clip, constant lr, KL
+(k3) coefficient and PPO clip alike, fp32. What differs is each tool's own machinery:
+ours generates with vLLM (CPU build) and commits a checkpoint per step; TRL generates
+with ``transformers.generate`` (its CPU path: vLLM is not in its venv).
+
+Run:   .venv/bin/python bench/vs_trl.py            (tiny Llama and SmolLM2-135M-Instruct)
+Smoke: .venv/bin/python bench/vs_trl.py --smoke    (tiny Llama, 2 steps each)
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import PLOTS, batch_overrides, flow_run, machine_line, median, record
+
+REPO = Path(__file__).resolve().parent.parent
+TRL_VENV = REPO / ".bench-venvs" / "trl"
+TRL_PINS = ["trl==1.16.0", "torch==2.13.0", "math-verify"]
+VERIFIER = REPO / "nemo_rl_core" / "environments" / "math_verifier.py"
+# model -> (config it ships with, learning rate used on both sides)
+MODELS = {
+    "tiny-llama": ("examples/configs/grpo_math_tiny.yaml", 5e-4),
+    "smollm2-135m-instruct": ("examples/configs/grpo_math_smollm2.yaml", 1e-5),
+}
+
+
+def ensure_trl_venv() -> Path:
+    """The TRL venv's python, creating the venv when TRL is not importable there."""
+    python = TRL_VENV / "bin" / "python"
+    check = [str(python), "-c", "import trl, math_verify"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    print(f"creating {TRL_VENV} ({' '.join(TRL_PINS)})", flush=True)
+    subprocess.run(["python3.11", "-m", "venv", str(TRL_VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *TRL_PINS], check=True)
+    return python
+
+
+def shared_settings(model: str, prompts: int, generations: int, steps: int, tokens: int) -> dict:
+    """Our config (validated) and the same settings as TRL needs them."""
+    from nemo_rl_core.algorithms.grpo import load_master_config
+
+    config_path, lr = MODELS[model]
+    overrides = batch_overrides(prompts, generations, steps) + [
+        f"policy.train_micro_batch_size={prompts * generations}",
+        f"policy.generation.max_new_tokens={tokens}",
+        f"policy.optimizer.kwargs.lr={lr}",
+    ]
+    config = load_master_config(config_path, overrides)
+    optimizer = config.policy.optimizer.kwargs
+    return {
+        "config_path": config_path,
+        "overrides": overrides,
+        "model_dir": "",
+        "prompts": prompts,
+        "generations": generations,
+        "steps": steps,
+        "max_completion_length": tokens,
+        "lr": lr,
+        "weight_decay": optimizer.get("weight_decay", 0.0),
+        "betas": list(optimizer.get("betas", (0.9, 0.999))),
+        "eps": optimizer.get("eps", 1e-8),
+        "max_grad_norm": config.policy.max_grad_norm,
+        "beta": config.loss_fn.reference_policy_kl_penalty,
+        "epsilon": config.loss_fn.ratio_clip_min,
+        "temperature": config.policy.generation.temperature,
+        "seed": config.grpo.seed,
+        "rows": prompt_rows(config, steps),
+    }
+
+
+def prompt_rows(config, steps: int) -> list[dict]:
+    """The exact prompt text and ground truth of our first ``steps`` batches, in order."""
+    from nemo_rl_core.models.local_models import resolve_model
+    from tasks.runtime import RunRuntime
+    from tasks.stage import RunRef
+
+    model_dir = resolve_model(config.policy.model_name)
+    runtime = RunRuntime(RunRef("memory://rows", "rows"), config, model_dir)
+    loader = runtime.dataloader
+    loader.load_state_dict(runtime.dataloader_state(0))
+    rows = []
+    for _ in range(steps):
+        batch = loader.next_batch()
+        for log, info in zip(batch["message_log"], batch["extra_env_info"], strict=True):
+            ids = [int(t) for m in log for t in m["token_ids"]]
+            text = runtime.tokenizer.decode(ids, skip_special_tokens=False)
+            rows.append({"prompt": text, "ground_truth": info["ground_truth"]})
+    runtime.close()
+    return rows
+
+
+def run_trl(python: Path, settings: dict, workdir: Path) -> dict:
+    """Run TRL in its venv; returns its per-step end times and rewards."""
+    spec = workdir / "trl_spec.json"
+    out = workdir / "trl_result.json"
+    spec.write_text(json.dumps({**settings, "output": str(out), "workdir": str(workdir)}))
+    subprocess.run([str(python), __file__, "--trl-worker", str(spec)], check=True)
+    return json.loads(out.read_text())
+
+
+def trl_worker(spec_path: str) -> None:
+    """Inside the TRL venv: GRPOTrainer with the spec's settings; writes step times/rewards."""
+    import importlib.util
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    spec = json.loads(Path(spec_path).read_text())
+    loaded = importlib.util.spec_from_file_location("math_verifier", VERIFIER)
+    verifier = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(verifier)
+
+    def math_reward(completions: list[str], ground_truth: list[str], **_: object) -> list[float]:
+        pairs = zip(completions, ground_truth, strict=True)
+        return [verifier.verify_math_answer(pair)[0] for pair in pairs]
+
+    ends: list[float] = []
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            ends.append(time.perf_counter())
+
+    batch = spec["prompts"] * spec["generations"]
+    args = GRPOConfig(
+        output_dir=str(Path(spec["workdir"]) / "trl_out"),
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1,
+        num_generations=spec["generations"],
+        max_completion_length=spec["max_completion_length"],
+        max_steps=spec["steps"],
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=spec["weight_decay"],
+        adam_beta1=spec["betas"][0],
+        adam_beta2=spec["betas"][1],
+        adam_epsilon=spec["eps"],
+        max_grad_norm=spec["max_grad_norm"],
+        beta=spec["beta"],
+        epsilon=spec["epsilon"],
+        temperature=spec["temperature"],
+        top_p=1.0,
+        loss_type="dapo",
+        shuffle_dataset=False,
+        seed=spec["seed"],
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    torch.manual_seed(spec["seed"])
+    trainer = GRPOTrainer(
+        model=spec["model_dir"],
+        reward_funcs=math_reward,
+        args=args,
+        train_dataset=Dataset.from_list(spec["rows"]),
+        processing_class=AutoTokenizer.from_pretrained(spec["model_dir"], padding_side="left"),
+        callbacks=[StepClock()],
+    )
+    start = time.perf_counter()
+    trainer.train()
+    rewards = [log["reward"] for log in trainer.state.log_history if "reward" in log]
+    Path(spec["output"]).write_text(json.dumps({"start": start, "ends": ends, "rewards": rewards}))
+
+
+def plot_rewards(curves: dict[str, dict[str, list[float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
+    for ax, (model, sides) in zip(axes[0], curves.items(), strict=True):
+        for side, rewards in sides.items():
+            ax.plot(range(1, len(rewards) + 1), rewards, marker="o", label=side)
+        ax.set(title=model, xlabel="optimizer step", ylabel="mean reward of the step's batch")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -> dict:
+    """Seconds per step (median, first step left out) and reward curves of both sides."""
+    from nemo_rl_core.models.local_models import resolve_model
+
+    settings = shared_settings(model, args.prompts, args.generations, args.steps, args.tokens)
+    settings["model_dir"] = str(resolve_model(model))
+    ours_times, ours_rewards = flow_run(
+        settings["config_path"], settings["overrides"], args.steps, f"file://{workdir}/store"
+    )
+    trl = run_trl(python, settings, workdir)
+    trl_times = [b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]
+    return {
+        "ours": median([t["total"] for t in ours_times]),
+        "trl": median(trl_times),
+        "rewards": {"ours (Prefect flow)": ours_rewards, "TRL GRPOTrainer": trl["rewards"]},
+    }
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--trl-worker":
+        trl_worker(sys.argv[2])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny model, 2 steps, batch 2x2")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
+    parser.add_argument("--generations", type=int, default=4, help="generations per prompt")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps (first: warm-up)")
+    parser.add_argument("--tokens", type=int, default=32, help="max completion length")
+    args = parser.parse_args()
+    if args.smoke:
+        args.models, args.prompts, args.generations, args.steps = ["tiny-llama"], 2, 2, 2
+        args.tokens = 8
+    print(machine_line(), flush=True)
+    python = ensure_trl_venv()
+    lines = [f"{'model':<24}{'ours s/step':>12}{'TRL s/step':>12}{'TRL/ours':>10}  rewards"]
+    curves = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            workdir = Path(tmp) / model
+            workdir.mkdir()
+            result = compare(model, python, args, workdir)
+            curves[model] = result["rewards"]
+            last = {side: round(r[-1], 3) for side, r in result["rewards"].items()}
+            lines.append(
+                f"{model:<24}{result['ours']:>12.2f}{result['trl']:>12.2f}"
+                f"{result['trl'] / result['ours']:>10.2f}  last step {last}"
+            )
+            print(lines[-1], flush=True)
+        png = (Path(tmp) if args.smoke else PLOTS) / "vs_trl_rewards.png"
+        PLOTS.mkdir(exist_ok=True)
+        plot_rewards(curves, png)
+    table = "\n".join(lines)
+    curves_text = json.dumps(
+        {m: {s: [round(r, 3) for r in v] for s, v in c.items()} for m, c in curves.items()}
+    )
+    record(
+        "TRL GRPOTrainer vs our GRPO flow, seconds per optimizer step (issue 8)",
+        f"{table}\nreward per step: {curves_text}\nplot: bench/plots/vs_trl_rewards.png",
+        f"{args.prompts} prompts x {args.generations} generations per step, max "
+        f"{args.tokens} new tokens, {args.steps} steps each (the first left out of the "
+        "medians); TRL/ours > 1 means ours is faster.",
+        args.smoke,
+    )
+
+
+if __name__ == "__main__":
+    main()
