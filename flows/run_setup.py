@@ -7,8 +7,8 @@ import os
 import secrets
 import socket
 
-from nemo_rl_core.algorithms.grpo import RLMasterConfig, load_master_config
-from nemo_rl_core.algorithms.ppo import load_ppo_config
+from nemo_rl_core.algorithms.grpo import MasterConfig, RLMasterConfig, load_master_config
+from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.data.datasets.builder import load_rows
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.storage.run_storage import RunStorage
@@ -24,7 +24,7 @@ IDENTITY_KEYS = (
     ("ppo", "seed"),
 )
 # Each flow validates its YAML into its algorithm's master config.
-CONFIG_LOADERS = {"grpo": load_master_config, "ppo": load_ppo_config}
+CONFIG_CLASSES: dict[str, type[RLMasterConfig]] = {"grpo": MasterConfig, "ppo": PPOMasterConfig}
 
 
 def new_run_id(prefix: str) -> str:
@@ -78,7 +78,7 @@ def open_run(
     storage_block: str | None = None,
 ) -> tuple[RunRef, RLMasterConfig]:
     """Validate the config and name the run; nothing is written yet (no lease is held)."""
-    config = CONFIG_LOADERS[algorithm](config_path, overrides)
+    config = load_master_config(config_path, overrides, CONFIG_CLASSES[algorithm])
     root = storage_root or config.checkpointing.checkpoint_dir
     if not config.checkpointing.enabled:
         raise ConfigError(

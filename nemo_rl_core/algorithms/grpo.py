@@ -106,10 +106,15 @@ class MasterConfig(RLMasterConfig):
         return self.grpo
 
 
-def load_master_config(config_path: str, overrides: list[str] | None = None) -> MasterConfig:
-    """Load, override and validate a GRPO YAML; errors name the file or the key path."""
+def load_master_config(
+    config_path: str,
+    overrides: list[str] | None = None,
+    config_class: type[RLMasterConfig] = MasterConfig,
+) -> RLMasterConfig:
+    """Load, override and validate a GRPO YAML (or ``config_class``'s, e.g. PPO's); errors
+    name the file or the key path."""
     raw = load_config_with_overrides(config_path, overrides)
-    return validate_config(MasterConfig, raw, source=f"config {config_path}")
+    return validate_config(config_class, raw, source=f"config {config_path}")
 
 
 def digest_json(value: Any) -> str:

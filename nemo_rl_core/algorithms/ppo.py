@@ -22,7 +22,6 @@ from nemo_rl_core.algorithms.loss import MseValueLossFn
 from nemo_rl_core.algorithms.utils import masked_mean
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.value import ValueConfig, ValueInterface
-from nemo_rl_core.utils.config import load_config_with_overrides, validate_config
 
 
 class PPOConfig(PPOAdvantageConfig, RolloutLoopConfig):
@@ -42,12 +41,6 @@ class PPOMasterConfig(RLMasterConfig):
     @property
     def algorithm(self) -> PPOConfig:
         return self.ppo
-
-
-def load_ppo_config(config_path: str, overrides: list[str] | None = None) -> PPOMasterConfig:
-    """Load, override and validate a PPO YAML; errors name the file or the key path."""
-    raw = load_config_with_overrides(config_path, overrides)
-    return validate_config(PPOMasterConfig, raw, source=f"config {config_path}")
 
 
 def compute_values(value_model: ValueInterface, train_data: BatchedDataDict) -> BatchedDataDict:
