@@ -297,6 +297,8 @@ def train_policy(
     policy.prepare_for_training()
     try:
         results = policy.train(train_data, loss_fn)
+    except FloatingPointError as err:  # the policy's own NaN/Inf check does not know the step
+        raise FloatingPointError(f"iteration {iteration}: {err}") from err
     finally:
         policy.finish_training()
     metrics = {k: _scalar(v) for k, v in results.items() if _scalar(v) is not None}
