@@ -14,7 +14,7 @@ from nemo_rl_core.storage.run_storage import RunStorage
 
 def _bad_rows(tmp_path: Path) -> Path:
     path = tmp_path / "problems.jsonl"
-    rows = [{"problem": "1+1?", "expected_answer": "2"}, {"problem": "2+2?"}]
+    rows = [{"input": "1+1?", "output": "2"}, {"input": "2+2?"}]  # row 1: no answer
     path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
     return path
 
@@ -24,10 +24,13 @@ def _bad_rows(tmp_path: Path) -> Path:
     [
         ("grpo.num_prompts_per_step=0", r"grpo\.num_prompts_per_step"),
         ("grpo.max_env_failure_fraction=2", r"grpo\.max_env_failure_fraction"),
-        ("policy.optimizer.kwargs.lr=abc", r"lr"),
+        ("policy.train_micro_batch_size=abc", r"policy\.train_micro_batch_size"),
         ("grpo.num_prompts_per_stepp=2", r"grpo\.num_prompts_per_stepp"),
         ("policy.model_name=/nonexistent/model-dir", r"/nonexistent/model-dir"),
-        ("data.dataset_name=local BAD_ROWS", r"problems\.jsonl.*(row|line) 2"),
+        (
+            "data.dataset_name=ResponseDataset BAD_ROWS",
+            r"problems\.jsonl: row 1 has no column .output.",
+        ),
     ],
     ids=["bad-value", "out-of-range", "wrong-type", "unknown-key", "missing-model", "bad-row"],
 )
@@ -35,7 +38,10 @@ def test_bad_input_fails_before_any_work(
     prefect_api, override: str, message: str, tmp_path: Path
 ) -> None:
     if override.endswith("BAD_ROWS"):
-        overrides = ["data.dataset_name=local", f"data.train_data_path={_bad_rows(tmp_path)}"]
+        overrides = [
+            "data.dataset_name=ResponseDataset",
+            f"data.train_data_path={_bad_rows(tmp_path)}",
+        ]
     else:
         overrides = [override]
     root = tmp_path / "store"

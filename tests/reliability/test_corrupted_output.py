@@ -35,7 +35,7 @@ def test_damaged_parquet_is_recomputed_by_its_stage(
         grpo(config_path=str(CONFIG), overrides=FAST, run_id="damaged", storage_root=str(tmp_path))
     monkeypatch.delenv(FAULT_ENV)
     before = _stages(tmp_path)
-    damaged = run_dir(tmp_path, "damaged") / before["generate"]["outputs"]["batch"]["key"]
+    damaged = run_dir(tmp_path, "damaged") / before["reward"]["outputs"]["batch"]["key"]
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte, size unchanged
     damaged.write_bytes(bytes(data))
@@ -43,9 +43,9 @@ def test_damaged_parquet_is_recomputed_by_its_stage(
     grpo(config_path=str(CONFIG), overrides=FAST, run_id="damaged", storage_root=str(tmp_path))
 
     after = _stages(tmp_path)
-    assert after["generate"]["finished_at"] != before["generate"]["finished_at"], "trusted"
-    assert after["generate"]["outputs"] == before["generate"]["outputs"], "not bit-identical"
-    for stage in ("prompts", "reward", "logprob", "advantage"):
+    assert after["reward"]["finished_at"] != before["reward"]["finished_at"], "damage trusted"
+    assert after["reward"]["outputs"] == before["reward"]["outputs"], "not bit-identical"
+    for stage in ("prompts", "generate", "logprob", "advantage"):
         assert after[stage]["finished_at"] == before[stage]["finished_at"], f"{stage} redone"
     assert_same_weights(final_weights(clean_run, "clean"), final_weights(tmp_path, "damaged"))
     assert_no_half_written_objects(tmp_path, "damaged")

@@ -48,10 +48,10 @@ def test_outage_within_retry_window_is_retried_and_the_stage_succeeds(prefect_ap
     proxy.stop()
     threading.Timer(5.0, proxy.start).start()  # retries come at +2 s and +12 s
     started = time.monotonic()
-    outputs = prompts(run, 1)
+    outputs = prompts(run, 0)
     assert proxy.refused > 0, "the stage never met the outage"
     assert time.monotonic() - started >= 5.0
-    entry = open_storage(run).read_manifest(1)["stages"]["prompts"]
+    entry = open_storage(run).read_manifest(0)["stages"]["prompts"]
     assert entry["status"] == "complete" and entry["outputs"] == outputs
     batch = open_storage(run).read_batch(ObjectRef.from_dict(outputs["batch"]))
     assert batch.size == 4  # 2 prompts x 2 generations, read back whole
@@ -63,11 +63,11 @@ def test_lasting_outage_fails_with_storage_error_and_keeps_the_checkpoint(
     run, proxy = s3_run
     proxy.stop()
     with pytest.raises(StorageError, match=rf"{run.storage_root}/runs/{run.run_id}/") as info:
-        prompts(run, 1)
+        prompts(run, 0)
     assert "failed" in str(info.value)
     proxy.start()
     storage = open_storage(run)
-    assert storage.read_manifest(1)["stages"] == {}, "nothing was committed"
+    assert storage.read_manifest(0)["stages"] == {}, "nothing was committed"
     assert storage.committed_checkpoints() == [1]
     fetched = storage.fetch_checkpoint(1, tmp_path / "fetched")
     assert (fetched / "model.safetensors").read_bytes() == b"committed weights"
