@@ -22,9 +22,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+# On a loaded machine Prefect's ephemeral API server can take minutes to answer; set before
+# any import of prefect (flows/__init__.py sets a shorter default).
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
 RESULTS = Path(__file__).with_name("RESULTS.md")
 PLOTS = Path(__file__).with_name("plots")
 TINY_CONFIG = "examples/configs/grpo_math_tiny.yaml"
+# Smoke runs generate with HF: vLLM's engine start-up alone would take most of their minute.
+SMOKE_OVERRIDES = ["policy.generation.backend=hf"]
 
 
 def cpu_model() -> str:
@@ -170,11 +175,14 @@ def _committed_at(entry: dict) -> float:
 
 
 def batch_overrides(prompts: int, generations: int, iterations: int) -> list[str]:
-    """Config overrides for ``prompts x generations`` sequences, one optimizer step each."""
+    """Config overrides for ``prompts x generations`` sequences, one optimizer step each
+    (in micro batches of at most 8)."""
+    sequences = prompts * generations
     return [
         f"grpo.num_prompts_per_step={prompts}",
         f"grpo.num_generations_per_prompt={generations}",
-        f"policy.train_global_batch_size={prompts * generations}",
+        f"policy.train_global_batch_size={sequences}",
+        f"policy.train_micro_batch_size={min(8, sequences)}",
         f"grpo.max_num_steps={iterations}",
     ]
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from common import (
+    SMOKE_OVERRIDES,
     TINY_CONFIG,
     batch_overrides,
     flow_run,
@@ -39,10 +40,16 @@ VARIANTS = ("plain", "flow-file", "flow-s3")
 
 
 def measure(
-    prompts: int, generations: int, iterations: int, repeats: int, scratch: Path, s3_root: str
+    prompts: int,
+    generations: int,
+    iterations: int,
+    repeats: int,
+    scratch: Path,
+    s3_root: str,
+    extra_overrides: list[str],
 ) -> dict[str, dict]:
     """Timings of every variant, a/b/c interleaved per repeat; rewards of the last repeat."""
-    overrides = batch_overrides(prompts, generations, iterations)
+    overrides = batch_overrides(prompts, generations, iterations) + extra_overrides
     results: dict[str, dict] = {v: {"timings": [], "rewards": []} for v in VARIANTS}
     for repeat in range(repeats):
         for variant in VARIANTS:
@@ -70,7 +77,7 @@ def format_table(label: str, results: dict[str, dict]) -> str:
         timings = result["timings"]
         total = median([t["total"] for t in timings])
         cells = "".join(
-            f"{median([t[s] for t in timings]):>6.2f} {median([t[s] for t in timings]) / total:>3.0%}"
+            f"{median([t[s] for t in timings]):>7.2f} {median([t[s] for t in timings]) / total:>3.0%}"
             for s in GRPO_STAGES
         )
         lines.append(f"{variant:<11}{total:>8.2f}{cells}")
@@ -88,6 +95,22 @@ def format_table(label: str, results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def profile_flow(prompts: int, generations: int, iterations: int, root: str, top: int) -> str:
+    """cProfile of one flow run (this process only: the ephemeral API server's own work
+    shows up as the time its callers wait on HTTP), the ``top`` entries by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    flow_run(TINY_CONFIG, batch_overrides(prompts, generations, iterations), iterations, root)
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="batch 2x2, 2 iterations, once")
@@ -99,7 +122,20 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        metavar="TOP",
+        help="instead: cProfile one flow-file run of the last batch, print TOP entries",
+    )
     args = parser.parse_args()
+    if args.profile:
+        prompts, generations = (int(n) for n in args.batches[-1].split("x"))
+        with tempfile.TemporaryDirectory() as tmp:
+            print(
+                profile_flow(prompts, generations, args.iterations, f"file://{tmp}", args.profile)
+            )
+        return
     if args.smoke:
         args.batches, args.iterations, args.repeats = ["2x2"], 2, 1
     if args.threads:
@@ -109,8 +145,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, local_s3_bucket(Path(tmp)) as s3_root:
         for batch in args.batches:
             prompts, generations = (int(n) for n in batch.split("x"))
+            extra = SMOKE_OVERRIDES if args.smoke else []
             results = measure(
-                prompts, generations, args.iterations, args.repeats, Path(tmp), s3_root
+                prompts, generations, args.iterations, args.repeats, Path(tmp), s3_root, extra
             )
             tables.append(format_table(f"{batch} = {prompts * generations} sequences", results))
             print(tables[-1], flush=True)

@@ -12,10 +12,12 @@ Smoke: .venv/bin/python bench/scaling.py --smoke    (2 and 4 sequences, 2 iterat
 import argparse
 import math
 import tempfile
+from pathlib import Path
 
 import torch
 from common import (
     PLOTS,
+    SMOKE_OVERRIDES,
     TINY_CONFIG,
     batch_overrides,
     flow_run,
@@ -61,6 +63,23 @@ def plot(sizes: list[int], per_stage: dict[str, list[float]], path: str) -> None
     print(f"plot: {path}")
 
 
+def format_table(sizes: list[int], per_stage: dict[str, list[float]]) -> str:
+    """Seconds per iteration and per stage at each size, the step ratios and the exponents."""
+    lines = [
+        f"{'sequences':>9}{'s/iter':>9}{'ratio':>7}" + "".join(f"{s:>11}" for s in GRPO_STAGES)
+    ]
+    for i, n in enumerate(sizes):
+        ratio = per_stage["total"][i] / per_stage["total"][i - 1] if i else 1.0
+        cells = "".join(f"{per_stage[s][i]:>11.2f}" for s in GRPO_STAGES)
+        lines.append(f"{n:>9}{per_stage['total'][i]:>9.2f}{ratio:>7.2f}{cells}")
+    exponents = {name: fitted_exponent(sizes, s) for name, s in per_stage.items()}
+    lines.append(
+        "fitted exponent k (time ~ n^k): "
+        + ", ".join(f"{name} {k:.2f}" for name, k in exponents.items())
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="2 and 4 sequences, 2 iterations")
@@ -75,27 +94,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sequences:
             overrides = batch_overrides(n // generations, generations, args.iterations)
+            overrides += SMOKE_OVERRIDES if args.smoke else []
             timings, _ = flow_run(TINY_CONFIG, overrides, args.iterations, f"file://{tmp}")
             for name in per_stage:
                 per_stage[name].append(median([t[name] for t in timings]))
             print(f"{n} sequences: {per_stage['total'][-1]:.2f} s/iteration", flush=True)
-    lines = [
-        f"{'sequences':>9}{'s/iter':>9}{'ratio':>7}" + "".join(f"{s:>11}" for s in GRPO_STAGES)
-    ]
-    for i, n in enumerate(args.sequences):
-        ratio = per_stage["total"][i] / per_stage["total"][i - 1] if i else 1.0
-        cells = "".join(f"{per_stage[s][i]:>11.2f}" for s in GRPO_STAGES)
-        lines.append(f"{n:>9}{per_stage['total'][i]:>9.2f}{ratio:>7.2f}{cells}")
-    exponents = {name: fitted_exponent(args.sequences, s) for name, s in per_stage.items()}
-    lines.append(
-        "fitted exponent k (time ~ n^k): "
-        + ", ".join(f"{name} {k:.2f}" for name, k in exponents.items())
-    )
-    table = "\n".join(lines)
-    print(table)
-    PLOTS.mkdir(exist_ok=True)
-    png = PLOTS / ("scaling_smoke.png" if args.smoke else "scaling.png")
-    plot(args.sequences, per_stage, str(png))
+        table = format_table(args.sequences, per_stage)
+        print(table)
+        PLOTS.mkdir(exist_ok=True)
+        png = (Path(tmp) if args.smoke else PLOTS) / "scaling.png"
+        plot(args.sequences, per_stage, str(png))
     record(
         "Scaling: GRPO flow seconds per iteration vs sequences per iteration (issue 8)",
         f"{table}\nplot: bench/plots/{png.name}",

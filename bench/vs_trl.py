@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import PLOTS, batch_overrides, flow_run, machine_line, median, record
+from common import PLOTS, SMOKE_OVERRIDES, batch_overrides, flow_run, machine_line, median, record
 
 REPO = Path(__file__).resolve().parent.parent
 TRL_VENV = REPO / ".bench-venvs" / "trl"
@@ -57,7 +57,6 @@ def shared_settings(model: str, prompts: int, generations: int, steps: int, toke
 
     config_path, lr = MODELS[model]
     overrides = batch_overrides(prompts, generations, steps) + [
-        f"policy.train_micro_batch_size={prompts * generations}",
         f"policy.generation.max_new_tokens={tokens}",
         f"policy.optimizer.kwargs.lr={lr}",
     ]
@@ -75,6 +74,7 @@ def shared_settings(model: str, prompts: int, generations: int, steps: int, toke
         "weight_decay": optimizer.get("weight_decay", 0.0),
         "betas": list(optimizer.get("betas", (0.9, 0.999))),
         "eps": optimizer.get("eps", 1e-8),
+        "micro_batch": config.policy.train_micro_batch_size,
         "max_grad_norm": config.policy.max_grad_norm,
         "beta": config.loss_fn.reference_policy_kl_penalty,
         "epsilon": config.loss_fn.ratio_clip_min,
@@ -94,12 +94,19 @@ def prompt_rows(config, steps: int) -> list[dict]:
     runtime = RunRuntime(RunRef("memory://rows", "rows"), config, model_dir)
     loader = runtime.dataloader
     loader.load_state_dict(runtime.dataloader_state(0))
+    tokenizer = runtime.tokenizer
+    # TRL tokenizes a text prompt with the tokenizer's special tokens: drop our BOS if it
+    # would add one again.
+    bos = tokenizer.bos_token_id
+    adds_bos = bos is not None and tokenizer("x")["input_ids"][:1] == [bos]
     rows = []
     for _ in range(steps):
         batch = loader.next_batch()
         for log, info in zip(batch["message_log"], batch["extra_env_info"], strict=True):
             ids = [int(t) for m in log for t in m["token_ids"]]
-            text = runtime.tokenizer.decode(ids, skip_special_tokens=False)
+            if adds_bos and ids[:1] == [bos]:
+                ids = ids[1:]
+            text = tokenizer.decode(ids, skip_special_tokens=False)
             rows.append({"prompt": text, "ground_truth": info["ground_truth"]})
     runtime.close()
     return rows
@@ -141,8 +148,8 @@ def trl_worker(spec_path: str) -> None:
     batch = spec["prompts"] * spec["generations"]
     args = GRPOConfig(
         output_dir=str(Path(spec["workdir"]) / "trl_out"),
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=spec["micro_batch"],
+        gradient_accumulation_steps=batch // spec["micro_batch"],
         num_generations=spec["generations"],
         max_completion_length=spec["max_completion_length"],
         max_steps=spec["steps"],
@@ -207,8 +214,9 @@ def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -
 
     settings = shared_settings(model, args.prompts, args.generations, args.steps, args.tokens)
     settings["model_dir"] = str(resolve_model(model))
+    overrides = settings["overrides"] + (SMOKE_OVERRIDES if args.smoke else [])
     ours_times, ours_rewards = flow_run(
-        settings["config_path"], settings["overrides"], args.steps, f"file://{workdir}/store"
+        settings["config_path"], overrides, args.steps, f"file://{workdir}/store"
     )
     trl = run_trl(python, settings, workdir)
     trl_times = [b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]
