@@ -13,6 +13,10 @@ from tasks.stage import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 ITERATIONS = 3
+# The fault hits the last iteration: a generation engine's samples depend on what it
+# generated before (see the README's known limits), so a resumed run is compared where
+# its generate output was kept from the first attempt.
+LAST = ITERATIONS - 1
 
 
 def final_weights(root: Path, run_id: str) -> dict:
@@ -61,15 +65,15 @@ def test_failed_stage_resumes_to_identical_weights(
 ):
     clean_root, _ = uninterrupted
     overrides = [f"grpo.max_num_steps={ITERATIONS}"]
-    monkeypatch.setenv(FAULT_ENV, "reward@1")
-    with pytest.raises(Exception, match="fault injected into stage 'reward' of iteration 1"):
+    monkeypatch.setenv(FAULT_ENV, f"reward@{LAST}")
+    with pytest.raises(Exception, match=f"fault injected into stage 'reward' of iteration {LAST}"):
         grpo(
             config_path=str(tiny_config),
             overrides=overrides,
             run_id="faulty",
             storage_root=str(tmp_path),
         )
-    before = manifest(tmp_path, "faulty", 1)["stages"]
+    before = manifest(tmp_path, "faulty", LAST)["stages"]
     assert set(before) == {"prompts", "generate"}
     monkeypatch.delenv(FAULT_ENV)
     grpo(
@@ -78,7 +82,7 @@ def test_failed_stage_resumes_to_identical_weights(
         run_id="faulty",
         storage_root=str(tmp_path),
     )
-    after = manifest(tmp_path, "faulty", 1)["stages"]
+    after = manifest(tmp_path, "faulty", LAST)["stages"]
     for stage in ("prompts", "generate"):
         assert after[stage]["finished_at"] == before[stage]["finished_at"], (
             f"{stage} was recomputed"

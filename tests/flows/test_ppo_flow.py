@@ -27,7 +27,8 @@ def manifest(root: Path, run_id: str, iteration: int) -> dict:
 
 
 def run_ppo(root: Path, run_id: str) -> dict:
-    return ppo(config_path=str(CONFIG), overrides=OVERRIDES, run_id=run_id, storage_root=str(root))
+    overrides = [*OVERRIDES, f"logger.log_dir={root / 'logs'}"]  # not into the checkout
+    return ppo(config_path=str(CONFIG), overrides=overrides, run_id=run_id, storage_root=str(root))
 
 
 @pytest.fixture(scope="module")
