@@ -7,7 +7,8 @@ UV := $(VENV)/bin/uv
 PY := $(VENV)/bin/python
 RUN_CONFIG ?= examples/configs/grpo_math_tiny.yaml
 PYTEST_ARGS ?=
-UV_FLAGS := --python $(PY) --index-strategy unsafe-best-match --override requirements/overrides.txt \
+# The lock is already resolved (overrides applied by `make lock`): sync installs exactly it.
+UV_FLAGS := --python $(PY) --index-strategy unsafe-best-match \
 	$(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS))
 
 .PHONY: setup run test lint lock
