@@ -94,10 +94,13 @@ def grpo_stages(model: str, batch: int, seq: int, micro: int) -> dict[str, Calla
     return {"train step": train, "logprob stage": logprob}
 
 
-def measure(model: str, batch: int, seq: int, micro: int, repeats: int, n: int) -> dict:
-    """Median seconds and counted FLOPs of each workload, interleaved per repeat."""
-    workloads = {f"matmul fp32 {n}": matmul(n, torch.float32)}
-    workloads[f"matmul bf16 {n}"] = matmul(n, torch.bfloat16)
+def measure(
+    model: str, batch: int, seq: int, micro: int, repeats: int, sizes: tuple[int, int]
+) -> dict:
+    """Median seconds and counted FLOPs of each workload, interleaved per repeat;
+    ``sizes``: the fp32 and bf16 matmul sizes."""
+    workloads = {f"matmul fp32 {sizes[0]}": matmul(sizes[0], torch.float32)}
+    workloads[f"matmul bf16 {sizes[1]}"] = matmul(sizes[1], torch.bfloat16)
     for name, fn in grpo_stages(model, batch, seq, micro).items():
         workloads[name] = (fn, counted_flops(fn))
     for fn, _ in workloads.values():  # warm-up: allocators, kernels, lazy imports
@@ -115,12 +118,12 @@ def measure(model: str, batch: int, seq: int, micro: int, repeats: int, n: int) 
 def format_table(label: str, results: dict) -> str:
     names = list(results)
     peak32, peak16 = (results[n]["flops"] / results[n]["seconds"] for n in names[:2])
-    lines = [label, f"{'workload':<20}{'GFLOP':>9}{'s':>8}{'GFLOP/s':>9}{'/fp32':>8}{'/bf16':>8}"]
+    lines = [label, f"{'workload':<20}{'GFLOP':>9}{'s':>8}{'GFLOP/s':>9}{'/fp32':>9}{'/bf16':>9}"]
     for name, r in results.items():
         rate = r["flops"] / r["seconds"]
         lines.append(
             f"{name:<20}{r['flops'] / 1e9:>9.2f}{r['seconds']:>8.3f}{rate / 1e9:>9.2f}"
-            f"{rate / peak32:>8.1%}{rate / peak16:>8.1%}"
+            f"{rate / peak32:>9.1%}{rate / peak16:>9.0%}"
         )
     return "\n".join(lines)
 
@@ -133,15 +136,19 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128, help="tokens per sequence")
     parser.add_argument("--micro", type=int, default=8, help="micro batch (train and logprob)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--matmul", type=int, default=2048, help="square matmul size")
+    parser.add_argument("--matmul", type=int, default=2048, help="fp32 square matmul size")
+    # Without AVX512-BF16/AMX, torch's CPU bf16 matmul runs at well under 1 GFLOP/s: a
+    # 2048 one would take minutes, and its rate barely depends on the size.
+    parser.add_argument("--matmul-bf16", type=int, default=512, help="bf16 matmul size")
     args = parser.parse_args()
     if args.smoke:
         args.models, args.batch, args.seq, args.micro = ["tiny-llama"], 4, 32, 4
-        args.repeats, args.matmul = 1, 256
+        args.repeats, args.matmul, args.matmul_bf16 = 1, 256, 128
     print(f"{machine_line()}, torch threads {torch.get_num_threads()}", flush=True)
     tables = []
     for model in args.models:
-        results = measure(model, args.batch, args.seq, args.micro, args.repeats, args.matmul)
+        sizes = (args.matmul, args.matmul_bf16)
+        results = measure(model, args.batch, args.seq, args.micro, args.repeats, sizes)
         label = f"{model}: batch {args.batch}x{args.seq} tokens, micro batch {args.micro}, fp32"
         tables.append(format_table(label, results))
         print(tables[-1], flush=True)
