@@ -14,6 +14,7 @@ REPORTED = (
     ("train", "kl_penalty"),
     ("train", "probs_ratio_clamped_fraction"),
     ("train", "grad_norm"),
+    ("train", "value_loss"),
     ("generate", "mean_gen_tokens_per_sample"),
 )
 
