@@ -2,10 +2,13 @@
 prompts of two samples), flows in this process or in a killable subprocess that talks to
 this process's Prefect API, and the checks that storage holds no half-written object."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from prefect.settings import PREFECT_API_URL
@@ -71,7 +74,11 @@ def flow_subprocess(
     root: Path, run_id: str, overrides: list[str], env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """``python -m flows.grpo`` in a child process (which a fault may SIGKILL), on this
-    test session's Prefect API so that it does not start a server of its own."""
+    test session's Prefect API so that it does not start a server of its own.
+
+    The child leads its own process group, killed with it as a lost worker's container
+    would be: its forked reward workers must not outlive it. Output goes to files, not
+    pipes, which an orphaned grandchild would hold open."""
     child_env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), **(env or {})}
     command = [
         sys.executable,
@@ -85,6 +92,22 @@ def flow_subprocess(
         run_id,
         *overrides,
     ]
-    return subprocess.run(
-        command, cwd=REPO, env=child_env, capture_output=True, text=True, timeout=600
-    )
+    log = root / f"flow-{run_id}-{time.monotonic_ns()}.log"
+    root.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        child = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=child_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            returncode = child.wait(timeout=900)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+    output = log.read_text()
+    log.unlink()
+    return subprocess.CompletedProcess(command, returncode, output, output)
