@@ -13,7 +13,7 @@ so machine load hits them alike; the first iteration of every run (model load, e
 start-up) is left out and the figures are medians over the remaining iterations of all
 repeats. Flow stage times come from the manifests (see ``bench/common.py``).
 
-Run:   .venv/bin/python bench/overhead.py            (batches 16 and 64, 3 repeats)
+Run:   .venv/bin/python bench/overhead.py            (batches 16 and 64, 2 repeats of 5 iterations)
 Smoke: .venv/bin/python bench/overhead.py --smoke    (batch 4, 2 iterations, once)
 """
 
@@ -117,8 +117,8 @@ def main() -> None:
     parser.add_argument(
         "--batches", nargs="+", default=["4x4", "8x8"], help="PROMPTSxGENERATIONS sizes"
     )
-    parser.add_argument("--iterations", type=int, default=4, help="per run; the first is warm-up")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=5, help="per run; the first is warm-up")
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )

@@ -236,7 +236,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
     parser.add_argument("--generations", type=int, default=4, help="generations per prompt")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps (first: warm-up)")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps (first: warm-up)")
     parser.add_argument("--tokens", type=int, default=32, help="max completion length")
     args = parser.parse_args()
     if args.smoke:
