@@ -58,7 +58,7 @@ def shared_settings(model: str, prompts: int, generations: int, steps: int, toke
     config_path, lr = MODELS[model]
     overrides = batch_overrides(prompts, generations, steps) + [
         f"policy.generation.max_new_tokens={tokens}",
-        f"policy.optimizer.kwargs.lr={lr}",
+        f"policy.optimizer.kwargs.lr={lr:.1e}",  # 1e-05 would read as a YAML string
     ]
     config = load_master_config(config_path, overrides)
     optimizer = config.policy.optimizer.kwargs
