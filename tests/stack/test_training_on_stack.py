@@ -3,6 +3,7 @@ the nightly schedule continuing one experiment, and the lease refusing a concurr
 
 import datetime as dt
 import threading
+import time
 
 import pytest
 import s3fs
@@ -10,7 +11,11 @@ from local_stack import LocalStack
 
 pytestmark = [pytest.mark.stack, pytest.mark.e2e]
 # Sampling with transformers keeps these runs short; the embedded tests exercise vLLM.
-FAST = ["policy.generation.backend=hf", "grpo.num_prompts_per_step=2"]
+FAST = [
+    "policy.generation.backend=hf",
+    "grpo.num_prompts_per_step=2",
+    "policy.train_global_batch_size=8",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +50,9 @@ def test_manual_deployment_trains_on_s3(
         overrides=[*FAST, "grpo.max_num_steps=2"],
     )
     final = local_stack.wait_for_flow_run(flow_run_id, timeout=1200)
-    assert final["state_type"] == "COMPLETED", local_stack.flow_run_logs(flow_run_id)[-20:]
+    assert final["state_type"] == "COMPLETED", "\n".join(
+        local_stack.flow_run_logs(flow_run_id)[-30:]
+    )
     assert committed_steps(local_stack, "stack-manual") == [1, 2]
 
 
@@ -53,24 +60,18 @@ def test_nightly_schedule_is_registered(
     local_stack: LocalStack, deployments: dict[str, str]
 ) -> None:
     deployment = local_stack.api("GET", f"/deployments/{deployments['grpo/nightly']}")
-    crons = [s["schedule"]["cron"] for s in deployment["schedules"]]
-    assert crons == ["0 2 * * *"]
-    local_stack.api("POST", f"/deployments/{deployments['grpo/nightly']}/resume_deployment")
-    local_stack.api("POST", f"/deployments/{deployments['grpo/nightly']}/schedule", {})
-    upcoming = local_stack.api(
-        "POST",
-        "/flow_runs/filter",
-        {
-            "deployments": {"id": {"any_": [deployments["grpo/nightly"]]}},
-            "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
-        },
-    )
-    local_stack.api("POST", f"/deployments/{deployments['grpo/nightly']}/pause_deployment")
-    times = sorted(dt.datetime.fromisoformat(run["expected_start_time"]) for run in upcoming)
-    assert times, "the nightly deployment has no scheduled runs"
-    assert all(t.hour == 2 and t.minute == 0 for t in times)
-    for run in upcoming:
-        local_stack.api("DELETE", f"/flow_runs/{run['id']}")
+    assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 2 * * *"]
+    query = {
+        "deployments": {"id": {"any_": [deployments["grpo/nightly"]]}},
+        "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
+    }
+    deadline = time.monotonic() + 90  # the server's scheduler picks a new schedule up in seconds
+    while not (upcoming := local_stack.api("POST", "/flow_runs/filter", query)):
+        assert time.monotonic() < deadline, local_stack.log_tail("server")
+        time.sleep(1)
+    local_stack.run("prefect", "deployment", "schedule", "pause", "--all")
+    times = [dt.datetime.fromisoformat(run["expected_start_time"]) for run in upcoming]
+    assert all((t.hour, t.minute) == (2, 0) for t in times), times
 
 
 def test_nightly_runs_continue_one_experiment_and_a_concurrent_one_is_refused(
@@ -82,8 +83,9 @@ def test_nightly_runs_continue_one_experiment_and_a_concurrent_one_is_refused(
         "steps_per_run": 1,
         "overrides": [*FAST, "grpo.max_num_steps=10"],
     }
-    first = local_stack.wait_for_flow_run(start_run(local_stack, nightly, **params), timeout=1200)
-    assert first["state_type"] == "COMPLETED"
+    first_id = start_run(local_stack, nightly, **params)
+    first = local_stack.wait_for_flow_run(first_id, timeout=1200)
+    assert first["state_type"] == "COMPLETED", "\n".join(local_stack.flow_run_logs(first_id)[-30:])
     assert committed_steps(local_stack, "stack-nightly") == [1]
 
     # The next night and an accidental concurrent trigger: one continues, one is refused.
