@@ -11,6 +11,7 @@ microbatches per shard and returns ``(shards, sorted_indices)``; ``reorder_data`
 those indices puts results gathered from the shards back in the original order.
 """
 
+import copy
 import math
 from collections import UserDict
 from collections.abc import Iterator, Sequence
@@ -133,13 +134,17 @@ class BatchedDataDict(UserDict, Generic[DictT]):
         return batch
 
     def repeat_interleave(self, num_repeats: int) -> Self:
-        """Repeat each sample ``num_repeats`` times in place (a a b b, not a b a b)."""
+        """Repeat each sample ``num_repeats`` times in place (a a b b, not a b a b).
+
+        List items are deep-copied per repeat: the generations of one prompt must not share
+        one message log, or appending a response to one appends it to all.
+        """
         repeated = type(self)()
         for key, value in self.data.items():
             if isinstance(value, torch.Tensor):
                 repeated[key] = value.repeat_interleave(num_repeats, dim=0)
             else:
-                repeated[key] = [item for item in value for _ in range(num_repeats)]
+                repeated[key] = [copy.deepcopy(item) for item in value for _ in range(num_repeats)]
         return repeated
 
     def chunk(self, rank: int, chunks: int) -> "SlicedDataDict":

@@ -278,3 +278,11 @@ def test_all_gather_concatenates_in_rank_order_over_gloo() -> None:
     expected_ids = [[0, 0, 0], [1, 1, 1], [1, 1, 1]]  # rank 0's row padded with 0
     for rank in range(2):
         assert outputs[rank] == (expected_ids, ["r0", "r1", "r1"])
+
+
+def test_repeat_interleave_copies_list_items_so_repeats_do_not_alias():
+    batch = BatchedDataDict({"message_log": [[{"role": "user"}]], "x": torch.tensor([1])})
+    repeated = batch.repeat_interleave(2)
+    repeated["message_log"][0].append({"role": "assistant"})
+    assert [len(log) for log in repeated["message_log"]] == [2, 1]
+    assert len(batch["message_log"][0]) == 1
