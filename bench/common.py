@@ -6,7 +6,6 @@ holds the stage's compute seconds and when it was committed, so one stage's wall
 the gap between two commits and the rest of that gap is orchestration and handoff.
 """
 
-import copy
 import datetime as dt
 import os
 import platform
@@ -220,10 +219,6 @@ def plain_loop(
             start = time.perf_counter()
             with _timed(timing, "prompts"):
                 batch, state = core.take_prompts(runtime.dataloader, config, state)
-                # repeat_interleave shares each prompt's message log among its generations
-                # and generation appends to it in place; the flow's Parquet handoff hides
-                # that, in memory each log would collect all its siblings' responses.
-                batch["message_log"] = [copy.deepcopy(log) for log in batch["message_log"]]
             with _timed(timing, "generate"):
                 if iteration:
                     engine.update_weights_from_state_dict(policy.state_dict_for_refit())
