@@ -17,6 +17,7 @@ from nemo_rl_core.models.megatron.launcher import WorkerGroup, launch
 from nemo_rl_core.models.megatron.worker import Head, WorkerSpec
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.hf_loading import VocabMismatchError, load_tokenizer
+from nemo_rl_core.models.policy.utils import check_model_inputs
 
 
 def check_megatron_support(config: TrainedModelConfig) -> None:
@@ -27,34 +28,6 @@ def check_megatron_support(config: TrainedModelConfig) -> None:
                 f"{key}.enabled=true is not supported by the megatron training backend; "
                 "set it to false or use training_backend=hf"
             )
-
-
-def check_inputs(data: BatchedDataDict, config: TrainedModelConfig, vocab_size: int) -> None:
-    """Shape, length and token-id checks that would otherwise fail inside a rank."""
-    for key in ("input_ids", "input_lengths"):
-        if key not in data:
-            raise KeyError(f"data needs {key!r} (has {sorted(data.keys())})")
-    ids, lengths = data["input_ids"], data["input_lengths"]
-    if ids.dim() != 2 or lengths.shape != ids.shape[:1]:
-        raise ValueError(
-            f"input_ids must be [batch, seq] and input_lengths [batch]; got "
-            f"{tuple(ids.shape)} and {tuple(lengths.shape)}"
-        )
-    if not ids.shape[0]:
-        return
-    longest = int(lengths.max())
-    if longest > config.max_total_sequence_length:
-        raise ValueError(
-            f"a sequence has {longest} tokens, more than max_total_sequence_length="
-            f"{config.max_total_sequence_length}"
-        )
-    valid = torch.arange(ids.shape[1])[None] < lengths[:, None]
-    used = ids[valid]
-    if used.numel() and (int(used.max()) >= vocab_size or int(used.min()) < 0):
-        raise VocabMismatchError(
-            f"input_ids hold token id {int(used.max())} (min {int(used.min())}) but the model "
-            f"has {vocab_size} embedding rows; check tokenizer.name"
-        )
 
 
 def merge_train_results(parts: list[dict[str, Any]], precision: str) -> dict[str, Any]:
@@ -110,7 +83,7 @@ class MegatronDriver:
             )
 
     def _gathered(self, method: str, data: BatchedDataDict, *args: Any) -> list[Any]:
-        check_inputs(data, self.cfg, self.vocab_size)
+        check_model_inputs(data, self.cfg.max_total_sequence_length, self.vocab_size)
         return self.workers.run(method, data, *args)
 
     def train(

@@ -26,8 +26,9 @@ from nemo_rl_core.distributed.batched_data_dict import (
 )
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, packed_layout, padded_layout
-from nemo_rl_core.models.policy.hf_loading import VocabMismatchError, check_vocab
+from nemo_rl_core.models.policy.hf_loading import check_vocab
 from nemo_rl_core.models.policy.optim import build_optimizer, build_scheduler
+from nemo_rl_core.models.policy.utils import check_model_inputs
 from nemo_rl_core.utils.timer import Timer
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -113,37 +114,7 @@ class HFTrainable(ABC):
         )
 
     def check_inputs(self, data: BatchedDataDict) -> None:
-        """Reject what would otherwise give silently wrong numbers or an opaque index error."""
-        for key in ("input_ids", "input_lengths"):
-            if key not in data:
-                raise KeyError(f"data needs {key!r} (has {sorted(data.keys())})")
-        ids, lengths = data["input_ids"], data["input_lengths"]
-        if ids.dim() != 2 or lengths.shape != ids.shape[:1]:
-            raise ValueError(
-                f"input_ids must be [batch, seq] and input_lengths [batch]; got "
-                f"{tuple(ids.shape)} and {tuple(lengths.shape)}"
-            )
-        if ids.shape[0] == 0:
-            return
-        longest = int(lengths.max())
-        if longest > ids.shape[1] or int(lengths.min()) < 0:
-            raise ValueError(
-                f"input_lengths must lie in [0, {ids.shape[1]}] (input_ids width); got "
-                f"min {int(lengths.min())}, max {longest}"
-            )
-        if longest > self.cfg.max_total_sequence_length:
-            raise ValueError(
-                f"a sequence has {longest} tokens, more than policy.max_total_sequence_length="
-                f"{self.cfg.max_total_sequence_length}; truncate the rollout or raise the limit"
-            )
-        valid = torch.arange(ids.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
-        used = ids[valid]
-        if used.numel() and (int(used.max()) >= self.vocab_size or int(used.min()) < 0):
-            raise VocabMismatchError(
-                f"input_ids hold token id {int(used.max())} (min {int(used.min())}) but the "
-                f"model has {self.vocab_size} embedding rows; was the data tokenized with "
-                "another tokenizer than policy.tokenizer.name?"
-            )
+        check_model_inputs(data, self.cfg.max_total_sequence_length, self.vocab_size)
 
     def layout(self, mb: BatchedDataDict, packed: bool) -> ForwardLayout:
         """Padded rows, or one packed row when ``sequence_packing`` is on."""

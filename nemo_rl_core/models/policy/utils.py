@@ -39,3 +39,42 @@ def check_kwargs_accepted(cls: Any, kwargs: dict[str, Any], skip: int) -> None:
             f"kwargs {unknown} are not parameters of {cls.__module__}.{cls.__name__}; "
             f"accepted: {sorted(accepted)}"
         )
+
+
+def check_model_inputs(
+    data: Any, max_total_sequence_length: int, vocab_size: int, section: str = "policy"
+) -> None:
+    """Reject what would otherwise give silently wrong numbers or an opaque index error
+    (inside a model or a distributed rank): missing keys, shapes, lengths, token ids."""
+    from nemo_rl_core.models.policy.hf_loading import VocabMismatchError
+
+    for key in ("input_ids", "input_lengths"):
+        if key not in data:
+            raise KeyError(f"data needs {key!r} (has {sorted(data.keys())})")
+    ids, lengths = data["input_ids"], data["input_lengths"]
+    if ids.dim() != 2 or lengths.shape != ids.shape[:1]:
+        raise ValueError(
+            f"input_ids must be [batch, seq] and input_lengths [batch]; got "
+            f"{tuple(ids.shape)} and {tuple(lengths.shape)}"
+        )
+    if ids.shape[0] == 0:
+        return
+    longest = int(lengths.max())
+    if longest > ids.shape[1] or int(lengths.min()) < 0:
+        raise ValueError(
+            f"input_lengths must lie in [0, {ids.shape[1]}] (input_ids width); got "
+            f"min {int(lengths.min())}, max {longest}"
+        )
+    if longest > max_total_sequence_length:
+        raise ValueError(
+            f"a sequence has {longest} tokens, more than {section}.max_total_sequence_length="
+            f"{max_total_sequence_length}; truncate the rollout or raise the limit"
+        )
+    valid = torch.arange(ids.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+    used = ids[valid]
+    if used.numel() and (int(used.max()) >= vocab_size or int(used.min()) < 0):
+        raise VocabMismatchError(
+            f"input_ids hold token id {int(used.max())} (min {int(used.min())}) but the "
+            f"model has {vocab_size} embedding rows; was the data tokenized with "
+            f"another tokenizer than {section}.tokenizer.name?"
+        )
