@@ -167,7 +167,9 @@ def generate_rollouts(
     max_seq_len = config.policy.max_total_sequence_length
     generation.prepare_for_generation()
     try:
+        seeds = sampling_seeds(config.algorithm.seed, iteration, batch.size)
         if config.algorithm.max_rollout_turns > 1:
+            batch = BatchedDataDict({**batch})
             return run_multi_turn_rollout(
                 generation,
                 batch,
@@ -176,7 +178,6 @@ def generate_rollouts(
                 max_seq_len,
                 config.algorithm.max_rollout_turns,
             )
-        seeds = sampling_seeds(config.algorithm.seed, iteration, batch.size)
         return generate_one_turn(generation, batch, tokenizer, seeds)
     finally:
         generation.finish_generation()
@@ -199,7 +200,7 @@ def generate_one_turn(
         batch["message_log"], pad_value_dict={"token_ids": pad_id}
     )
     generation_input = BatchedDataDict(
-        {"input_ids": flat["token_ids"], "input_lengths": input_lengths}
+        {"input_ids": flat["token_ids"], "input_lengths": input_lengths, "sample_seeds": seeds}
     )
     batch, _, metrics = generate_responses(
         generation, generation_input, batch, tokenizer, input_lengths

@@ -113,7 +113,9 @@ def run_multi_turn_rollout(
     The returned batch is a copy of ``input_batch`` (its message logs are not touched) with
     the full ``message_log`` of each sample, ``total_reward`` (sum over turns), ``num_turns``,
     ``truncated`` (hit ``max_seq_len``), ``terminated`` (ended by its environment), and the
-    environments' last ``extra_env_info`` and ``stop_strings``.
+    environments' last ``extra_env_info`` and ``stop_strings``. An input ``sample_seeds``
+    [B] seeds each sample's sampling, offset per turn, so a replayed episode draws the same
+    tokens whatever the engine generated before.
     """
     batch = _copy_batch(input_batch)
     size = len(batch["message_log"])
@@ -134,7 +136,7 @@ def run_multi_turn_rollout(
     truncated |= lengths >= max_seq_len
     active = torch.where(~truncated)[0]
 
-    for _ in range(max_rollout_turns):
+    for turn in range(max_rollout_turns):
         if len(active) == 0:
             break
         active_batch = batch.select_indices(active)
@@ -149,6 +151,8 @@ def run_multi_turn_rollout(
                 "stop_strings": active_batch["stop_strings"],
             }
         )
+        if "sample_seeds" in active_batch:
+            generation_input["sample_seeds"] = (active_batch["sample_seeds"] + turn * size) % 2**31
         start = time.perf_counter()
         active_batch, generated_ids, _ = generate_responses(
             policy_generation,

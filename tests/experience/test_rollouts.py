@@ -175,3 +175,26 @@ def test_calculate_rewards_names_a_task_without_environment(tokenizer):
     batch["task_name"] = ["chess"]
     with pytest.raises(KeyError, match="'chess'.*sliding_puzzle_game"):
         calculate_rewards(batch, {TASK: SlidingPuzzleEnv()})
+
+
+def _episode_tokens(batch) -> list[list[int]]:
+    return [torch.cat([m["token_ids"] for m in log]).tolist() for log in batch["message_log"]]
+
+
+def test_seeded_episode_replays_whatever_the_engine_did_before(hf_generation, tokenizer):
+    """A resumed run replays an iteration on an engine with another history: same tokens."""
+    envs = {TASK: SlidingPuzzleEnv()}
+    batch = _puzzle_batch(tokenizer, 2)
+    batch["sample_seeds"] = torch.tensor([1234, 1235])
+
+    def play(data):
+        final, _ = run_multi_turn_rollout(hf_generation, data, tokenizer, envs, 2048, 2)
+        return _episode_tokens(final)
+
+    first = play(batch)
+    other = _puzzle_batch(tokenizer, 3, shuffle_moves=5)
+    other["sample_seeds"] = torch.tensor([7, 8, 9])
+    play(other)
+    assert play(batch) == first
+    batch["sample_seeds"] = torch.tensor([99, 100])
+    assert play(batch) != first, "the seeds must steer sampling"

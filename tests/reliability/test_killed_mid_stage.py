@@ -24,16 +24,7 @@ pytestmark = pytest.mark.e2e
 LEASE_TTL_S = 3  # the killed run's lease must expire before the resume takes it
 
 
-# A resumed run regenerates a killed generate stage on a fresh engine, whose samples differ
-# from the warm engine's (README: known limits), so its weights cannot match bit for bit.
-GENERATE_KNOWN_LIMIT = pytest.mark.xfail(
-    strict=True, reason="generation samples depend on the engine's history (known limit)"
-)
-
-
-@pytest.mark.parametrize(
-    "stage", [pytest.param("generate", marks=GENERATE_KNOWN_LIMIT), "reward", "train"]
-)
+@pytest.mark.parametrize("stage", ["generate", "reward", "train"])
 def test_killed_stage_resumes_to_identical_weights(
     stage: str, clean_run: Path, tmp_path: Path
 ) -> None:
