@@ -44,7 +44,9 @@ def test_an_iteration_resamples_the_same_tokens_on_an_engine_with_another_histor
     second_prompts, _ = take_prompts(loader, config, state)
 
     def generate(prompts, iteration):  # the stage reads fresh prompts from storage each time
-        batch, _ = generate_rollouts(engine, copy.deepcopy(prompts), tokenizer, {}, config, iteration)
+        batch, _ = generate_rollouts(
+            engine, copy.deepcopy(prompts), tokenizer, {}, config, iteration
+        )
         return _responses(batch)
 
     fresh = generate(first_prompts, 0)

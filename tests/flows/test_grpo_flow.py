@@ -63,7 +63,9 @@ def test_failed_stage_resumes_to_identical_weights(
     clean_root, _ = uninterrupted
     overrides = [f"grpo.max_num_steps={ITERATIONS}"]
     monkeypatch.setenv(FAULT_ENV, f"reward@{FAULTY}")
-    with pytest.raises(Exception, match=f"fault injected into stage 'reward' of iteration {FAULTY}"):
+    with pytest.raises(
+        Exception, match=f"fault injected into stage 'reward' of iteration {FAULTY}"
+    ):
         grpo(
             config_path=str(tiny_config),
             overrides=overrides,
