@@ -1,5 +1,6 @@
-"""Fixtures shared by every test folder: locally built models (never downloaded), and a
-real S3-compatible server (moto) for the storage tests."""
+"""Fixtures shared by every test folder: locally built models (never downloaded), a real
+S3-compatible server (moto) for the storage tests, and the real local stack (started once
+per session for every test that asks for it)."""
 
 import shutil
 import socket
@@ -17,6 +18,10 @@ import pytest
 
 from nemo_rl_core.models.local_models import build_tiny_model
 
+# The stack driver lives with the scripts it drives (infra/), shared with bench/soak.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
+from local_stack import LocalStack, running_stack  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -30,6 +35,13 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(
         tmp_path_factory.mktemp("models") / "tiny-qwen2", "qwen2", tie_word_embeddings=False
     )
+
+
+@pytest.fixture(scope="session")
+def local_stack() -> Iterator[LocalStack]:
+    """PostgreSQL, Prefect server, process worker and moto S3 for this test session."""
+    with running_stack() as stack:
+        yield stack
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Drive the real local stack (PostgreSQL, Prefect server, worker, moto S3) from tests.
+"""Drive the real local stack (PostgreSQL, Prefect server, worker, moto S3) from Python:
+the stack tests' fixture and the soak benchmark.
 
 ``start_stack``/``stop_stack`` wrap ``infra/stack.sh`` for a state dir of its own on free
 ports; ``LocalStack`` holds where it listens and runs CLI and API calls against it.
@@ -6,15 +7,19 @@ ports; ``LocalStack`` holds where it listens and runs CLI and API calls against 
 
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STACK_SH = PROJECT_ROOT / "infra" / "stack.sh"
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -189,3 +194,21 @@ def stop_stack(state_dir: Path) -> None:
     """``infra/stack.sh stop`` for ``state_dir``: ends every process the stack started."""
     env = {**os.environ, "INFRA_STATE_DIR": str(state_dir)}
     subprocess.run([str(STACK_SH), "stop"], env=env, timeout=300, check=False)
+
+
+@contextmanager
+def running_stack() -> Iterator[LocalStack]:
+    """A stack in a fresh state dir for the life of the block, stopped and removed after,
+    even on failure."""
+    # Not under pytest's tmp dir: that one is private to its owner, and PostgreSQL runs as
+    # the `postgres` OS user when this runs as root.
+    state_dir = Path(tempfile.mkdtemp(prefix="nemo-rl-stack-"))
+    state_dir.chmod(0o755)
+    try:
+        started = time.monotonic()
+        stack, output = start_stack(state_dir)
+        print(f"\nlocal stack up in {time.monotonic() - started:.1f} s:\n{output}", flush=True)
+        yield stack
+    finally:
+        stop_stack(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
