@@ -120,12 +120,14 @@ def transformer_config(
         # the random values are overwritten by the converted HF weights.
         perform_initialization=True,
         # The fused kernels exist only on GPU; on CPU they are turned off whatever the config.
+        # Persistent layer norm and the fused masked softmax come from Transformer Engine or
+        # apex: the local spec on a GPU without them uses torch's norm and softmax.
         apply_rope_fusion=cfg.apply_rope_fusion and use_te,
         bias_activation_fusion=cfg.bias_activation_fusion and on_gpu,
-        masked_softmax_fusion=on_gpu,
+        masked_softmax_fusion=use_te,
         gradient_accumulation_fusion=False,
         bias_dropout_fusion=on_gpu,
-        persist_layer_norm=on_gpu,
+        persist_layer_norm=use_te,
         **recompute,
     )
 

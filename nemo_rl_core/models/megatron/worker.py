@@ -417,7 +417,7 @@ class MegatronWorker:
         def forward_step(data_iterator: Iterator[BatchedDataDict], model: Any) -> Any:
             mb = next(data_iterator)
             output, layout = self._forward(mb)
-            return layout.unpack(output), partial(loss_func, mb)
+            return layout.unpack(output), partial(loss_func, mb.to(output.device))
 
         if not eval_mode:
             self.model.zero_grad_buffer()

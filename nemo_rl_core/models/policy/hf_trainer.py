@@ -256,9 +256,10 @@ class HFTrainable(ABC):
             if self.optimizer is not None:
                 self.optimizer.zero_grad(set_to_none=True)
             for mb_idx, mb in enumerate(self.microbatches(batch, mbs)):
+                # The layout is index bookkeeping on the CPU; forward() moves its inputs.
+                layout = self.layout(mb, self.cfg.sequence_packing.enabled)
                 mb = mb.to(self.device)
                 with torch.set_grad_enabled(not eval_mode):
-                    layout = self.layout(mb, self.cfg.sequence_packing.enabled)
                     loss_inputs = self._loss_inputs(mb, layout, loss_fn)
                     loss, metrics = loss_fn(mb, seqs, toks, **loss_inputs)
                 if not torch.isfinite(loss):

@@ -1,0 +1,177 @@
+"""The training and generation backends on a CUDA GPU, skipped where there is none.
+
+The CPU suite checks every backend against plain math; here the same code runs with its
+tensors on the GPU and must agree with the CPU (fp32, TF32 off) and train in bf16. Run
+them where a GPU is lent: ``pytest -m gpu tests/gpu``."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from nemo_rl_core.algorithms.loss import NLLLossFn
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.models.generation import (
+    GenerationConfig,
+    configure_generation_config,
+    make_generation,
+)
+from nemo_rl_core.models.policy import make_policy
+from nemo_rl_core.models.policy.config import PolicyConfig
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+FP32_TOLERANCE = 1e-4  # CPU and GPU kernels sum in different orders
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_matmuls() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def policy_config(model_dir: Path, **overrides: Any) -> PolicyConfig:
+    base: dict[str, Any] = {
+        "model_name": str(model_dir),
+        "train_global_batch_size": 4,
+        "train_micro_batch_size": 2,
+        "logprob_batch_size": 2,
+        "max_total_sequence_length": 32,
+        "precision": "float32",
+        "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-3, "weight_decay": 0.0}},
+    }
+    return PolicyConfig.model_validate({**base, **overrides})
+
+
+def token_batch(vocab: int = 500, batch: int = 4, seq: int = 24) -> BatchedDataDict:
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([seq, seq - 5, seq - 9, seq - 2])[:batch]
+    ids = torch.randint(4, vocab, (batch, seq), generator=gen)
+    valid = torch.arange(seq)[None] < lengths[:, None]
+    token_mask = valid.float()
+    token_mask[:, :8] = 0
+    return BatchedDataDict(
+        input_ids=ids * valid,
+        input_lengths=lengths,
+        token_mask=token_mask,
+        sample_mask=torch.ones(batch),
+    )
+
+
+def cpu_logprobs(model_dir: Path, data: BatchedDataDict) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids, lengths = data["input_ids"], data["input_lengths"]
+    valid = torch.arange(ids.shape[1])[None] < lengths[:, None]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=valid.long()).logits
+    picked = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(picked, (1, 0)) * valid
+
+
+def test_policy_logprobs_on_the_gpu_equal_the_cpu(tiny_model_dir: Path) -> None:
+    policy = make_policy(policy_config(tiny_model_dir), init_optimizer=False)
+    assert next(policy.model.parameters()).is_cuda
+    data = token_batch()
+    got = policy.get_logprobs(data)["logprobs"].cpu()
+    torch.testing.assert_close(got, cpu_logprobs(tiny_model_dir, data), atol=FP32_TOLERANCE, rtol=0)
+
+
+def test_bf16_training_on_the_gpu_learns_and_saves_a_cpu_loadable_checkpoint(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    policy = make_policy(policy_config(tiny_model_dir, precision="bfloat16"))
+    data = token_batch()
+    losses = [float(policy.train(data, NLLLossFn())["loss"]) for _ in range(8)]
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+    assert losses[-1] < 0.8 * losses[0], losses
+    policy.save_checkpoint(str(tmp_path / "weights"), str(tmp_path / "optimizer"))
+    reloaded = make_policy(
+        policy_config(tmp_path / "weights", precision="float32"), init_optimizer=False
+    )
+    trained = reloaded.get_logprobs(data)["logprobs"].cpu()
+    mask = data["token_mask"].bool()
+    assert trained[mask].mean() > cpu_logprobs(tiny_model_dir, data)[mask].mean()
+
+
+def test_hf_generation_on_the_gpu_decodes_the_cpu_greedy_tokens(tiny_model_dir: Path) -> None:
+    config = GenerationConfig.model_validate(
+        {
+            "backend": "hf",
+            "max_new_tokens": 12,
+            "vllm_cfg": {"precision": "float32", "max_model_len": 128},
+        }
+    )
+    engine = make_generation(config, tiny_model_dir)
+    prompts = token_batch(batch=4, seq=10)
+    out = engine.generate(
+        BatchedDataDict(input_ids=prompts["input_ids"], input_lengths=prompts["input_lengths"]),
+        greedy=True,
+    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    for i in range(prompts.size):
+        length = int(prompts["input_lengths"][i])
+        prompt = prompts["input_ids"][i, :length].tolist()
+        generated = int(out["generation_lengths"][i])
+        tokens = out["output_ids"][i, length : length + generated].tolist()
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(generated):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert tokens == ids[length:], f"sample {i}"
+
+
+@pytest.mark.megatron
+def test_megatron_policy_on_the_gpu_equals_hf_and_learns(tiny_model_dir: Path) -> None:
+    pytest.importorskip("megatron.core")
+    config = policy_config(
+        tiny_model_dir,
+        megatron_cfg={
+            "enabled": True,
+            "optimizer": {"lr": 1e-3, "min_lr": 1e-3, "weight_decay": 0.0},
+            "scheduler": {"lr_warmup_iters": 0, "lr_warmup_init": 1e-3},
+        },
+    )
+    policy = make_policy(config)
+    try:
+        data = token_batch()
+        got = policy.get_logprobs(data)["logprobs"].cpu()
+        want = cpu_logprobs(tiny_model_dir, data)
+        torch.testing.assert_close(got, want, atol=FP32_TOLERANCE, rtol=0)
+        losses = [float(policy.train(data, NLLLossFn())["loss"]) for _ in range(8)]
+        assert losses[-1] < 0.8 * losses[0], losses
+    finally:
+        policy.shutdown()
+
+
+def test_a_grpo_iteration_of_the_core_steps_runs_on_the_gpu(tiny_model_dir: Path) -> None:
+    """Prompts -> HF generation -> math rewards -> logprobs -> advantages -> a train step,
+    all with the policy on the GPU (vLLM-CUDA is not installable on the lent machine)."""
+    from nemo_rl_core.algorithms import grpo
+
+    config = grpo.load_master_config(
+        "examples/configs/grpo_math_tiny.yaml",
+        [f"policy.model_name={tiny_model_dir}", "policy.generation.backend=hf"],
+    )
+    policy = make_policy(config.policy)
+    tokenizer = policy.tokenizer
+    envs = grpo.make_task_to_env(config)
+    settings = configure_generation_config(config.policy.generation, tokenizer)
+    engine = make_generation(settings, tiny_model_dir, seed=config.grpo.seed)
+    loader = grpo.make_dataloader(config, tokenizer)
+    prompts, _ = grpo.take_prompts(loader, config, loader.state_dict())
+    rollouts, _ = grpo.generate_rollouts(engine, prompts, tokenizer, envs, config, 0)
+    scored, reward_metrics = grpo.score_rollouts(rollouts, envs, config)
+    train_data = grpo.compute_logprobs(policy, scored, tokenizer, config)
+    mask = train_data["token_mask"].bool()
+    gap = (train_data["prev_logprobs"] - train_data["generation_logprobs"])[mask].abs()
+    assert gap.max() < 1e-3, "the GPU policy scores the sampled tokens as the sampler did"
+    train_data, _ = grpo.compute_advantages(train_data, config)
+    metrics = grpo.train_policy(policy, train_data, grpo.build_loss_fn(config), config, 0)
+    assert torch.isfinite(torch.tensor(float(reward_metrics["mean_reward"])))
+    assert torch.isfinite(torch.as_tensor(metrics["loss"])).all(), metrics
+    for env in envs.values():
+        env.shutdown()
