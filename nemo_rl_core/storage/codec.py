@@ -28,7 +28,7 @@ import torch
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 FORMAT_NAME = "nemo_rl_core.batch"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: non-null fields, message-log tensors grouped by dtype
 _METADATA_KEY = FORMAT_NAME.encode()
 
 # Keys that NeMo RL uses for the true length of right-padded [B, S, ...] tensors, tried in
@@ -56,7 +56,9 @@ _TENSOR_MARK = "__tensor__"
 _TUPLE_MARK = "__tuple__"
 _DICT_MARK = "__dict__"
 _PAGE_BYTES = 8 << 20  # few, large pages: list columns decode ~2x faster than with 1 MiB
-_OBJECT_TYPE = pa.struct([("json", pa.large_string()), ("tensors", pa.list_(pa.large_binary()))])
+# Non-null fields: Parquet then stores no definition levels for values, and list columns
+# read ~1.7x faster than with nullable fields.
+_BLOB_LISTS = pa.large_list(pa.field("item", pa.large_binary(), nullable=False))
 
 
 class CodecError(ValueError):
@@ -93,12 +95,21 @@ def batch_to_table(
         "columns": specs,
     }
     schema = pa.schema(
-        [pa.field(key, array.type) for key, array in columns.items()],
+        [_field(key, array.type) for key, array in columns.items()],
         metadata={_METADATA_KEY: json.dumps(metadata).encode()},
     )
     if not columns:
         return pa.Table.from_batches([], schema)
     return pa.Table.from_arrays(list(columns.values()), schema=schema)
+
+
+def _field(name: str, type_: pa.DataType) -> pa.Field:
+    return pa.field(name, type_, nullable=pa.types.is_null(type_))
+
+
+def _non_null_list(values: pa.Array, list_size: int | None = None) -> pa.DataType:
+    item = _field("item", values.type)
+    return pa.large_list(item) if list_size is None else pa.list_(item, list_size)
 
 
 def table_to_batch(table: pa.Table, source: str = "<table>") -> BatchedDataDict:
@@ -262,7 +273,7 @@ def _dense_array(key: str, tensor: torch.Tensor) -> pa.Array:
     values = pa.array(_to_numpy(key, tensor))
     if tensor.dim() == 1:
         return values
-    return pa.FixedSizeListArray.from_arrays(values, row_numel)
+    return pa.FixedSizeListArray.from_arrays(values, type=_non_null_list(values, row_numel))
 
 
 def _try_ragged(
@@ -296,7 +307,7 @@ def _try_ragged(
     values = pa.array(_to_numpy(key, torch.from_numpy(flat).view(tensor.dtype)))
     offsets = np.zeros(tensor.shape[0] + 1, dtype=np.int64)
     np.cumsum(lengths.numpy() * row_numel, out=offsets[1:])
-    array = pa.LargeListArray.from_arrays(pa.array(offsets), values)
+    array = pa.LargeListArray.from_arrays(pa.array(offsets), values, type=_non_null_list(values))
     return array, {"layout": "ragged", "lengths_key": lengths_key, "pad_bits": pad_bits}
 
 
@@ -317,22 +328,26 @@ def _decode_tensor(spec: dict[str, Any], array: pa.Array) -> torch.Tensor:
     if spec["layout"] != "ragged":
         raise ValueError(f"unknown layout {spec['layout']!r}")
     row_numel = math.prod(shape[2:])
-    offsets = torch.from_numpy(array.offsets.to_numpy(zero_copy_only=False).astype(np.int64))
-    lengths = (offsets[1:] - offsets[:-1]) // max(row_numel, 1)
-    values = _values_view(
-        array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), numpy_dtype
-    )
+    row_size = shape[1] * row_numel
+    offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    sizes = np.diff(offsets)
+    if (sizes > row_size).any() or (row_numel and (sizes % row_numel).any()):
+        raise ValueError(f"a row is not a whole number of elements within width {shape[1]}")
+    first, total = int(offsets[0]), int(offsets[-1] - offsets[0])
+    offsets = (offsets - first).tolist()
+    values = _values_view(array.values.slice(first, total), numpy_dtype)
     bits_dtype = _BITS_DTYPE[torch.empty(0, dtype=dtype).element_size()]
-    numpy_bits = torch.empty(0, dtype=bits_dtype).numpy().dtype
-    pad = spec["pad_bits"]
-    # np.zeros maps zero pages lazily: a zero pad costs nothing where no row reaches.
-    out = np.full(shape, pad, numpy_bits) if pad else np.zeros(shape, numpy_bits)
     flat = values.view(storage_dtype).view(bits_dtype).numpy()
-    start = 0
-    for row, n in enumerate(lengths.tolist()):
-        out[row, :n] = flat[start : start + n * row_numel].reshape(n, *shape[2:])
-        start += n * row_numel
-    return torch.from_numpy(out).view(dtype)
+    pad = spec["pad_bits"]
+    # np.zeros maps zero pages lazily: a zero pad costs nothing where no row reaches. Rows
+    # are copied as 1-d slices of the flat output (~20% faster than 2-d row slices).
+    out = np.zeros(math.prod(shape), flat.dtype)
+    if pad:
+        out.fill(pad)
+    for row in range(shape[0]):
+        start, end = offsets[row], offsets[row + 1]
+        out[row * row_size : row * row_size + end - start] = flat[start:end]
+    return torch.from_numpy(out).view(dtype).reshape(shape)
 
 
 def _values_view(array: pa.Array, numpy_dtype: np.dtype) -> torch.Tensor:
@@ -356,40 +371,45 @@ def _encode_list(key: str, values: list[Any]) -> tuple[pa.Array, dict[str, Any]]
     if values and all(type(v) is int and -(2**63) <= v < 2**63 for v in values):
         return pa.array(values, type=pa.int64()), {"kind": "int"}
     texts: list[str] = []
-    blobs: list[list[bytes]] = []
+    rows: list[dict[str, list[bytes]]] = []
     for index, value in enumerate(values):
-        tensors: list[bytes] = []
-        encoded = _encode_object(value, tensors, f"{key}[{index}]")
+        blobs: dict[str, list[bytes]] = {}
+        encoded = _encode_object(value, blobs, f"{key}[{index}]")
         texts.append(json.dumps(encoded, separators=(",", ":")))
-        blobs.append(tensors)
-    array = pa.StructArray.from_arrays(
-        [pa.array(texts, type=pa.large_string()), pa.array(blobs, type=_OBJECT_TYPE[1].type)],
-        fields=list(_OBJECT_TYPE),
-    )
-    return array, {"kind": "object"}
+        rows.append(blobs)
+    names = sorted({name for blobs in rows for name in blobs})
+    children = [pa.array(texts, type=pa.large_string())] + [
+        pa.array([blobs.get(name, []) for blobs in rows], type=_BLOB_LISTS) for name in names
+    ]
+    fields = [
+        _field(name, child.type) for name, child in zip(["json", *names], children, strict=True)
+    ]
+    return pa.StructArray.from_arrays(children, fields=fields), {"kind": "object"}
 
 
-def _encode_object(value: Any, tensors: list[bytes], path: str) -> Any:
-    """JSON-able form of ``value``; tensors go to ``tensors`` and are referenced by index."""
+def _encode_object(value: Any, blobs: dict[str, list[bytes]], path: str) -> Any:
+    """JSON-able form of ``value``; a tensor's bytes go to ``blobs`` under its dtype's name
+    (so a reader splits each dtype's bytes into tensors in one call) and its marker holds
+    that name, its shape and its index in the row's blobs of that dtype."""
     if value is None or type(value) in (bool, int, float, str):
         return value
     if isinstance(value, torch.Tensor):
         name, _, _ = _dtype_info(path, value)
-        raw = _to_numpy(path, value).tobytes()
-        tensors.append(raw + bytes(-len(raw) % 8))  # 8-byte blobs keep every view aligned
-        return {_TENSOR_MARK: [name, list(value.shape), len(tensors) - 1]}
+        same_dtype = blobs.setdefault(name, [])
+        same_dtype.append(_to_numpy(path, value).tobytes())
+        return {_TENSOR_MARK: [name, list(value.shape), len(same_dtype) - 1]}
     if isinstance(value, list):
-        return [_encode_object(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_encode_object(v, blobs, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, tuple):
         return {
-            _TUPLE_MARK: [_encode_object(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]
+            _TUPLE_MARK: [_encode_object(v, blobs, f"{path}[{i}]") for i, v in enumerate(value)]
         }
     if isinstance(value, dict):
         encoded = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 raise CodecError(f"{path} has dict key {k!r}; only string keys can be stored")
-            encoded[k] = _encode_object(v, tensors, f"{path}[{k!r}]")
+            encoded[k] = _encode_object(v, blobs, f"{path}[{k!r}]")
         marked = len(encoded) == 1 and next(iter(encoded)) in (
             _TENSOR_MARK,
             _TUPLE_MARK,
@@ -404,46 +424,59 @@ def _encode_object(value: Any, tensors: list[bytes], path: str) -> Any:
     )
 
 
-class _Blobs:
-    """The raw tensor bytes of an object column, addressed without per-item Arrow scalars."""
+class _ObjectDecoder:
+    """Turns an object column's rows back into values; its tensors are views of the Arrow
+    buffers, cut for each dtype by one ``torch.split`` instead of one slice per tensor."""
 
-    def __init__(self, tensors: pa.Array) -> None:
-        self.row_offsets = tensors.offsets.to_numpy(zero_copy_only=False).tolist()
-        blobs = tensors.values
-        _, offsets, data = blobs.buffers()
-        count = blobs.offset + len(blobs) + 1
-        self.blob_offsets = np.frombuffer(offsets, dtype=np.int64, count=count)[
-            blobs.offset :
-        ].tolist()
-        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
-        self.data = torch.from_numpy(raw)  # one view of the Arrow buffer; tensors slice it
+    def __init__(self, fields: dict[str, pa.Array]) -> None:
+        self.tensors: dict[str, tuple[torch.Tensor, ...]] = {}
+        self.row_starts: dict[str, list[int]] = {}
+        for name, lists in fields.items():
+            self.row_starts[name] = lists.offsets.to_numpy(zero_copy_only=False).tolist()
+            self.tensors[name] = _split_blobs(lists.values, _DTYPE_BY_NAME[name])
+        self.row = 0
 
-    def hook(self, row: int) -> Any:
-        """A ``json.loads`` object hook that turns row ``row``'s markers back into values."""
-        base = self.row_offsets[row]
+    def decode(self, texts: list[str]) -> list[Any]:
+        parse = json.JSONDecoder(object_hook=self.hook).decode  # one decoder for all rows
+        values = []
+        for row, text in enumerate(texts):
+            self.row = row
+            values.append(parse(text))
+        return values
 
-        def decode(value: dict[str, Any]) -> Any:
-            if len(value) != 1:
-                return value
-            ((mark, inner),) = value.items()
-            if mark == _TENSOR_MARK:
-                return self.tensor(base + inner[2], inner[0], inner[1])
-            if mark == _TUPLE_MARK:
-                return tuple(inner)
-            if mark == _DICT_MARK:
-                return {k: v for k, v in inner}
+    def hook(self, value: dict[str, Any]) -> Any:
+        """``json.loads`` object hook: markers back into tensors, tuples and dicts."""
+        if len(value) != 1:
             return value
+        ((mark, inner),) = value.items()
+        if mark == _TENSOR_MARK:
+            name, shape, index = inner
+            tensor = self.tensors[name][self.row_starts[name][self.row] + index]
+            if len(shape) == 1 and tensor.shape[0] == shape[0]:  # skips a view
+                return tensor
+            return tensor.view(shape)
+        if mark == _TUPLE_MARK:
+            return tuple(inner)
+        if mark == _DICT_MARK:
+            return {k: v for k, v in inner}
+        return value
 
-        return decode
 
-    def tensor(self, index: int, name: str, shape: list[int]) -> torch.Tensor:
-        dtype = _DTYPE_BY_NAME[name]
-        size = _TENSOR_DTYPES[dtype][1].itemsize
-        start = self.blob_offsets[index]
-        raw = self.data[start : start + math.prod(shape) * size]  # blobs are padded to 8 bytes
-        if start % size or raw.data_ptr() % size:
-            raw = raw.clone()  # torch views need an offset and an address aligned to the dtype
-        return raw.view(dtype).reshape(shape)
+def _split_blobs(blobs: pa.Array, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The blobs of a binary array as 1-d ``dtype`` tensors over its data buffer."""
+    _, offsets, data = blobs.buffers()
+    bounds = np.frombuffer(offsets, np.int64, count=blobs.offset + len(blobs) + 1)[blobs.offset :]
+    itemsize = _TENSOR_DTYPES[dtype][1].itemsize
+    if data is None or len(blobs) == 0:
+        raw = torch.empty(0, dtype=torch.uint8)
+    else:
+        raw = torch.from_numpy(np.frombuffer(data, np.uint8))[bounds[0] : bounds[-1]]
+    if raw.data_ptr() % itemsize:
+        raw = raw.clone()  # a dtype view needs an address aligned to the dtype
+    sizes = np.diff(bounds)
+    if (sizes % itemsize).any():
+        raise ValueError(f"a {dtype} tensor's byte size is not a multiple of {itemsize}")
+    return torch.split(raw.view(dtype), (sizes // itemsize).tolist())
 
 
 def _decode_column(spec: dict[str, Any], array: pa.Array) -> Any:
@@ -453,12 +486,9 @@ def _decode_column(spec: dict[str, Any], array: pa.Array) -> Any:
     if kind in ("str", "bool", "float", "int"):
         return array.to_pylist()
     if kind == "object":
-        texts, tensors = array.flatten()
-        blobs = _Blobs(tensors)
-        return [
-            json.loads(text, object_hook=blobs.hook(row))
-            for row, text in enumerate(texts.to_pylist())
-        ]
+        fields = dict(zip([field.name for field in array.type], array.flatten(), strict=True))
+        texts = fields.pop("json")
+        return _ObjectDecoder(fields).decode(texts.to_pylist())
     raise ValueError(f"unknown column kind {kind!r}")
 
 
