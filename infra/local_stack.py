@@ -5,9 +5,11 @@ the stack tests' fixture and the soak benchmark.
 ports; ``LocalStack`` holds where it listens and runs CLI and API calls against it.
 """
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -123,6 +125,23 @@ class LocalStack:
             payload = response.read()
         return json.loads(payload) if payload else None
 
+    def deploy_all(self) -> dict[str, str]:
+        """``prefect deploy --all`` (prefect.yaml); returns each deployment's id by name."""
+        self.run("prefect", "deploy", "--all", timeout=600)
+        deployments = self.api("POST", "/deployments/filter", {})
+        flows = {f["id"]: f["name"] for f in self.api("POST", "/flows/filter", {})}
+        return {f"{flows[d['flow_id']]}/{d['name']}": d["id"] for d in deployments}
+
+    def start_flow_run(
+        self, deployment_id: str, parameters: dict[str, Any], env: dict[str, str] | None = None
+    ) -> str:
+        """A flow run of a deployment for the worker to pick up; ``env`` goes into the
+        flow-run process's environment (the process work pool's ``env`` job variable)."""
+        body: dict[str, Any] = {"parameters": parameters}
+        if env:
+            body["job_variables"] = {"env": env}
+        return self.api("POST", f"/deployments/{deployment_id}/create_flow_run", body)["id"]
+
     def wait_for_flow_run(self, flow_run_id: str, timeout: float = 300) -> dict[str, Any]:
         """Poll a flow run until it reaches a final state; fail with the worker log tail."""
         deadline = time.monotonic() + timeout
@@ -170,6 +189,51 @@ class LocalStack:
             else ""
         )
 
+    def worker_pid(self) -> int:
+        return int((self.state_dir / "run" / "worker.pid").read_text())
+
+    def flow_run_pids(self) -> list[int]:
+        """The processes executing flow runs: the worker's ``python -m prefect.engine``
+        children (one per flow run in progress)."""
+        worker = self.worker_pid()
+        return [
+            pid
+            for pid, ppid, args in _process_table()
+            if ppid == worker and "prefect.engine" in args
+        ]
+
+    def restart_worker(self) -> None:
+        """Start the worker again after it was lost (``infra/stack.sh start worker``)."""
+        self.stack("start", "worker")
+
+
+def _process_table() -> list[tuple[int, int, str]]:
+    """(pid, parent pid, command line) of every process."""
+    out = subprocess.run(
+        ["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True
+    ).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    return [(int(row[0]), int(row[1]), row[2] if len(row) > 2 else "") for row in rows]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant of it, parents first."""
+    table = _process_table()
+    tree = [pid]
+    for parent in tree:
+        tree += [child for child, ppid, _ in table if ppid == parent]
+    return tree
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL ``pid`` and its descendants (its forked reward workers must not outlive it,
+    as they would not outlive a lost machine); returns the pids signalled."""
+    pids = process_tree(pid)
+    for each in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGKILL)
+    return pids
+
 
 def start_stack(state_dir: Path) -> tuple[LocalStack, str]:
     """``infra/stack.sh start`` into ``state_dir`` on free ports; returns the stack and
@@ -188,6 +252,11 @@ def start_stack(state_dir: Path) -> tuple[LocalStack, str]:
     if proc.returncode != 0:
         raise RuntimeError(f"infra/stack.sh start failed:\n{proc.stdout}\n{proc.stderr}")
     return LocalStack(state_dir, ports, _read_env_file(state_dir / "env.sh")), proc.stdout
+
+
+def attach_stack(state_dir: Path) -> LocalStack:
+    """A stack that ``infra/stack.sh start`` already runs in ``state_dir``."""
+    return LocalStack(state_dir, {}, _read_env_file(state_dir / "env.sh"))
 
 
 def stop_stack(state_dir: Path) -> None:

@@ -8,11 +8,12 @@ otherwise the stage computes, writes each output atomically and records it.
 
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
@@ -27,6 +28,7 @@ from nemo_rl_core.storage.run_storage import (
 )
 
 FAULT_ENV = "NEMO_RL_CORE_FAULT"
+T = TypeVar("T")
 StageOutputs = dict[str, dict[str, Any]]
 
 
@@ -81,22 +83,39 @@ def is_transient(task: Any, task_run: Any, state: Any) -> bool:
     return isinstance(exc, StorageError | ConnectionError | TimeoutError)
 
 
-def _maybe_inject_fault(stage: str, iteration: int, point: str) -> None:
-    """``NEMO_RL_CORE_FAULT=stage@iteration[:kill]``: fail (or SIGKILL the process) there.
+def injected_faults(stage: str, iteration: int) -> set[str]:
+    """The modes ``NEMO_RL_CORE_FAULT=stage@iteration[:mode],...`` asks of this stage.
 
-    ``raise`` faults fire before the stage computes; ``kill`` faults fire after it computed
-    but before its outputs are committed, like a worker lost in the middle of a stage.
+    ``raise`` (the default) fails before the stage computes; ``kill`` SIGKILLs the process
+    after it computed but before its outputs are committed, like a worker lost in the
+    middle of a stage; ``damage`` flips one byte of each committed output (once per
+    process), so the next stage reads an object that no longer matches the manifest.
     """
     spec = os.environ.get(FAULT_ENV, "")
+    modes = set()
     for item in filter(None, spec.split(",")):
         target, _, mode = item.partition(":")
-        mode = mode or "raise"
-        if target != f"{stage}@{iteration}":
-            continue
-        if mode == "raise" and point == "before":
-            raise InjectedFault(f"fault injected into stage {stage!r} of iteration {iteration}")
-        if mode == "kill" and point == "before_commit":
-            os.kill(os.getpid(), signal.SIGKILL)
+        if target == f"{stage}@{iteration}":
+            modes.add(mode or "raise")
+    return modes
+
+
+_damaged: set[tuple[str, int]] = set()
+
+
+def _damage_once(
+    storage: RunStorage, stage: str, iteration: int, refs: dict[str, ObjectRef]
+) -> None:
+    """Overwrite each output with one byte flipped, size unchanged, behind the manifest's
+    back (what a bad disk or a partial overwrite does); the re-executed stage is spared."""
+    if (stage, iteration) in _damaged:
+        return
+    _damaged.add((stage, iteration))
+    for ref in refs.values():
+        data = bytearray(storage._get_optional(ref.key) or b"")
+        data[len(data) // 2] ^= 0xFF
+        storage._put(ref.key, bytes(data))
+    stage_logger().warning("fault injected: damaged %s", sorted(r.key for r in refs.values()))
 
 
 def run_stage(
@@ -123,12 +142,15 @@ def run_stage(
             stage,
         )
         return entry["outputs"]
-    _maybe_inject_fault(stage, iteration, "before")
+    faults = injected_faults(stage, iteration)
+    if "raise" in faults:
+        raise InjectedFault(f"fault injected into stage {stage!r} of iteration {iteration}")
     log.info("run %s iteration %d stage %s: running", run.run_id, iteration, stage)
     started = time.perf_counter()
     outputs, metrics = compute()
     metrics = {**metrics, "seconds": time.perf_counter() - started}
-    _maybe_inject_fault(stage, iteration, "before_commit")
+    if "kill" in faults:
+        os.kill(os.getpid(), signal.SIGKILL)
     refs: dict[str, ObjectRef] = {}
     for name, value in outputs.items():
         if isinstance(value, BatchedDataDict):
@@ -141,15 +163,48 @@ def run_stage(
     log.info(
         "run %s iteration %d stage %s: committed %s", run.run_id, iteration, stage, sorted(refs)
     )
+    if "damage" in faults:
+        _damage_once(storage, stage, iteration, refs)
     return entry["outputs"]
 
 
+_STAGE_KEY_RE = re.compile(r"iter_(?P<iteration>\d+)/(?P<stage>[^/]+)/[^/]+")
+
+
+class DamagedInputError(IntegrityError):
+    """A stage input does not match its manifest entry (size, sha256, missing): names the
+    object and the stage and iteration that produced it, which the flow re-executes."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(key, detail)
+        self.key, self.detail = key, detail
+        match = _STAGE_KEY_RE.fullmatch(key)
+        if match is None:
+            raise ValueError(f"{key!r} is not a stage output key (iter_<n>/<stage>/<name>)")
+        self.iteration, self.stage = int(match["iteration"]), match["stage"]
+
+    def __str__(self) -> str:
+        return (
+            f"input {self.key} (output of stage {self.stage!r} of iteration {self.iteration}) "
+            f"is damaged: {self.detail}"
+        )
+
+
+def _read_input(outputs: StageOutputs, name: str, read: Callable[[ObjectRef], T]) -> T:
+    ref = ObjectRef.from_dict(outputs[name])
+    try:
+        return read(ref)
+    except IntegrityError as err:
+        raise DamagedInputError(ref.key, str(err)) from err
+
+
 def read_output_batch(run: RunRef, outputs: StageOutputs, name: str = "batch") -> BatchedDataDict:
-    return open_storage(run).read_batch(ObjectRef.from_dict(outputs[name]))
+    """An upstream stage's batch; ``DamagedInputError`` if it no longer matches its entry."""
+    return _read_input(outputs, name, open_storage(run).read_batch)
 
 
 def read_output_json(run: RunRef, outputs: StageOutputs, name: str) -> dict[str, Any]:
-    return open_storage(run).read_json(ObjectRef.from_dict(outputs[name]))
+    return _read_input(outputs, name, open_storage(run).read_json)
 
 
 def digest_of(outputs: StageOutputs, name: str = "batch") -> str:

@@ -44,6 +44,12 @@ def local_stack() -> Iterator[LocalStack]:
         yield stack
 
 
+@pytest.fixture(scope="session")
+def stack_deployments(local_stack: LocalStack) -> dict[str, str]:
+    """prefect.yaml's deployments on the session's stack (deployed once): id by name."""
+    return local_stack.deploy_all()
+
+
 @dataclass(frozen=True)
 class S3Server:
     """A running moto S3 server: where it listens and the fsspec options to reach it."""

@@ -1,18 +1,13 @@
 """Shared pieces of the reliability suite: a tiny, fast GRPO config (HF generation, two
-prompts of two samples), flows in this process or in a killable subprocess that talks to
-this process's Prefect API, and the checks that storage holds no half-written object."""
+prompts of two samples), the final weights of a run on any storage, and the checks that
+storage holds no half-written object."""
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
+import tempfile
 from pathlib import Path
 
-from prefect.settings import PREFECT_API_URL
 from safetensors.torch import load_file
+
+from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "configs" / "grpo_math_tiny.yaml"
@@ -35,10 +30,10 @@ def run_dir(root: Path, run_id: str) -> Path:
     return root / "runs" / run_id
 
 
-def final_weights(root: Path, run_id: str, step: int = ITERATIONS) -> dict:
-    return load_file(
-        run_dir(root, run_id) / "checkpoints" / f"step_{step:06d}" / "model.safetensors"
-    )
+def final_weights(storage: RunStorage, step: int = ITERATIONS) -> dict:
+    """The policy tensors of a committed checkpoint, on local disk or S3."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_file(storage.fetch_checkpoint(step, tmp) / "model.safetensors")
 
 
 def assert_same_weights(a: dict, b: dict) -> None:
@@ -47,67 +42,30 @@ def assert_same_weights(a: dict, b: dict) -> None:
         assert a[name].equal(b[name]), f"tensor {name} differs"
 
 
-def assert_no_half_written_objects(root: Path, run_id: str) -> None:
-    """No temporary file anywhere under the run; every manifest output exists whole, with
-    the size and sha256 its entry records; every checkpoint directory is COMMITTED."""
-    from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
-
-    base = run_dir(root, run_id)
-    leftovers = [p for p in base.rglob("*") if ".tmp-" in p.name]
-    assert leftovers == [], f"temporary files left behind: {leftovers}"
-    storage = RunStorage(str(root), run_id)
-    for manifest_path in base.glob("iter_*/MANIFEST.json"):
-        stages = json.loads(manifest_path.read_text())["stages"]
-        for stage, entry in stages.items():
+def assert_no_half_written_objects(storage: RunStorage) -> None:
+    """No temporary object anywhere under the run; every manifest output exists whole,
+    with the size and sha256 its entry records, and every other object of an iteration is
+    its manifest (no output of an uncommitted stage); every checkpoint is COMMITTED."""
+    base = storage._run_path + "/"
+    keys = [path.removeprefix(base) for path in storage.fs.find(storage._run_path)]
+    leftovers = [key for key in keys if ".tmp-" in key]
+    assert leftovers == [], f"temporary objects left behind: {leftovers}"
+    referenced = set()
+    for manifest_key in [k for k in keys if k.startswith("iter_") and k.endswith("MANIFEST.json")]:
+        iteration = int(manifest_key.split("/")[0].removeprefix("iter_"))
+        for stage, entry in storage.read_manifest(iteration)["stages"].items():
             for name, ref in entry["outputs"].items():
                 # read_json/read_batch verify size and sha256 (IntegrityError otherwise)
-                if ref["key"].endswith(".json"):
-                    storage.read_json(ObjectRef.from_dict(ref))
-                else:
-                    storage.read_batch(ObjectRef.from_dict(ref))
-                assert ref["key"].startswith(manifest_path.parent.name), (stage, name)
-    for step_dir in (base / "checkpoints").glob("step_*"):
-        assert (step_dir / "COMMITTED").is_file(), f"{step_dir} is not committed"
-
-
-def flow_subprocess(
-    root: Path, run_id: str, overrides: list[str], env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    """``python -m flows.grpo`` in a child process (which a fault may SIGKILL), on this
-    test session's Prefect API so that it does not start a server of its own.
-
-    The child leads its own process group, killed with it as a lost worker's container
-    would be: its forked reward workers must not outlive it. Output goes to files, not
-    pipes, which an orphaned grandchild would hold open."""
-    child_env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), **(env or {})}
-    command = [
-        sys.executable,
-        "-m",
-        "flows.grpo",
-        "--config",
-        str(CONFIG),
-        "--storage-root",
-        str(root),
-        "--run-id",
-        run_id,
-        *overrides,
+                read = storage.read_json if ref["key"].endswith(".json") else storage.read_batch
+                read(ObjectRef.from_dict(ref))
+                assert ref["key"].startswith(manifest_key.split("/")[0]), (stage, name)
+                referenced.add(ref["key"])
+    unreferenced = [
+        key
+        for key in keys
+        if key.startswith("iter_") and not key.endswith("MANIFEST.json") and key not in referenced
     ]
-    log = root / f"flow-{run_id}-{time.monotonic_ns()}.log"
-    root.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        child = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=child_env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            returncode = child.wait(timeout=900)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-    output = log.read_text()
-    log.unlink()
-    return subprocess.CompletedProcess(command, returncode, output, output)
+    assert unreferenced == [], f"objects no manifest entry records: {unreferenced}"
+    steps = {key.split("/")[1] for key in keys if key.startswith("checkpoints/")}
+    uncommitted = [step for step in steps if f"checkpoints/{step}/COMMITTED" not in keys]
+    assert uncommitted == [], f"checkpoints without COMMITTED: {uncommitted}"

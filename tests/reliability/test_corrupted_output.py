@@ -1,11 +1,15 @@
 """A damaged stage output (same size, other bytes: the manifest's sha256 no longer
-matches) is detected when the resumed run reads it, and its producing stage is
-re-executed, not trusted; the run ends with the weights of an uninterrupted run."""
+matches) is detected when it is read and its producing stage is re-executed, not trusted:
+by the next stage within the running flow, or by a resumed run; either way the run ends
+with the weights of an uninterrupted run."""
 
 import json
 from pathlib import Path
 
 import pytest
+import torch
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from reliability_helpers import (
     CONFIG,
     FAST,
@@ -16,25 +20,110 @@ from reliability_helpers import (
 )
 
 from flows.grpo import grpo
-from tasks.stage import FAULT_ENV
+from flows.loop import run_iteration
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.storage.run_storage import RunStorage
+from tasks.stage import (
+    FAULT_ENV,
+    DamagedInputError,
+    RunRef,
+    is_transient,
+    read_output_batch,
+    run_stage,
+)
 
-pytestmark = pytest.mark.e2e
+
+def _stages(root: Path, run_id: str) -> dict:
+    manifest = run_dir(root, run_id) / "iter_000001" / "MANIFEST.json"
+    return json.loads(manifest.read_text())["stages"]
 
 
-def _stages(root: Path) -> dict:
-    return json.loads((run_dir(root, "damaged") / "iter_000001" / "MANIFEST.json").read_text())[
-        "stages"
+def test_damaged_input_is_re_made_by_its_producer_within_the_iteration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = RunRef(str(tmp_path), "unit")
+    calls = {"produce": 0, "consume": 0}
+
+    def produce():
+        calls["produce"] += 1
+        return {"batch": BatchedDataDict(x=torch.arange(64, dtype=torch.float32))}, {}
+
+    def consume(made):
+        calls["consume"] += 1
+        total = float(read_output_batch(run, made)["x"].sum())
+        return {"sum": {"total": total}}, {}
+
+    def one_iteration(run: RunRef, iteration: int) -> None:
+        made = run_stage(run, iteration, "produce", {}, produce)
+        run_stage(
+            run, iteration, "consume", {"made": made["batch"]["sha256"]}, lambda: consume(made)
+        )
+
+    monkeypatch.setenv(FAULT_ENV, "produce@2:damage")
+    assert run_iteration(one_iteration, run, 2) == ["iter_000002/produce/batch.parquet"]
+    assert calls == {"produce": 2, "consume": 2}  # the first read found the damage
+    assert RunStorage(str(tmp_path), "unit").read_manifest(2)["stages"]["consume"]["status"] == (
+        "complete"
+    )
+
+
+def test_damaged_input_error_names_the_object_and_is_not_retried() -> None:
+    err = DamagedInputError(
+        "iter_000003/reward/batch.parquet", "has sha256 ab, its reference says cd"
+    )
+    assert (err.iteration, err.stage) == (3, "reward")
+    assert str(err).startswith("input iter_000003/reward/batch.parquet (output of stage 'reward'")
+    assert not is_transient(None, None, type("State", (), {"data": err})())
+
+
+@pytest.mark.e2e
+def test_damage_found_mid_run_re_executes_the_producer(
+    clean_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    # generate@1 commits, then one byte of its output flips; reward reads it next.
+    monkeypatch.setenv(FAULT_ENV, "generate@1:damage")
+    state = grpo(
+        config_path=str(CONFIG),
+        overrides=FAST,
+        run_id="damaged",
+        storage_root=str(tmp_path),
+        return_state=True,
+    )
+    assert state.is_completed(), state.message
+    key = "iter_000001/generate/batch.parquet"
+    assert state.result()["remade"] == [key]
+
+    with get_client(sync_client=True) as client:
+        flow_run = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        task_runs = client.read_task_runs(flow_run_filter=flow_run)
+    runs = {
+        name: [t for t in task_runs if t.name.startswith(f"{name}-")]
+        for name in ("generate", "reward")
+    }
+    assert sorted(t.state.type.value for t in runs["generate"]) == ["COMPLETED"] * 3, "not re-run"
+    assert sorted(t.state.type.value for t in runs["reward"]) == [
+        "COMPLETED",
+        "COMPLETED",
+        "FAILED",
     ]
+    assert f"{key} (output of stage 'generate' of iteration 1) is damaged" in caplog.text
+    # Re-executed from its stored inputs, the output is the uninterrupted run's, byte for byte.
+    clean, damaged = _stages(clean_run, "clean"), _stages(tmp_path, "damaged")
+    assert damaged["generate"]["outputs"] == clean["generate"]["outputs"]
+    storage = RunStorage(str(tmp_path), "damaged")
+    assert_same_weights(final_weights(RunStorage(str(clean_run), "clean")), final_weights(storage))
+    assert_no_half_written_objects(storage)
 
 
-def test_damaged_parquet_is_recomputed_by_its_stage(
+@pytest.mark.e2e
+def test_damage_found_on_resume_re_executes_the_producer(
     clean_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(FAULT_ENV, "train@1")
     with pytest.raises(Exception, match="fault injected into stage 'train' of iteration 1"):
         grpo(config_path=str(CONFIG), overrides=FAST, run_id="damaged", storage_root=str(tmp_path))
     monkeypatch.delenv(FAULT_ENV)
-    before = _stages(tmp_path)
+    before = _stages(tmp_path, "damaged")
     damaged = run_dir(tmp_path, "damaged") / before["reward"]["outputs"]["batch"]["key"]
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte, size unchanged
@@ -42,10 +131,11 @@ def test_damaged_parquet_is_recomputed_by_its_stage(
 
     grpo(config_path=str(CONFIG), overrides=FAST, run_id="damaged", storage_root=str(tmp_path))
 
-    after = _stages(tmp_path)
+    after = _stages(tmp_path, "damaged")
     assert after["reward"]["finished_at"] != before["reward"]["finished_at"], "damage trusted"
     assert after["reward"]["outputs"] == before["reward"]["outputs"], "not bit-identical"
     for stage in ("prompts", "generate", "logprob", "advantage"):
         assert after[stage]["finished_at"] == before[stage]["finished_at"], f"{stage} redone"
-    assert_same_weights(final_weights(clean_run, "clean"), final_weights(tmp_path, "damaged"))
-    assert_no_half_written_objects(tmp_path, "damaged")
+    storage = RunStorage(str(tmp_path), "damaged")
+    assert_same_weights(final_weights(RunStorage(str(clean_run), "clean")), final_weights(storage))
+    assert_no_half_written_objects(storage)

@@ -1,47 +1,99 @@
-"""Killed mid-stage: the flow's process is SIGKILLed after a stage computed and before
-it committed (``NEMO_RL_CORE_FAULT=<stage>@1:kill``); the same run_id, run again, completes
-with the final weights of an uninterrupted run bit for bit and no half-written object."""
+"""Killed mid-stage, on the real local stack (PostgreSQL, Prefect server, process worker,
+moto S3): one run_id is driven by successive runs of the ``grpo/manual`` deployment, each
+SIGKILLed (``NEMO_RL_CORE_FAULT=<stage>@1:kill`` in the flow run's environment) after the
+next stage of iteration 1 computed and before it committed, so each run continues where
+the one before died; a last run without a fault completes.
 
-import json
+Each killed run is the worker's flow-run child, Prefect marks it CRASHED, its stale lease
+expires (3 s TTL) and the next run takes it over; the final weights equal an uninterrupted
+run's (the embedded default on file://) bit for bit, and the bucket holds no half-written
+object: every manifest output verifies by sha256."""
+
+import re
 import time
-from pathlib import Path
 
 import pytest
+from local_stack import FINAL_STATES, LocalStack
 from reliability_helpers import (
     FAST,
-    ITERATIONS,
     assert_no_half_written_objects,
     assert_same_weights,
     final_weights,
-    flow_subprocess,
-    run_dir,
 )
 
 from flows.grpo import GRPO_STAGES
+from nemo_rl_core.storage.run_storage import RunStorage
 from tasks.stage import FAULT_ENV
 
-pytestmark = pytest.mark.e2e
-LEASE_TTL_S = 3  # the killed run's lease must expire before the resume takes it
+pytestmark = [pytest.mark.stack, pytest.mark.e2e]
+RUN_ID = "killed-mid-stage"
+LEASE_TTL_S = 3
 
 
-@pytest.mark.parametrize("stage", ["generate", "reward", "train"])
-def test_killed_stage_resumes_to_identical_weights(
-    stage: str, clean_run: Path, tmp_path: Path
+def _run_watching_processes(
+    stack: LocalStack, deployment: str, parameters: dict, env: dict[str, str]
+) -> tuple[dict, set[int]]:
+    """Start a flow run of ``deployment`` and wait for its end; also returns the pids of
+    the worker's flow-run processes seen meanwhile."""
+    flow_run_id = stack.start_flow_run(deployment, parameters, env)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 600
+    while (flow_run := stack.api("GET", f"/flow_runs/{flow_run_id}"))[
+        "state_type"
+    ] not in FINAL_STATES:
+        assert time.monotonic() < deadline, stack.log_tail("worker")
+        seen.update(stack.flow_run_pids())
+        time.sleep(0.5)
+    return flow_run, seen
+
+
+def _finished_at(storage: RunStorage) -> dict[tuple[int, str], str]:
+    return {
+        (iteration, stage): entry["finished_at"]
+        for iteration in storage.iterations()
+        for stage, entry in storage.read_manifest(iteration)["stages"].items()
+    }
+
+
+def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
+    local_stack: LocalStack, stack_deployments: dict[str, str], clean_run
 ) -> None:
+    storage = RunStorage(
+        f"s3://{local_stack.bucket}", RUN_ID, storage_options=local_stack.storage_options
+    )
+    deployment = stack_deployments["grpo/manual"]
+    parameters = {"run_id": RUN_ID, "overrides": FAST}
     env = {"NEMO_RL_CORE_LEASE_TTL_S": str(LEASE_TTL_S)}
-    killed = flow_subprocess(tmp_path, "killed", FAST, {**env, FAULT_ENV: f"{stage}@1:kill"})
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    manifest = run_dir(tmp_path, "killed") / "iter_000001" / "MANIFEST.json"
-    assert stage not in json.loads(manifest.read_text())["stages"], "the kill came too late"
-    assert_no_half_written_objects(tmp_path, "killed")
+    worker = local_stack.worker_pid()
+    committed: dict[tuple[int, str], str] = {}
+    for done, stage in enumerate(GRPO_STAGES):
+        flow_run, flow_run_pids = _run_watching_processes(
+            local_stack, deployment, parameters, {**env, FAULT_ENV: f"{stage}@1:kill"}
+        )
+        message = flow_run["state"]["message"] or ""
+        assert flow_run["state_type"] == "CRASHED" and "-9" in message, (stage, message)
+        # The lease it left names the killed process: the worker's child running this flow run.
+        owner = storage._read_lease()["owner"]
+        assert f"flow-run {flow_run['id']}" in owner, owner
+        killed = int(re.search(r" pid (\d+) ", owner)[1])
+        assert killed in flow_run_pids and killed not in local_stack.flow_run_pids()
+        assert local_stack.worker_pid() == worker, "the worker itself must survive"
 
-    time.sleep(LEASE_TTL_S + 1)
-    resumed = flow_subprocess(tmp_path, "killed", FAST, env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+        stages = storage.read_manifest(1)["stages"]
+        assert sorted(stages) == sorted(GRPO_STAGES[:done]), f"killed at {stage}: {stages}"
+        finished = _finished_at(storage)
+        assert {k: finished[k] for k in committed} == committed, "a committed stage was redone"
+        committed = finished
+        assert_no_half_written_objects(storage)
 
-    assert_same_weights(final_weights(clean_run, "clean"), final_weights(tmp_path, "killed"))
-    assert_no_half_written_objects(tmp_path, "killed")
-    for iteration in range(ITERATIONS):
-        path = run_dir(tmp_path, "killed") / f"iter_{iteration:06d}" / "MANIFEST.json"
-        stages = json.loads(path.read_text())["stages"]
+    final, _ = _run_watching_processes(local_stack, deployment, parameters, env)
+    assert final["state_type"] == "COMPLETED", local_stack.flow_run_logs(final["id"])[-30:]
+    finished = _finished_at(storage)
+    assert {k: finished[k] for k in committed} == committed, "a committed stage was redone"
+    for iteration in (0, 1):
+        stages = storage.read_manifest(iteration)["stages"]
         assert {s for s, e in stages.items() if e["status"] == "complete"} == set(GRPO_STAGES)
+    assert storage._read_lease() is None, "the last run released its lease"
+    assert_no_half_written_objects(storage)
+    clean = final_weights(RunStorage(str(clean_run), "clean"))
+    assert_same_weights(clean, final_weights(storage))

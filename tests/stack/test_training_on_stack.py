@@ -18,20 +18,6 @@ FAST = [
 ]
 
 
-@pytest.fixture(scope="module")
-def deployments(local_stack: LocalStack) -> dict[str, str]:
-    local_stack.run("prefect", "deploy", "--all", timeout=600)
-    names = ["grpo/manual", "grpo/nightly", "rerun-stage/default"]
-    return {name: local_stack.api("GET", f"/deployments/name/{name}")["id"] for name in names}
-
-
-def start_run(stack: LocalStack, deployment_id: str, **parameters) -> str:
-    flow_run = stack.api(
-        "POST", f"/deployments/{deployment_id}/create_flow_run", {"parameters": parameters}
-    )
-    return flow_run["id"]
-
-
 def committed_steps(stack: LocalStack, run_id: str) -> list[int]:
     fs = s3fs.S3FileSystem(**stack.storage_options)
     root = f"{stack.bucket}/runs/{run_id}/checkpoints"
@@ -41,13 +27,11 @@ def committed_steps(stack: LocalStack, run_id: str) -> list[int]:
 
 
 def test_manual_deployment_trains_on_s3(
-    local_stack: LocalStack, deployments: dict[str, str]
+    local_stack: LocalStack, stack_deployments: dict[str, str]
 ) -> None:
-    flow_run_id = start_run(
-        local_stack,
-        deployments["grpo/manual"],
-        run_id="stack-manual",
-        overrides=[*FAST, "grpo.max_num_steps=2"],
+    flow_run_id = local_stack.start_flow_run(
+        stack_deployments["grpo/manual"],
+        {"run_id": "stack-manual", "overrides": [*FAST, "grpo.max_num_steps=2"]},
     )
     final = local_stack.wait_for_flow_run(flow_run_id, timeout=1200)
     assert final["state_type"] == "COMPLETED", "\n".join(
@@ -57,12 +41,12 @@ def test_manual_deployment_trains_on_s3(
 
 
 def test_nightly_schedule_is_registered(
-    local_stack: LocalStack, deployments: dict[str, str]
+    local_stack: LocalStack, stack_deployments: dict[str, str]
 ) -> None:
-    deployment = local_stack.api("GET", f"/deployments/{deployments['grpo/nightly']}")
+    deployment = local_stack.api("GET", f"/deployments/{stack_deployments['grpo/nightly']}")
     assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 2 * * *"]
     query = {
-        "deployments": {"id": {"any_": [deployments["grpo/nightly"]]}},
+        "deployments": {"id": {"any_": [stack_deployments["grpo/nightly"]]}},
         "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
     }
     deadline = time.monotonic() + 90  # the server's scheduler picks a new schedule up in seconds
@@ -75,21 +59,21 @@ def test_nightly_schedule_is_registered(
 
 
 def test_nightly_runs_continue_one_experiment_and_a_concurrent_one_is_refused(
-    local_stack: LocalStack, deployments: dict[str, str]
+    local_stack: LocalStack, stack_deployments: dict[str, str]
 ) -> None:
-    nightly = deployments["grpo/nightly"]
+    nightly = stack_deployments["grpo/nightly"]
     params = {
         "run_id": "stack-nightly",
         "steps_per_run": 1,
         "overrides": [*FAST, "grpo.max_num_steps=10"],
     }
-    first_id = start_run(local_stack, nightly, **params)
+    first_id = local_stack.start_flow_run(nightly, params)
     first = local_stack.wait_for_flow_run(first_id, timeout=1200)
     assert first["state_type"] == "COMPLETED", "\n".join(local_stack.flow_run_logs(first_id)[-30:])
     assert committed_steps(local_stack, "stack-nightly") == [1]
 
     # The next night and an accidental concurrent trigger: one continues, one is refused.
-    ids = [start_run(local_stack, nightly, **params) for _ in range(2)]
+    ids = [local_stack.start_flow_run(nightly, params) for _ in range(2)]
     finals = {}
     threads = [
         threading.Thread(
