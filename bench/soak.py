@@ -75,7 +75,8 @@ def start_reference(
     command = [sys.executable, "-m", "flows.grpo", "--config", CONFIG, "--run-id", run_id]
     command += ["--storage-root", str(root), *FAST, f"grpo.max_num_steps={iterations}"]
     log = (root.parent / "reference.log").open("w")
-    return subprocess.Popen(command, cwd=REPO, env=stack.env, stdout=log, stderr=log)
+    env = {**stack.env, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
 
 
 def last_stage_line(stack: LocalStack, flow_run_id: str) -> str:
@@ -115,7 +116,8 @@ def drive_until_done(stack: LocalStack, args: argparse.Namespace, result: SoakRe
         "config_path": CONFIG,
         "overrides": [*FAST, f"grpo.max_num_steps={args.iterations}"],
     }
-    env = {"NEMO_RL_CORE_LEASE_TTL_S": str(LEASE_TTL_S)}
+    # PYTHONPATH: flow runs import this checkout's code, also from a `git worktree`.
+    env = {"NEMO_RL_CORE_LEASE_TTL_S": str(LEASE_TTL_S), "PYTHONPATH": str(REPO)}
     started = time.monotonic()
     while True:
         flow_run_id = stack.start_flow_run(deployment, parameters, env)
