@@ -5,10 +5,10 @@ tensors on the GPU and must agree with the CPU (fp32, TF32 off) and train in bf1
 them where a GPU is lent: ``pytest -m gpu tests/gpu``."""
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from policy_testing import manual_logprobs, policy_config, token_batch
 from transformers import AutoModelForCausalLM
 
 from nemo_rl_core.algorithms.loss import NLLLossFn
@@ -19,7 +19,6 @@ from nemo_rl_core.models.generation import (
     make_generation,
 )
 from nemo_rl_core.models.policy import make_policy
-from nemo_rl_core.models.policy.config import PolicyConfig
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,50 +33,14 @@ def _exact_fp32_matmuls() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def policy_config(model_dir: Path, **overrides: Any) -> PolicyConfig:
-    base: dict[str, Any] = {
-        "model_name": str(model_dir),
-        "train_global_batch_size": 4,
-        "train_micro_batch_size": 2,
-        "logprob_batch_size": 2,
-        "max_total_sequence_length": 32,
-        "precision": "float32",
-        "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-3, "weight_decay": 0.0}},
-    }
-    return PolicyConfig.model_validate({**base, **overrides})
-
-
-def token_batch(vocab: int = 500, batch: int = 4, seq: int = 24) -> BatchedDataDict:
-    gen = torch.Generator().manual_seed(0)
-    lengths = torch.tensor([seq, seq - 5, seq - 9, seq - 2])[:batch]
-    ids = torch.randint(4, vocab, (batch, seq), generator=gen)
-    valid = torch.arange(seq)[None] < lengths[:, None]
-    token_mask = valid.float()
-    token_mask[:, :8] = 0
-    return BatchedDataDict(
-        input_ids=ids * valid,
-        input_lengths=lengths,
-        token_mask=token_mask,
-        sample_mask=torch.ones(batch),
-    )
-
-
-def cpu_logprobs(model_dir: Path, data: BatchedDataDict) -> torch.Tensor:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ids, lengths = data["input_ids"], data["input_lengths"]
-    valid = torch.arange(ids.shape[1])[None] < lengths[:, None]
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=valid.long()).logits
-    picked = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(picked, (1, 0)) * valid
-
-
 def test_policy_logprobs_on_the_gpu_equal_the_cpu(tiny_model_dir: Path) -> None:
     policy = make_policy(policy_config(tiny_model_dir), init_optimizer=False)
     assert next(policy.model.parameters()).is_cuda
     data = token_batch()
     got = policy.get_logprobs(data)["logprobs"].cpu()
-    torch.testing.assert_close(got, cpu_logprobs(tiny_model_dir, data), atol=FP32_TOLERANCE, rtol=0)
+    torch.testing.assert_close(
+        got, manual_logprobs(tiny_model_dir, data), atol=FP32_TOLERANCE, rtol=0
+    )
 
 
 def test_bf16_training_on_the_gpu_learns_and_saves_a_cpu_loadable_checkpoint(
@@ -94,7 +57,7 @@ def test_bf16_training_on_the_gpu_learns_and_saves_a_cpu_loadable_checkpoint(
     )
     trained = reloaded.get_logprobs(data)["logprobs"].cpu()
     mask = data["token_mask"].bool()
-    assert trained[mask].mean() > cpu_logprobs(tiny_model_dir, data)[mask].mean()
+    assert trained[mask].mean() > manual_logprobs(tiny_model_dir, data)[mask].mean()
 
 
 def test_hf_generation_on_the_gpu_decodes_the_cpu_greedy_tokens(tiny_model_dir: Path) -> None:
@@ -139,7 +102,7 @@ def test_megatron_policy_on_the_gpu_equals_hf_and_learns(tiny_model_dir: Path) -
     try:
         data = token_batch()
         got = policy.get_logprobs(data)["logprobs"].cpu()
-        want = cpu_logprobs(tiny_model_dir, data)
+        want = manual_logprobs(tiny_model_dir, data)
         torch.testing.assert_close(got, want, atol=FP32_TOLERANCE, rtol=0)
         losses = [float(policy.train(data, NLLLossFn())["loss"]) for _ in range(8)]
         assert losses[-1] < 0.8 * losses[0], losses
