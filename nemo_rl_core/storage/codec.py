@@ -160,11 +160,15 @@ def read_batch(
     """Read a batch written by ``write_batch``; a damaged or foreign file raises ``CodecError``.
 
     ``verify_checksums`` checks every page's CRC; turn it off only when the bytes were
-    already verified as a whole (as run storage does with sha256).
+    already verified as a whole (as run storage does with sha256). A local path is
+    memory-mapped (its pages are decoded straight from the page cache, with no copy into
+    a read buffer: about half the kernel time); the decoded batch holds no reference to the map,
+    but the file must not be truncated while it is read (run storage commits by rename).
     """
     source = str(path_or_file) if isinstance(path_or_file, str | Path) else _name_of(path_or_file)
     where = str(path_or_file) if isinstance(path_or_file, Path) else path_or_file
-    return _read(where, filesystem, source, verify_checksums)
+    local = filesystem is None and isinstance(where, str) and "://" not in where
+    return _read(where, filesystem, source, verify_checksums, memory_map=local)
 
 
 def batch_to_bytes(
@@ -183,10 +187,15 @@ def batch_from_bytes(
     return _read(pa.BufferReader(data), None, source, verify_checksums)
 
 
-def _read(where: Any, filesystem: Any, source: str, verify_checksums: bool) -> BatchedDataDict:
+def _read(
+    where: Any, filesystem: Any, source: str, verify_checksums: bool, memory_map: bool = False
+) -> BatchedDataDict:
     try:
         table = pq.read_table(
-            where, filesystem=filesystem, page_checksum_verification=verify_checksums
+            where,
+            filesystem=filesystem,
+            memory_map=memory_map,
+            page_checksum_verification=verify_checksums,
         )
     except FileNotFoundError:
         raise

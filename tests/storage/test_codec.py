@@ -235,6 +235,21 @@ def test_fixed_size_tensors_are_zero_copy_views_of_the_arrow_buffer(dtype: torch
     assert_identical(batch.data, out.data)
 
 
+def test_a_read_from_a_memory_mapped_file_survives_the_file_being_overwritten(
+    tmp_path: Path,
+) -> None:
+    """Local paths are memory-mapped on read: no decoded value may still point into the map."""
+    batch = _message_log_batch()
+    batch["dense"] = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    path = tmp_path / "b.parquet"
+    write_batch(batch, path)
+    out = read_batch(path)
+    other = _message_log_batch()  # other random logprobs
+    other["dense"] = torch.full((3, 4), -1.0)
+    write_batch(other, path)  # written in place: a map of the old file would see it
+    assert_identical(batch.data, out.data)
+
+
 # ---- bad input ------------------------------------------------------------------------
 
 
@@ -280,6 +295,19 @@ def test_damaged_file_raises_codec_error_naming_the_path(tmp_path: Path, damage:
         read_batch(path)
     with pytest.raises(CodecError, match="s3://b/x.parquet"):
         batch_from_bytes(bytes(data), source="s3://b/x.parquet")
+
+
+def test_ragged_rows_that_do_not_fit_the_recorded_shape_raise_naming_the_column() -> None:
+    """Rows are copied into one flat buffer: a row longer than the width must not spill."""
+    lengths = torch.tensor([3, 1])
+    batch = BatchedDataDict(input_ids=torch.tensor([[1, 2, 3], [4, 0, 0]]), input_lengths=lengths)
+    table = batch_to_table(batch)
+    metadata = json.loads(table.schema.metadata[b"nemo_rl_core.batch"])
+    assert metadata["columns"]["input_ids"]["layout"] == "ragged"
+    metadata["columns"]["input_ids"]["shape"] = [2, 2]
+    narrowed = table.replace_schema_metadata({b"nemo_rl_core.batch": json.dumps(metadata)})
+    with pytest.raises(CodecError, match=r"'input_ids'.*width 2"):
+        table_to_batch(narrowed)
 
 
 def test_unknown_version_and_foreign_files_raise_codec_error(tmp_path: Path) -> None:
