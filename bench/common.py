@@ -25,6 +25,11 @@ from pathlib import Path
 # On a loaded machine Prefect's ephemeral API server can take minutes to answer; set before
 # any import of prefect (flows/__init__.py sets a shorter default).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
+# The product's process defaults (OpenMP wait policy), set before anything loads torch, so
+# that the plain loop and the flow of a benchmark run as a flow run would: import this
+# module before torch.
+import flows  # noqa: E402, F401, I001
+
 RESULTS = Path(__file__).with_name("RESULTS.md")
 PLOTS = Path(__file__).with_name("plots")
 TINY_CONFIG = "examples/configs/grpo_math_tiny.yaml"

@@ -21,7 +21,6 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import torch
 from common import (
     SMOKE_OVERRIDES,
     TINY_CONFIG,
@@ -112,6 +111,8 @@ def profile_flow(prompts: int, generations: int, iterations: int, root: str, top
 
 
 def main() -> None:
+    import torch  # after common: see its OpenMP note
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="batch 2x2, 2 iterations, once")
     parser.add_argument(

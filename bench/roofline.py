@@ -15,8 +15,10 @@ import argparse
 import time
 from collections.abc import Callable
 
+from common import machine_line, median, record  # first: process defaults before torch loads
+
+# isort: split
 import torch
-from common import machine_line, median, record
 from torch.utils.flop_counter import FlopCounterMode
 
 from nemo_rl_core.algorithms.config import ClippedPGLossConfig

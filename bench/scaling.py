@@ -14,7 +14,6 @@ import math
 import tempfile
 from pathlib import Path
 
-import torch
 from common import (
     PLOTS,
     SMOKE_OVERRIDES,
@@ -81,6 +80,8 @@ def format_table(sizes: list[int], per_stage: dict[str, list[float]]) -> str:
 
 
 def main() -> None:
+    import torch  # after common: see its OpenMP note
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="2 and 4 sequences, 2 iterations")
     parser.add_argument("--sequences", nargs="+", type=int, default=[8, 32, 128, 512])

@@ -1,11 +1,16 @@
 """Prefect flows of the training algorithms.
 
-Prefect reads its settings when first imported, so the defaults that make the embedded
-(ephemeral) API dependable on a small, busy machine are set here, before any flow module
-imports prefect. Values already in the environment win.
+Settings that are read once, when a library first loads, are set here, before any flow
+module imports prefect or torch. Values already in the environment win.
 """
 
 import os
 
 # The ephemeral API server gets 20 s by default; a loaded 2-core machine needs more.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+# OpenMP threads that finish a parallel region spin (libgomp's default) instead of sleeping.
+# Next to Prefect's API server, the reward workers or anyone else's process, the thread a
+# region waits for has often lost its core, and every small op pays for it: on 2 shared
+# cores the tiny model's iteration ran 8-16x slower (bench/RESULTS.md, issue 8). libgomp
+# reads this only when torch first loads it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
