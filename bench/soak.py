@@ -184,7 +184,7 @@ def soak(stack: LocalStack, args: argparse.Namespace, workdir: Path) -> SoakResu
     reference = start_reference(stack, reference_root, result.run_id, args.iterations)
     try:
         drive_until_done(stack, args, result)
-        if reference.wait(timeout=args.iterations * 120) != 0:
+        if reference.wait(timeout=600 + args.iterations * 120) != 0:
             raise RuntimeError(f"the reference run failed; see {workdir / 'reference.log'}")
         result.reference_wall_s = time.monotonic() - reference_started
     finally:

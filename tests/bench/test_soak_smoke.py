@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.stack, pytest.mark.e2e]
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(1800)  # may be the first stack test: it then waits for the stack too
 def test_soak_smoke(local_stack: LocalStack, stack_deployments: dict[str, str]) -> None:
     result = subprocess.run(
         [
@@ -27,7 +28,7 @@ def test_soak_smoke(local_stack: LocalStack, stack_deployments: dict[str, str]) 
         env=local_stack.env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1500,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "not recorded in bench/RESULTS.md" in result.stdout
