@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import flows  # noqa: F401  (first: its process settings, e.g. OMP_WAIT_POLICY, precede torch)
 from nemo_rl_core.models.local_models import build_tiny_model
 
 # The stack driver lives with the scripts it drives (infra/), shared with bench/soak.py.
