@@ -15,6 +15,7 @@ naming the path instead of returning wrong data.
 
 import json
 import math
+import mmap
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -181,7 +182,9 @@ def batch_to_bytes(
 
 
 def batch_from_bytes(
-    data: bytes | memoryview, source: str = "<bytes>", verify_checksums: bool = True
+    data: bytes | memoryview | mmap.mmap,
+    source: str = "<bytes>",
+    verify_checksums: bool = True,
 ) -> BatchedDataDict:
     """Decode Parquet bytes made by ``batch_to_bytes``; ``source`` names them in errors."""
     return _read(pa.BufferReader(data), None, source, verify_checksums)

@@ -25,6 +25,8 @@ are handed to fsspec and never logged, stored or put in an error message.
 
 import hashlib
 import json
+import mmap
+import os
 import posixpath
 import re
 import shutil
@@ -168,7 +170,9 @@ class RunStorage:
         source = self._url(ref.key)
         # sha256 covers every byte, so the page CRCs need not be checked again.
         return self._get_verified(
-            ref, lambda data: batch_from_bytes(data, source=source, verify_checksums=False)
+            ref,
+            lambda data: batch_from_bytes(data, source=source, verify_checksums=False),
+            mapped=True,
         )
 
     def write_json(self, iteration: int, stage: str, name: str, obj: dict) -> ObjectRef:
@@ -232,7 +236,7 @@ class RunStorage:
             return None
         for ref in entry.get("outputs", {}).values():
             try:
-                self._get_verified(ObjectRef.from_dict(ref), lambda data: None)
+                self._get_verified(ObjectRef.from_dict(ref), lambda data: None, mapped=True)
             except IntegrityError:
                 return None
         return entry
@@ -418,11 +422,30 @@ class RunStorage:
         except FileNotFoundError:
             return None
 
-    def _get_verified(self, ref: ObjectRef, decode: Callable[[bytes], T]) -> T:
+    def _get_mapped(self, key: str) -> bytes | mmap.mmap | None:
+        """A local object as a read-only map of its file: hashed and decoded straight from
+        the page cache instead of copied into fresh memory (~half the CPU of a 100 MB read).
+        Commits replace files by rename, never in place, so the map cannot change under us."""
+        if not self._local:
+            return self._get_optional(key)
+
+        def open_map() -> bytes | mmap.mmap:
+            with open(self._path(key), "rb") as file:
+                if os.fstat(file.fileno()).st_size == 0:
+                    return b""  # an empty file cannot be mapped
+                return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+
+        try:
+            return self._call(key, open_map)
+        except FileNotFoundError:
+            return None
+
+    def _get_verified(self, ref: ObjectRef, decode: Callable[[Any], T], mapped: bool = False) -> T:
         """Fetch ``ref`` and decode it while its sha256 is checked; a mismatch in size or
-        digest raises ``IntegrityError`` (also when the damage made decoding fail)."""
+        digest raises ``IntegrityError`` (also when the damage made decoding fail).
+        ``mapped`` lets ``decode`` take a memory map of a local file instead of bytes."""
         self._check_key(ref.key)
-        data = self._get_optional(ref.key)
+        data = self._get_mapped(ref.key) if mapped else self._get_optional(ref.key)
         url = self._url(ref.key)
         if data is None:
             raise IntegrityError(f"{url} is missing (expected {ref.size} bytes)")
