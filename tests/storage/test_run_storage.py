@@ -123,9 +123,10 @@ def test_tampered_object_raises_integrity_error(storage: RunStorage) -> None:
     with pytest.raises(IntegrityError, match="sha256") as info:
         storage.read_batch(ref)
     assert ref.key in str(info.value)
-    storage.fs.pipe_file(path, bytes(data[:-10]))
-    with pytest.raises(IntegrityError, match="bytes"):
-        storage.read_batch(ref)
+    for short in (bytes(data[:-10]), b""):  # an empty local file cannot be memory-mapped
+        storage.fs.pipe_file(path, short)
+        with pytest.raises(IntegrityError, match="bytes"):
+            storage.read_batch(ref)
     storage.fs.rm_file(path)
     with pytest.raises(IntegrityError, match="missing"):
         storage.read_batch(ref)
