@@ -13,6 +13,7 @@ reads are also compared with raw bytes that get the same integrity check as the 
 
 import argparse
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -24,14 +25,17 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.storage import codec
 from nemo_rl_core.storage.codec import batch_from_bytes, batch_to_bytes, read_batch, write_batch
 from nemo_rl_core.storage.run_storage import RunStorage
 
@@ -204,12 +208,44 @@ def bench_rows(batch: BatchedDataDict, runs: int, s3_options: dict) -> list[tupl
     return rows
 
 
+def decode_profile(batch: BatchedDataDict, runs: int) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds of each part of one local read: where the codec's time goes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path, raw_path = Path(tmp) / "batch.parquet", Path(tmp) / "raw.bin"
+        write_batch(batch, path)
+        raw_path.write_bytes(os.urandom(path.stat().st_size))
+        table = pq.read_table(path)
+        specs = json.loads(table.schema.metadata[codec.FORMAT_NAME.encode()])["columns"]
+        groups: dict[str, list[str]] = {}
+        for key, spec in specs.items():
+            part = spec.get("layout", spec["kind"])
+            groups.setdefault(f"Arrow -> batch: {part} columns", []).append(key)
+
+        def decode(keys: list[str]) -> None:
+            for key in keys:
+                codec._decode_column(specs[key], table.column(key).chunk(0))
+
+        parts: dict[str, Callable[[], object]] = {
+            "raw file read": raw_path.read_bytes,
+            "Parquet -> Arrow (mmap, page CRC)": lambda: pq.read_table(path, memory_map=True),
+            "Parquet -> Arrow (mmap, no CRC)": lambda: pq.read_table(
+                path, memory_map=True, page_checksum_verification=False
+            ),
+        }
+        parts.update({name: lambda k=keys: decode(k) for name, keys in groups.items()})
+        parts["read_batch (all of it)"] = lambda: read_batch(path)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return interleaved_medians(parts, runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny batch, 2 runs (CI)")
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--max-len", type=int, default=4096)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="also time each part of a read")
     args = parser.parse_args()
     samples, max_len, runs = (16, 128, 2) if args.smoke else (args.samples, args.max_len, args.runs)
 
@@ -222,6 +258,7 @@ def main() -> None:
     print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     with moto_server() as s3_options:
         rows = bench_rows(batch, runs, s3_options)
+    profile = decode_profile(batch, runs) if args.profile else {}
     print(f"load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     size = len(batch_to_bytes(batch))
     print(f"\nParquet size: {size / 1e6:.1f} MB (raw copies use the same size)\n")
@@ -238,6 +275,10 @@ def main() -> None:
         print(
             f"{target:30} {op:5} {size / codec_s / 1e6:11.0f} {raw_text} {wall_ratio} {cpu_ratio}"
         )
+    if profile:
+        print(f"\n{'part of a local read':40} {'wall ms':>8} {'CPU ms':>7}")
+        for part, (wall, cpu) in profile.items():
+            print(f"{part:40} {wall * 1e3:8.1f} {cpu * 1e3:7.1f}")
 
 
 if __name__ == "__main__":
