@@ -6,7 +6,8 @@ back is a numpy view of the Arrow buffer; right-padded rows whose true length is
 by a lengths key (``input_lengths`` and friends) are stored as list columns without
 the padding, and the pad value and width come back exactly on read. Lists of Python
 values (strings, numbers, message logs with tensors inside, nested metadata) are
-stored as JSON text with their tensors as raw bytes beside it.
+stored as JSON text with their tensors as raw bytes beside it, one list of blobs per
+dtype, so a reader cuts all tensors of a dtype out of one buffer in one call.
 
 The schema metadata records every column's dtype, shape and layout plus a format
 version, so a reader of another version or a damaged file fails with ``CodecError``
@@ -162,9 +163,9 @@ def read_batch(
 
     ``verify_checksums`` checks every page's CRC; turn it off only when the bytes were
     already verified as a whole (as run storage does with sha256). A local path is
-    memory-mapped (its pages are decoded straight from the page cache, with no copy into
-    a read buffer: about half the kernel time); the decoded batch holds no reference to the map,
-    but the file must not be truncated while it is read (run storage commits by rename).
+    memory-mapped: pages are decoded straight from the page cache, not copied into a read
+    buffer first (about half the kernel time). The decoded batch holds no reference to the
+    map, but the file must not be truncated while it is read (run storage commits by rename).
     """
     source = str(path_or_file) if isinstance(path_or_file, str | Path) else _name_of(path_or_file)
     where = str(path_or_file) if isinstance(path_or_file, Path) else path_or_file
