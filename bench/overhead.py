@@ -121,6 +121,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=5, help="per run; the first is warm-up")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
+        "overrides", nargs="*", help="config key=value overrides for all three variants"
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
     parser.add_argument(
@@ -146,7 +149,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, local_s3_bucket(Path(tmp)) as s3_root:
         for batch in args.batches:
             prompts, generations = (int(n) for n in batch.split("x"))
-            extra = SMOKE_OVERRIDES if args.smoke else []
+            extra = (SMOKE_OVERRIDES if args.smoke else []) + args.overrides
             results = measure(
                 prompts, generations, args.iterations, args.repeats, Path(tmp), s3_root, extra
             )
