@@ -6,6 +6,7 @@ entry for the same inputs, its stored outputs are returned and nothing is recomp
 otherwise the stage computes, writes each output atomically and records it.
 """
 
+import contextlib
 import logging
 import os
 import re
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import psutil
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 
@@ -87,7 +89,7 @@ def injected_faults(stage: str, iteration: int) -> set[str]:
     """The modes ``NEMO_RL_CORE_FAULT=stage@iteration[:mode],...`` asks of this stage.
 
     ``raise`` (the default) fails before the stage computes; ``kill`` SIGKILLs the process
-    after it computed but before its outputs are committed, like a worker lost in the
+    (with its children) after it computed but before its outputs are committed, like a worker lost in the
     middle of a stage; ``damage`` flips one byte of each committed output (once per
     process), so the next stage reads an object that no longer matches the manifest.
     """
@@ -98,6 +100,16 @@ def injected_faults(stage: str, iteration: int) -> set[str]:
         if target == f"{stage}@{iteration}":
             modes.add(mode or "raise")
     return modes
+
+
+def _kill_process_tree() -> None:
+    """SIGKILL this process and everything it started (forked reward workers), as a lost
+    machine takes them along: a surviving child would hold the worker's pipe to this
+    process open, and Prefect would see the crash only when that child exits."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 _damaged: set[tuple[str, int]] = set()
@@ -150,7 +162,7 @@ def run_stage(
     outputs, metrics = compute()
     metrics = {**metrics, "seconds": time.perf_counter() - started}
     if "kill" in faults:
-        os.kill(os.getpid(), signal.SIGKILL)
+        _kill_process_tree()
     refs: dict[str, ObjectRef] = {}
     for name, value in outputs.items():
         if isinstance(value, BatchedDataDict):
