@@ -14,6 +14,7 @@ reliability section of bench/RESULTS.md by hand.
 """
 
 import argparse
+import datetime as dt
 import io
 import json
 import random
@@ -63,7 +64,7 @@ class SoakResult:
     kills: list[Kill] = field(default_factory=list)
     unplanned_failures: list[str] = field(default_factory=list)
     soak_wall_s: float = 0.0
-    reference_wall_s: float = 0.0
+    reference_wall_s: float = 0.0  # its start to its last commit
     weights_bit_equal: bool = False
     tensors_compared: int = 0
 
@@ -177,16 +178,26 @@ def compare_weights(stack: LocalStack, reference_root: Path, result: SoakResult)
     )
 
 
+def finished_at(root: Path, result: SoakResult) -> dt.datetime:
+    """When a run's last stage committed (the manifest says; the process may end later)."""
+    manifest = root / "runs" / result.run_id / f"iter_{result.iterations - 1:06d}/MANIFEST.json"
+    return dt.datetime.fromisoformat(
+        json.loads(manifest.read_text())["stages"]["checkpoint"]["finished_at"]
+    )
+
+
 def soak(stack: LocalStack, args: argparse.Namespace, workdir: Path) -> SoakResult:
     result = SoakResult(run_id=f"soak-{secrets.token_hex(3)}", iterations=args.iterations)
     reference_root = workdir / "reference"
-    reference_started = time.monotonic()
+    reference_started = dt.datetime.now(dt.UTC)
     reference = start_reference(stack, reference_root, result.run_id, args.iterations)
     try:
         drive_until_done(stack, args, result)
         if reference.wait(timeout=600 + args.iterations * 120) != 0:
             raise RuntimeError(f"the reference run failed; see {workdir / 'reference.log'}")
-        result.reference_wall_s = time.monotonic() - reference_started
+        result.reference_wall_s = (
+            finished_at(reference_root, result) - reference_started
+        ).total_seconds()
     finally:
         if reference.poll() is None:
             kill_tree(reference.pid)
