@@ -14,22 +14,17 @@ normal priority, not under the bench lock.
 
 import argparse
 import datetime as dt
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-# Before torch loads OpenMP: waiting threads sleep instead of spinning. On a shared 2-core
-# box the default spin-wait burned ~75% of the process's CPU (perf: libgomp spin loops) and
-# made an iteration ~5x slower; see bench/RESULTS.md, issue 4.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from common import PLOTS, SMOKE_OVERRIDES, TINY_CONFIG, machine_line
 
-from common import PLOTS, SMOKE_OVERRIDES, TINY_CONFIG, machine_line  # noqa: E402
-
-from flows.report import iteration_metrics  # noqa: E402
-from nemo_rl_core.algorithms.grpo import load_master_config  # noqa: E402
-from tasks.stage import RunRef, open_storage  # noqa: E402
+import flows  # noqa: F401  (first: its process settings, e.g. OMP_WAIT_POLICY, precede torch)
+from flows.report import iteration_metrics
+from nemo_rl_core.algorithms.grpo import load_master_config
+from tasks.stage import RunRef, open_storage
 
 DEMO_CONFIG = "examples/configs/grpo_math_smollm2.yaml"
 # (manifest metric, axis label): the reward first, the rest explain it.

@@ -17,6 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import flows  # noqa: F401  (first: its process settings, e.g. OMP_WAIT_POLICY, precede torch)
+
+# isort: split
 import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict

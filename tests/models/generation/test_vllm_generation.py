@@ -170,6 +170,19 @@ def test_refit_untied_model_from_checkpoint(qwen2_fp32, tiny_qwen2_dir, tmp_path
     assert torch.equal(after["output_ids"], cold_hf["output_ids"])
 
 
+def test_seeded_batch_larger_than_one_prefill_step(llama_fp32, make_batch):
+    """64 seeded ~150-token prompts exceed one step's prefill budget: no chunked prefill
+    (a CPU generator cannot rewind), and each sample is what its seed draws alone."""
+    texts = [f"{i} " + "solve the problem step by step " * 25 for i in range(64)]
+    batch = make_batch(llama_fp32.model.tokenizer, texts, sample_seeds=torch.arange(64) + 7)
+    assert int(batch["input_lengths"].sum()) > 8192
+    out = llama_fp32.generate(batch)
+    assert (out["generation_lengths"] > 0).all()
+    alone = llama_fp32.generate(batch.slice(5, 6))
+    length = int(alone["unpadded_sequence_lengths"][0])
+    assert torch.equal(out["output_ids"][5, :length], alone["output_ids"][0, :length])
+
+
 def test_prompt_longer_than_max_model_len_fails(llama_fp32, make_batch):
     too_long = make_batch(llama_fp32.model.tokenizer, ["what is the sum of 3 and 4 " * 40])
     with pytest.raises(PromptTooLongError, match="max_model_len is 256"):
