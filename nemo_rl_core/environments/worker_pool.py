@@ -26,7 +26,12 @@ class TaskOutcome:
     reason: str = ""
 
 
-def _worker_main(conn: Connection, fn: Callable[[Any], Any], warmup_item: Any) -> None:
+def _worker_main(
+    conn: Connection, parent_end: Connection, fn: Callable[[Any], Any], warmup_item: Any
+) -> None:
+    # The fork copied the parent's end of this pipe: closed here, the pipe reaches EOF when
+    # the parent dies (even by SIGKILL), and the worker exits instead of lingering on.
+    parent_end.close()
     if warmup_item is not None:
         fn(warmup_item)  # lazy imports and parser tables load here, not on a timed task
     conn.send(("ready", None))
@@ -44,7 +49,9 @@ def _worker_main(conn: Connection, fn: Callable[[Any], Any], warmup_item: Any) -
 class _Worker:
     def __init__(self, ctx: multiprocessing.context.BaseContext, fn: Callable, warmup_item: Any):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, fn, warmup_item), daemon=True)
+        self.process = ctx.Process(
+            target=_worker_main, args=(child, self.conn, fn, warmup_item), daemon=True
+        )
         self.process.start()
         child.close()
         self.ready = False
