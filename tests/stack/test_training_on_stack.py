@@ -45,6 +45,11 @@ def test_nightly_schedule_is_registered(
 ) -> None:
     deployment = local_stack.api("GET", f"/deployments/{stack_deployments['grpo/nightly']}")
     assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 2 * * *"]
+    # The session's deployments are shared: an earlier test may have paused every schedule.
+    (schedule,) = deployment["schedules"]
+    local_stack.api(
+        "PATCH", f"/deployments/{deployment['id']}/schedules/{schedule['id']}", {"active": True}
+    )
     query = {
         "deployments": {"id": {"any_": [stack_deployments["grpo/nightly"]]}},
         "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
