@@ -8,10 +8,10 @@ can be recomputed alone from its stored inputs.
 import hashlib
 import json
 from abc import abstractmethod
-from typing import Any
+from typing import Any, Self
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from nemo_rl_core.algorithms.advantage_estimator import create_advantage_estimator
 from nemo_rl_core.algorithms.config import ClippedPGLossConfig, GRPOAdvantageConfig, StrictConfig
@@ -94,6 +94,35 @@ class RLMasterConfig(StrictConfig):
 
     def algorithm_max_steps(self) -> int:
         return self.algorithm.max_num_steps
+
+    @model_validator(mode="after")
+    def _skipped_forwards_are_unused(self) -> Self:
+        """NeMo RL's checks of the two forward shortcuts of the logprob stage: each is
+        exact only when nothing reads what it no longer computes."""
+        loop, loss = self.algorithm, self.loss_fn
+        section = type(loop).__name__.removesuffix("Config").lower()
+        if loss.force_on_policy_ratio:
+            samples = loop.num_prompts_per_step * loop.num_generations_per_prompt
+            if self.policy.train_global_batch_size != samples:
+                raise ValueError(
+                    "loss_fn.force_on_policy_ratio needs one optimizer step per batch: "
+                    f"policy.train_global_batch_size={self.policy.train_global_batch_size} "
+                    f"must equal {section}.num_prompts_per_step x num_generations_per_prompt"
+                    f" = {samples}"
+                )
+            if loss.use_kl_in_reward and loss.reference_policy_kl_penalty != 0:
+                raise ValueError(
+                    "loss_fn.force_on_policy_ratio skips the policy forward whose "
+                    "prev_logprobs loss_fn.use_kl_in_reward reads for its KL reward; "
+                    "set one of them to false"
+                )
+        if loop.skip_reference_policy_logprobs_calculation and loss.reference_policy_kl_penalty:
+            raise ValueError(
+                f"{section}.skip_reference_policy_logprobs_calculation needs "
+                "loss_fn.reference_policy_kl_penalty: 0 "
+                f"(got {loss.reference_policy_kl_penalty}): the KL term reads them"
+            )
+        return self
 
 
 class MasterConfig(RLMasterConfig):
@@ -244,7 +273,13 @@ def score_rollouts(
 def compute_logprobs(
     policy: PolicyInterface, batch: BatchedDataDict, tokenizer: Any, config: RLMasterConfig
 ) -> BatchedDataDict:
-    """Flat training inputs of the rollouts with the policy's and reference's logprobs."""
+    """Flat training inputs of the rollouts with the policy's and reference's logprobs.
+
+    As in NeMo RL, each forward is skipped when its output is unused, and stored as zeros
+    so the stage's columns stay the same: ``prev_logprobs`` with
+    ``loss_fn.force_on_policy_ratio`` (the loss takes the current logprobs, detached),
+    the reference's with ``skip_reference_policy_logprobs_calculation`` (KL penalty 0);
+    the config validation refuses the combinations that would read them."""
     train_data = message_logs_to_train_data(
         batch["message_log"],
         pad_token_id=tokenizer.pad_token_id,
@@ -253,9 +288,13 @@ def compute_logprobs(
     train_data["sample_mask"] = torch.as_tensor(batch["loss_multiplier"], dtype=torch.float32)
     train_data["total_reward"] = batch["total_reward"]
     train_data["prompt_index"] = batch["prompt_index"]
-    train_data["prev_logprobs"] = policy.get_logprobs(train_data)["logprobs"]
+    skipped = torch.zeros_like(train_data["generation_logprobs"])
+    if config.loss_fn.force_on_policy_ratio:
+        train_data["prev_logprobs"] = skipped
+    else:
+        train_data["prev_logprobs"] = policy.get_logprobs(train_data)["logprobs"]
     if config.algorithm.skip_reference_policy_logprobs_calculation:
-        train_data["reference_policy_logprobs"] = train_data["prev_logprobs"].clone()
+        train_data["reference_policy_logprobs"] = skipped.clone()
     else:
         train_data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(train_data)[
             "reference_logprobs"

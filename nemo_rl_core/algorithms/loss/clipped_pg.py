@@ -27,8 +27,10 @@ class ClippedPGLossFn:
 
     Knobs, term by term:
 
-    - ratio r_t: ``force_on_policy_ratio`` uses exp(log pi - sg(log pi)) (=1, on-policy
-      gradient); ``disable_ppo_ratio`` replaces r_t by log pi with no clipping
+    - ratio r_t: ``force_on_policy_ratio`` takes pi_old = sg(pi), so r_t = exp(log pi -
+      sg(log pi)) = 1 with the on-policy gradient, unclipped, and ``prev_logprobs`` is not
+      read (NeMo RL: one optimizer step per batch, where pi_old = pi; GRPO then skips the
+      forward that computes them); ``disable_ppo_ratio`` replaces r_t by log pi with no clipping
       (REINFORCE / RLOO); ``sequence_level_importance_ratios`` (GSPO) uses the
       sequence's geometric mean exp(mean_t log pi/pi_old) for every token;
       ``use_cispo`` makes L(t) = -A_t sg(clip(r_t)) log pi (CISPO: clipped, detached weight).
@@ -50,7 +52,7 @@ class ClippedPGLossFn:
       A_t > 0, normalized by global_valid_toks.
 
     Data (all [B, S] aligned with input_ids; position 0 is dropped): ``advantages``,
-    ``prev_logprobs``, ``generation_logprobs``, ``reference_policy_logprobs`` (only with
+    ``prev_logprobs`` (not with ``force_on_policy_ratio``), ``generation_logprobs``, ``reference_policy_logprobs`` (only with
     the KL term), ``token_mask``; ``sample_mask`` [B].
     """
 
@@ -80,7 +82,11 @@ class ClippedPGLossFn:
         sample_mask = data["sample_mask"].to(curr.dtype)
         check_aligned("next_token_logprobs", curr, token_mask)
         advantages = data["advantages"][:, 1:].to(curr.dtype)
-        prev = data["prev_logprobs"][:, 1:].to(curr.dtype)
+        prev = (
+            curr.detach()
+            if cfg.force_on_policy_ratio
+            else data["prev_logprobs"][:, 1:].to(curr.dtype)
+        )
         gen = data["generation_logprobs"][:, 1:].to(curr.dtype)
         mask = token_mask * sample_mask.unsqueeze(-1)
 
@@ -124,7 +130,7 @@ class ClippedPGLossFn:
         # --- ratio and clipped surrogate
         log_ratio = curr - prev
         if cfg.force_on_policy_ratio:
-            ratios = (curr - curr.detach()).exp()
+            ratios = log_ratio.exp()  # = 1, d/dtheta = d log pi / dtheta
             ratios_clamped = ratios
         elif cfg.disable_ppo_ratio:
             ratios = curr
