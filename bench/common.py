@@ -10,13 +10,10 @@ import datetime as dt
 import os
 import platform
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,6 +26,9 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
 # that the plain loop and the flow of a benchmark run as a flow run would: import this
 # module before torch.
 import flows  # noqa: E402, F401, I001
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
+from moto_server import running_moto_server  # noqa: E402
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 PLOTS = Path(__file__).with_name("plots")
@@ -78,12 +78,6 @@ def record(heading: str, table: str, reading: str, smoke: bool) -> None:
     print(f"recorded in {RESULTS}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def local_s3_bucket(log_dir: Path) -> Iterator[str]:
     """A moto S3 server on 127.0.0.1 with one fresh bucket; yields ``s3://bucket``.
@@ -92,52 +86,25 @@ def local_s3_bucket(log_dir: Path) -> Iterator[str]:
     finds S3 without a Prefect block (restored on exit)."""
     import boto3
 
-    moto = Path(sys.executable).parent / "moto_server"
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    with open(log_dir / "moto_server.log", "wb") as log:
-        proc = subprocess.Popen(
-            [str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
-        )
     env = {
         "AWS_ACCESS_KEY_ID": "bench",
         "AWS_SECRET_ACCESS_KEY": "bench",
         "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL_S3": endpoint,
     }
-    saved = {key: os.environ.get(key) for key in env}
+    saved = {key: os.environ.get(key) for key in [*env, "AWS_ENDPOINT_URL_S3"]}
     os.environ.update(env)
     try:
-        _wait_until_up(endpoint, proc)
-        bucket = f"bench-{uuid.uuid4().hex[:8]}"
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-        yield f"s3://{bucket}"
+        with running_moto_server(log_dir / "moto_server.log") as endpoint:
+            os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
+            bucket = f"bench-{uuid.uuid4().hex[:8]}"
+            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+            yield f"s3://{bucket}"
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_until_up(endpoint: str, proc: subprocess.Popen, limit: float = 120.0) -> None:
-    deadline = time.monotonic() + limit
-    while True:
-        try:
-            urllib.request.urlopen(endpoint, timeout=2).close()
-            return
-        except urllib.error.HTTPError:  # answering at all means it is up
-            return
-        except OSError as exc:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"moto_server did not start on {endpoint}: {exc}") from exc
-            time.sleep(0.2)
 
 
 def flow_iteration_times(storage_root: str, run_id: str, iterations: int) -> list[dict]:

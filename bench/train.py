@@ -10,13 +10,14 @@ Smoke: .venv/bin/python bench/train.py --smoke    (tiny model, two steps)
 
 import argparse
 import os
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from common import cpu_model  # first: it sets the process defaults before torch loads
+
+# isort: split
 import torch
 
 from nemo_rl_core.algorithms.loss import NLLLossFn
@@ -91,16 +92,6 @@ def _measure(model_dir: Path, batch: int, seq: int, steps: int) -> dict[str, flo
     return {name: tokens / statistics.median(t) for name, t in times.items()}
 
 
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(
-            line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line
-        )
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny model, two timed steps")
@@ -111,7 +102,7 @@ def main() -> None:
     models = {"tiny (2x64)": MODELS["tiny (2x64)"]} if args.smoke else MODELS
     steps = 2 if args.smoke else args.steps
     print(
-        f"cpu: {_cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
+        f"cpu: {cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
         f"batch {args.batch}x{args.seq}, {steps} timed steps, load avg {os.getloadavg()[0]:.1f}"
     )
     print(f"{'model':<24}{'megatron tok/s':>16}{'hf tok/s':>12}{'megatron/hf':>13}")

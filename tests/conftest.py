@@ -2,13 +2,7 @@
 S3-compatible server (moto) for the storage tests, and the real local stack (started once
 per session for every test that asks for it)."""
 
-import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +16,7 @@ from nemo_rl_core.models.local_models import build_tiny_model
 # The stack driver lives with the scripts it drives (infra/), shared with bench/soak.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
 from local_stack import LocalStack, running_stack  # noqa: E402
+from moto_server import running_moto_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -59,39 +54,11 @@ class S3Server:
     storage_options: dict
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """A real S3-compatible server (moto_server) on 127.0.0.1, with dummy credentials."""
-    moto = Path(sys.executable).parent / "moto_server"
-    if not moto.exists():
-        moto = Path(shutil.which("moto_server") or moto)
-    port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "moto_server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT
-        )
-    endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(endpoint, timeout=1).close()
-                break
-            except urllib.error.HTTPError:  # answering at all means it is up
-                break
-            except OSError as exc:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"moto_server did not start on {endpoint}: {exc}; see {log}"
-                    ) from exc
-                time.sleep(0.1)
+    with running_moto_server(log, startup_limit_s=60) as endpoint:
         yield S3Server(
             endpoint_url=endpoint,
             storage_options={
@@ -101,13 +68,6 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
                 "client_kwargs": {"region_name": "us-east-1"},
             },
         )
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
