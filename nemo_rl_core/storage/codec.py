@@ -1,4 +1,4 @@
-"""Arrow/Parquet codec for ``BatchedDataDict``: the one on-disk format of stage outputs.
+"""Arrow codec for ``BatchedDataDict``: the one on-disk format of stage outputs.
 
 Every key becomes one column. Tensors keep their exact dtype, shape and bits:
 fixed-size rows are stored flat (primitive or fixed-size-list columns) so reading them
@@ -10,28 +10,46 @@ stored as JSON text with their tensors as raw bytes beside it, one list of blobs
 dtype, so a reader cuts all tensors of a dtype out of one buffer in one call.
 
 The schema metadata records every column's dtype, shape and layout plus a format
-version, so a reader of another version or a damaged file fails with ``CodecError``
-naming the path instead of returning wrong data.
+version and a CRC-32 of that record, so a reader of another version or a damaged file
+fails with ``CodecError`` naming the path instead of returning wrong shapes.
+
+One table, two file containers (``containers``): Arrow IPC, read zero-copy from a memory
+map, for stage handoff; Parquet for export and analytics. Readers detect which one.
 """
 
 import json
 import math
 import mmap
+import os
+import uuid
 import warnings
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.storage.containers import (
+    ARROW,
+    BatchFormat,
+    check_format,
+    format_for_path,
+    read_source,
+    read_table,
+    write_table,
+)
+from nemo_rl_core.storage.fresh_memory import zeroed
 
 FORMAT_NAME = "nemo_rl_core.batch"
 FORMAT_VERSION = 2  # 2: non-null fields, message-log tensors grouped by dtype
 _METADATA_KEY = FORMAT_NAME.encode()
+# CRC-32 of the metadata record: a flipped digit in a shape must not decode as another shape.
+# Optional on read, as files written before it have none.
+_METADATA_CRC_KEY = f"{FORMAT_NAME}.crc32".encode()
 
 # Keys that NeMo RL uses for the true length of right-padded [B, S, ...] tensors, tried in
 # this order when the caller does not say which tensor is measured by which key.
@@ -57,7 +75,6 @@ _BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _TENSOR_MARK = "__tensor__"
 _TUPLE_MARK = "__tuple__"
 _DICT_MARK = "__dict__"
-_PAGE_BYTES = 8 << 20  # few, large pages: list columns decode ~2x faster than with 1 MiB
 # Non-null fields: Parquet then stores no definition levels for values, and list columns
 # read ~1.7x faster than with nullable fields.
 _BLOB_LISTS = pa.large_list(pa.field("item", pa.large_binary(), nullable=False))
@@ -96,9 +113,10 @@ def batch_to_table(
         "size": size,
         "columns": specs,
     }
+    record = json.dumps(metadata).encode()
     schema = pa.schema(
         [_field(key, array.type) for key, array in columns.items()],
-        metadata={_METADATA_KEY: json.dumps(metadata).encode()},
+        metadata={_METADATA_KEY: record, _METADATA_CRC_KEY: str(zlib.crc32(record)).encode()},
     )
     if not columns:
         return pa.Table.from_batches([], schema)
@@ -128,7 +146,7 @@ def table_to_batch(table: pa.Table, source: str = "<table>") -> BatchedDataDict:
             try:
                 array = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
                 batch[key] = _decode_column(spec, array)
-            except (KeyError, TypeError, ValueError, pa.ArrowException, RuntimeError) as exc:
+            except (LookupError, TypeError, ValueError, pa.ArrowException, RuntimeError) as exc:
                 raise CodecError(f"{source}: column {key!r} cannot be decoded: {exc}") from exc
     return batch
 
@@ -138,47 +156,56 @@ def write_batch(
     path_or_file: str | Path | IO[bytes],
     filesystem: Any = None,
     lengths_keys: Mapping[str, str] | None = None,
+    format: BatchFormat | None = None,
 ) -> None:
-    """Write a batch as one Parquet file (one row group, page checksums on)."""
+    """Write a batch as one file: Arrow IPC, or Parquet (one row group, page CRCs on).
+
+    ``format`` defaults to Parquet for a ``.parquet`` path and Arrow IPC otherwise. A local
+    path is replaced by rename, never rewritten in place: batches read earlier may still
+    view the old file's memory map. ``filesystem`` is an fsspec filesystem for the path.
+    """
+    fmt = check_format(format or format_for_path(_name_of(path_or_file)))
     table = batch_to_table(batch, lengths_keys)
-    where = str(path_or_file) if isinstance(path_or_file, Path) else path_or_file
-    pq.write_table(
-        table,
-        where,
-        filesystem=filesystem,
-        row_group_size=max(table.num_rows, 1),
-        compression="none",
-        use_dictionary=False,
-        write_statistics=False,
-        write_page_checksum=True,
-        data_page_version="2.0",
-        data_page_size=_PAGE_BYTES,
-    )
+    if filesystem is not None:
+        with filesystem.open(str(path_or_file), "wb") as file:
+            write_table(table, file, fmt)
+    elif isinstance(path_or_file, str | Path) and "://" not in str(path_or_file):
+        _replace_local(Path(path_or_file), lambda tmp: write_table(table, str(tmp), fmt))
+    else:
+        write_table(table, path_or_file, fmt)
 
 
 def read_batch(
     path_or_file: str | Path | IO[bytes], filesystem: Any = None, verify_checksums: bool = True
 ) -> BatchedDataDict:
-    """Read a batch written by ``write_batch``; a damaged or foreign file raises ``CodecError``.
+    """Read a batch written by ``write_batch`` (either container); a damaged or foreign
+    file raises ``CodecError`` naming it.
 
-    ``verify_checksums`` checks every page's CRC; turn it off only when the bytes were
+    ``verify_checksums`` checks Parquet's page CRCs; turn it off only when the bytes were
     already verified as a whole (as run storage does with sha256). A local path is
-    memory-mapped: pages are decoded straight from the page cache, not copied into a read
-    buffer first (about half the kernel time). The decoded batch holds no reference to the
-    map, but the file must not be truncated while it is read (run storage commits by rename).
+    memory-mapped copy-on-write: Arrow IPC tensors that need no re-padding (dense columns,
+    tensors inside message logs) stay views of the map, so the file must not be changed
+    in place while the batch lives (``write_batch`` replaces files by rename).
     """
-    source = str(path_or_file) if isinstance(path_or_file, str | Path) else _name_of(path_or_file)
-    where = str(path_or_file) if isinstance(path_or_file, Path) else path_or_file
-    local = filesystem is None and isinstance(where, str) and "://" not in where
-    return _read(where, filesystem, source, verify_checksums, memory_map=local)
+    source = _name_of(path_or_file)
+    try:
+        data = read_source(path_or_file, filesystem)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CodecError(f"{source}: cannot be read ({exc})") from exc
+    return batch_from_bytes(data, source, verify_checksums)
 
 
 def batch_to_bytes(
-    batch: Mapping[str, Any], lengths_keys: Mapping[str, str] | None = None
+    batch: Mapping[str, Any],
+    lengths_keys: Mapping[str, str] | None = None,
+    format: BatchFormat = ARROW,
 ) -> bytes:
-    """The Parquet bytes of a batch, for stores that put whole objects."""
+    """The file bytes of a batch (Arrow IPC unless ``format`` says Parquet), for stores
+    that put whole objects."""
     sink = pa.BufferOutputStream()
-    write_batch(batch, sink, lengths_keys=lengths_keys)
+    write_table(batch_to_table(batch, lengths_keys), sink, check_format(format))
     return sink.getvalue().to_pybytes()
 
 
@@ -187,28 +214,28 @@ def batch_from_bytes(
     source: str = "<bytes>",
     verify_checksums: bool = True,
 ) -> BatchedDataDict:
-    """Decode Parquet bytes made by ``batch_to_bytes``; ``source`` names them in errors."""
-    return _read(pa.BufferReader(data), None, source, verify_checksums)
-
-
-def _read(
-    where: Any, filesystem: Any, source: str, verify_checksums: bool, memory_map: bool = False
-) -> BatchedDataDict:
+    """Decode the bytes of either container; ``source`` names them in errors. Arrow IPC
+    tensors that need no re-padding stay views of ``data``."""
     try:
-        table = pq.read_table(
-            where,
-            filesystem=filesystem,
-            memory_map=memory_map,
-            page_checksum_verification=verify_checksums,
-        )
-    except FileNotFoundError:
-        raise
+        table = read_table(data, verify_checksums)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CodecError(f"{source}: not a readable batch file ({exc}); rewrite it") from exc
     return table_to_batch(table, source)
 
 
+def _replace_local(path: Path, write: Any) -> None:
+    """Run ``write(tmp)`` on a temporary sibling of ``path``, then rename it over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _name_of(file: Any) -> str:
+    if isinstance(file, str | Path):
+        return str(file)
     return str(getattr(file, "name", None) or getattr(file, "path", None) or "<file>")
 
 
@@ -352,7 +379,7 @@ def _decode_tensor(spec: dict[str, Any], array: pa.Array) -> torch.Tensor:
     bits_dtype = _BITS_DTYPE[torch.empty(0, dtype=dtype).element_size()]
     flat = values.view(storage_dtype).view(bits_dtype).numpy()
     pad = spec["pad_bits"]
-    out = _zeroed(math.prod(shape), flat.dtype)
+    out = zeroed(math.prod(shape), flat.dtype)
     if pad:
         out.fill(pad)
     # Rows are copied as 1-d slices of the flat output (~20% faster than 2-d row slices).
@@ -360,21 +387,6 @@ def _decode_tensor(spec: dict[str, Any], array: pa.Array) -> torch.Tensor:
         start, end = offsets[row], offsets[row + 1]
         out[row * row_size : row * row_size + end - start] = flat[start:end]
     return torch.from_numpy(out).view(dtype).reshape(shape)
-
-
-def _zeroed(count: int, dtype: np.dtype) -> np.ndarray:
-    """Zeroed memory for a padded tensor, mapped and faulted in by one system call.
-
-    Filling ~100 MB of fresh padded tensors is the decode's largest kernel cost. numpy's
-    own large arrays ask for transparent huge pages, which on a busy machine stall on
-    memory compaction (14-170 ms of kernel time per 100 MB, measured); 4 KiB pages faulted
-    one by one cost ~55 ms; populating them in one mmap call ~45 ms, steadily.
-    """
-    nbytes = count * dtype.itemsize
-    if nbytes == 0:
-        return np.zeros(count, dtype)
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype)
 
 
 def _values_view(array: pa.Array, numpy_dtype: np.dtype) -> torch.Tensor:
@@ -523,6 +535,9 @@ def _read_metadata(schema: pa.Schema, source: str) -> dict[str, Any]:
     raw = (schema.metadata or {}).get(_METADATA_KEY)
     if raw is None:
         raise CodecError(f"{source}: no {FORMAT_NAME} metadata; not written by this codec")
+    crc = (schema.metadata or {}).get(_METADATA_CRC_KEY)
+    if crc is not None and crc != str(zlib.crc32(raw)).encode():
+        raise CodecError(f"{source}: damaged {FORMAT_NAME} metadata (CRC-32 mismatch)")
     try:
         metadata = json.loads(raw)
     except ValueError as exc:

@@ -4,7 +4,8 @@
 <root>/runs/<run_id>/
   config.yaml                          resolved config, written once
   LEASE.json                           who drives the run, until when
-  iter_000003/<stage>/<name>.parquet   stage outputs (BatchedDataDict, codec format)
+  iter_000003/<stage>/<name>.arrow     stage outputs (BatchedDataDict, codec format;
+                                       <name>.parquet with batch_format="parquet")
   iter_000003/<stage>/<name>.json      small outputs (metrics)
   iter_000003/MANIFEST.json            one entry per finished stage: inputs, outputs, checksums
   checkpoints/step_000003/...          checkpoint files, training_info.json, COMMITTED last
@@ -49,6 +50,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.storage.codec import batch_from_bytes, batch_to_bytes
+from nemo_rl_core.storage.containers import ARROW, SUFFIXES, BatchFormat, check_format
 
 T = TypeVar("T")
 
@@ -118,10 +120,22 @@ class ObjectRef:
 
 
 class RunStorage:
-    """Reads and writes one run's config, stage outputs, manifests, checkpoints and lease."""
+    """Reads and writes one run's config, stage outputs, manifests, checkpoints and lease.
 
-    def __init__(self, root: str, run_id: str, storage_options: dict | None = None) -> None:
+    ``batch_format`` is the container of stage outputs: ``"arrow"`` (Arrow IPC, read
+    zero-copy; the default) or ``"parquet"`` (for runs whose outputs other tools read).
+    Reads take either, so a run can switch, and outputs of older runs stay readable.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        run_id: str,
+        storage_options: dict | None = None,
+        batch_format: BatchFormat = ARROW,
+    ) -> None:
         self.run_id = validate_name("run id", run_id)
+        self.batch_format = check_format(batch_format)
         self.root = str(root).rstrip("/") or "/"
         options = dict(storage_options or {})
         if fsspec.utils.get_protocol(self.root) not in ("file", "local"):
@@ -161,14 +175,16 @@ class RunStorage:
     def write_batch(
         self, iteration: int, stage: str, batch: BatchedDataDict, name: str = "batch"
     ) -> ObjectRef:
-        """Store a batch at ``iter_<n>/<stage>/<name>.parquet``, atomically."""
-        key = self._stage_key(iteration, stage, f"{validate_name('name', name)}.parquet")
-        return self._put(key, batch_to_bytes(batch))
+        """Store a batch at ``iter_<n>/<stage>/<name>.arrow`` (or ``.parquet``), atomically."""
+        filename = validate_name("name", name) + SUFFIXES[self.batch_format]
+        key = self._stage_key(iteration, stage, filename)
+        return self._put(key, batch_to_bytes(batch, format=self.batch_format))
 
     def read_batch(self, ref: ObjectRef) -> BatchedDataDict:
-        """Read a stored batch; its size and sha256 must match ``ref`` (else IntegrityError)."""
+        """Read a stored batch of either container; its size and sha256 must match ``ref``
+        (else IntegrityError). Tensors may view the object's (copy-on-write) memory map."""
         source = self._url(ref.key)
-        # sha256 covers every byte, so the page CRCs need not be checked again.
+        # sha256 covers every byte, so Parquet's page CRCs need not be checked again.
         return self._get_verified(
             ref,
             lambda data: batch_from_bytes(data, source=source, verify_checksums=False),
@@ -423,9 +439,10 @@ class RunStorage:
             return None
 
     def _get_mapped(self, key: str) -> bytes | mmap.mmap | None:
-        """A local object as a read-only map of its file: hashed and decoded straight from
-        the page cache instead of copied into fresh memory (~half the CPU of a 100 MB read).
-        Commits replace files by rename, never in place, so the map cannot change under us."""
+        """A local object as a copy-on-write map of its file: hashed and decoded straight
+        from the page cache instead of copied into fresh memory; decoded tensors may view
+        it, and writing to them never reaches the file. Commits replace files by rename,
+        never in place, so the map cannot change under us."""
         if not self._local:
             return self._get_optional(key)
 
@@ -433,7 +450,7 @@ class RunStorage:
             with open(self._path(key), "rb") as file:
                 if os.fstat(file.fileno()).st_size == 0:
                     return b""  # an empty file cannot be mapped
-                return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+                return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
 
         try:
             return self._call(key, open_map)

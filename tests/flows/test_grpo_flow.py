@@ -48,7 +48,7 @@ def test_writes_the_design_layout_and_finite_metrics(uninterrupted):
         entry = manifest(root, "clean", iteration)["stages"]
         assert set(entry) == set(GRPO_STAGES)
         for stage in ("prompts", "generate", "reward", "logprob", "advantage"):
-            assert (run_dir / f"iter_{iteration:06d}" / stage / "batch.parquet").is_file()
+            assert (run_dir / f"iter_{iteration:06d}" / stage / "batch.arrow").is_file()
         assert (run_dir / f"iter_{iteration:06d}" / "train" / "metrics.json").is_file()
     for step in range(1, ITERATIONS + 1):
         assert (run_dir / "checkpoints" / f"step_{step:06d}" / "COMMITTED").is_file()

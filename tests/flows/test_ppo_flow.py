@@ -44,7 +44,7 @@ def test_writes_values_and_commits_the_value_model(uninterrupted):
     for iteration in range(ITERATIONS):
         assert set(manifest(root, "clean", iteration)["stages"]) == set(PPO_STAGES)
         for stage in ("prompts", "generate", "reward", "logprob", "value", "advantage"):
-            assert (run_dir / f"iter_{iteration:06d}" / stage / "batch.parquet").is_file()
+            assert (run_dir / f"iter_{iteration:06d}" / stage / "batch.arrow").is_file()
     for step in range(1, ITERATIONS + 1):
         step_dir = run_dir / "checkpoints" / f"step_{step:06d}"
         assert (step_dir / "COMMITTED").is_file()

@@ -58,7 +58,7 @@ def test_damaged_input_is_re_made_by_its_producer_within_the_iteration(
         )
 
     monkeypatch.setenv(FAULT_ENV, "produce@2:damage")
-    assert run_iteration(one_iteration, run, 2) == ["iter_000002/produce/batch.parquet"]
+    assert run_iteration(one_iteration, run, 2) == ["iter_000002/produce/batch.arrow"]
     assert calls == {"produce": 2, "consume": 2}  # the first read found the damage
     assert RunStorage(str(tmp_path), "unit").read_manifest(2)["stages"]["consume"]["status"] == (
         "complete"
@@ -67,10 +67,10 @@ def test_damaged_input_is_re_made_by_its_producer_within_the_iteration(
 
 def test_damaged_input_error_names_the_object_and_is_not_retried() -> None:
     err = DamagedInputError(
-        "iter_000003/reward/batch.parquet", "has sha256 ab, its reference says cd"
+        "iter_000003/reward/batch.arrow", "has sha256 ab, its reference says cd"
     )
     assert (err.iteration, err.stage) == (3, "reward")
-    assert str(err).startswith("input iter_000003/reward/batch.parquet (output of stage 'reward'")
+    assert str(err).startswith("input iter_000003/reward/batch.arrow (output of stage 'reward'")
     assert not is_transient(None, None, type("State", (), {"data": err})())
 
 
@@ -88,7 +88,7 @@ def test_damage_found_mid_run_re_executes_the_producer(
         return_state=True,
     )
     assert state.is_completed(), state.message
-    key = "iter_000001/generate/batch.parquet"
+    key = "iter_000001/generate/batch.arrow"
     assert state.result()["remade"] == [key]
 
     # Evidence from the run itself (Prefect's task-run records arrive through its events

@@ -1,5 +1,5 @@
-"""Arrow/Parquet codec: exact round trips (property tests over dtypes, ranks and ragged
-lengths), zero-copy reads, and errors that name the key or the path."""
+"""Arrow codec in both containers (Arrow IPC, Parquet): exact round trips (property tests
+over dtypes, ranks and ragged lengths), zero-copy reads, and errors naming the key or path."""
 
 import io
 import json
@@ -23,6 +23,7 @@ from nemo_rl_core.storage.codec import (
     table_to_batch,
     write_batch,
 )
+from nemo_rl_core.storage.containers import FORMATS, SUFFIXES
 
 DTYPES = [
     torch.float32,
@@ -74,10 +75,14 @@ def assert_identical(expected: object, actual: object, where: str = "batch") -> 
         assert actual == expected, where
 
 
-def _round_trip(batch: BatchedDataDict) -> BatchedDataDict:
-    return batch_from_bytes(batch_to_bytes(batch))
+def _round_trip(batch: BatchedDataDict, fmt: str) -> BatchedDataDict:
+    return batch_from_bytes(batch_to_bytes(batch, format=fmt))
 
 
+each_format = pytest.mark.parametrize("fmt", FORMATS)
+
+
+@each_format
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     dtype=st.sampled_from(DTYPES),
@@ -85,13 +90,14 @@ def _round_trip(batch: BatchedDataDict) -> BatchedDataDict:
     seed=st.integers(0, 2**31 - 1),
 )
 def test_dense_tensors_round_trip_bit_exact(
-    dtype: torch.dtype, shape: list[int], seed: int
+    fmt: str, dtype: torch.dtype, shape: list[int], seed: int
 ) -> None:
     batch = BatchedDataDict(x=_random_tensor(tuple(shape), dtype, seed))
-    out = _round_trip(batch)
+    out = _round_trip(batch, fmt)
     assert_identical(batch.data, out.data)
 
 
+@each_format
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     dtype=st.sampled_from(DTYPES),
@@ -101,7 +107,12 @@ def test_dense_tensors_round_trip_bit_exact(
     seed=st.integers(0, 2**31 - 1),
 )
 def test_right_padded_tensors_are_stored_ragged_and_restored_exactly(
-    dtype: torch.dtype, lengths: list[int], extra_width: int, trailing: list[int], seed: int
+    fmt: str,
+    dtype: torch.dtype,
+    lengths: list[int],
+    extra_width: int,
+    trailing: list[int],
+    seed: int,
 ) -> None:
     width = max(lengths) + extra_width
     values = _random_tensor((len(lengths), width, *trailing), dtype, seed)
@@ -113,7 +124,7 @@ def test_right_padded_tensors_are_stored_ragged_and_restored_exactly(
     assert pa.types.is_large_list(table.schema.field("input_ids").type)
     stored = table.column("input_ids").combine_chunks().values
     assert len(stored) == sum(lengths) * int(np.prod(trailing or [1]))  # no padding stored
-    assert_identical(batch.data, _round_trip(batch).data)
+    assert_identical(batch.data, _round_trip(batch, fmt).data)
 
 
 def test_non_constant_padding_falls_back_to_dense_and_stays_exact() -> None:
@@ -122,7 +133,7 @@ def test_non_constant_padding_falls_back_to_dense_and_stays_exact() -> None:
     )
     table = batch_to_table(batch)
     assert pa.types.is_fixed_size_list(table.schema.field("logprobs").type)
-    assert_identical(batch.data, _round_trip(batch).data)
+    assert_identical(batch.data, _round_trip(batch, "arrow").data)
     with pytest.raises(CodecError, match="'logprobs'.*'input_lengths'"):
         batch_to_table(batch, lengths_keys={"logprobs": "input_lengths"})
     with pytest.raises(CodecError, match="'nope'"):
@@ -148,20 +159,22 @@ _python_value = st.recursive(
 )
 
 
+@each_format
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values=st.lists(_python_value, min_size=0, max_size=5))
-def test_lists_of_python_values_round_trip(values: list) -> None:
+def test_lists_of_python_values_round_trip(fmt: str, values: list) -> None:
     batch = BatchedDataDict(meta=values)
-    assert_identical(batch.data, _round_trip(batch).data)
+    assert_identical(batch.data, _round_trip(batch, fmt).data)
 
 
+@each_format
 @settings(max_examples=40, deadline=None)
 @given(
     rows=st.lists(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6), min_size=1, max_size=6)
 )
-def test_nested_ragged_lists_round_trip(rows: list[list[int]]) -> None:
+def test_nested_ragged_lists_round_trip(fmt: str, rows: list[list[int]]) -> None:
     batch = BatchedDataDict(token_lists=rows, width=torch.tensor([len(r) for r in rows]))
-    assert_identical(batch.data, _round_trip(batch).data)
+    assert_identical(batch.data, _round_trip(batch, fmt).data)
 
 
 def _message_log_batch() -> BatchedDataDict:
@@ -196,31 +209,44 @@ def _message_log_batch() -> BatchedDataDict:
     )
 
 
-def test_message_logs_and_metadata_round_trip(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "magic"), [("b.parquet", b"PAR1"), ("b.arrow", b"ARROW1\0\0"), ("b", b"ARROW1\0\0")]
+)
+def test_the_container_follows_the_path_and_is_detected_on_read(
+    tmp_path: Path, name: str, magic: bytes
+) -> None:
     batch = _message_log_batch()
-    write_batch(batch, tmp_path / "b.parquet")
-    out = read_batch(tmp_path / "b.parquet")
+    write_batch(batch, tmp_path / name)
+    assert (tmp_path / name).read_bytes()[: len(magic)] == magic
+    out = read_batch(tmp_path / name)
     assert isinstance(out, BatchedDataDict)
     assert_identical(batch.data, out.data)
+    write_batch(batch, tmp_path / name, format="parquet")  # an explicit format wins
+    assert (tmp_path / name).read_bytes()[:4] == b"PAR1"
+    assert_identical(batch.data, read_batch(tmp_path / name).data)
 
 
-def test_file_objects_and_filesystems_are_accepted(tmp_path: Path) -> None:
+@each_format
+def test_file_objects_and_filesystems_are_accepted(tmp_path: Path, fmt: str) -> None:
     import fsspec
 
     batch = _message_log_batch()
     buffer = io.BytesIO()
-    write_batch(batch, buffer)
+    write_batch(batch, buffer, format=fmt)
     buffer.seek(0)
     assert_identical(batch.data, read_batch(buffer).data)
     fs = fsspec.filesystem("file")
-    write_batch(batch, str(tmp_path / "fs.parquet"), filesystem=fs)
-    assert_identical(batch.data, read_batch(str(tmp_path / "fs.parquet"), filesystem=fs).data)
+    path = str(tmp_path / f"fs{SUFFIXES[fmt]}")
+    write_batch(batch, path, filesystem=fs)
+    assert_identical(batch.data, read_batch(path, filesystem=fs).data)
+    assert_identical(batch.data, read_batch(f"file://{path}").data)
 
 
-def test_empty_batch_round_trips() -> None:
-    assert dict(_round_trip(BatchedDataDict())) == {}
+@each_format
+def test_empty_batch_round_trips(fmt: str) -> None:
+    assert dict(_round_trip(BatchedDataDict(), fmt)) == {}
     batch = BatchedDataDict(x=torch.zeros(0, 3), names=[])
-    assert_identical(batch.data, _round_trip(batch).data)
+    assert_identical(batch.data, _round_trip(batch, fmt).data)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
@@ -235,22 +261,52 @@ def test_fixed_size_tensors_are_zero_copy_views_of_the_arrow_buffer(dtype: torch
     assert_identical(batch.data, out.data)
 
 
-def test_a_read_from_a_memory_mapped_file_survives_the_file_being_overwritten(
-    tmp_path: Path,
-) -> None:
-    """Local paths are memory-mapped on read: no decoded value may still point into the map."""
+def test_arrow_ipc_reads_are_zero_copy_views_of_the_bytes() -> None:
     batch = _message_log_batch()
     batch["dense"] = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    path = tmp_path / "b.parquet"
+    data = batch_to_bytes(batch, format="arrow")
+    out = batch_from_bytes(data)
+    start = np.frombuffer(data, np.uint8).ctypes.data
+    views = [out["dense"], out["rewards"], out["message_log"][2][2]["generation_logprobs"]]
+    for tensor in views:
+        assert start <= tensor.data_ptr() < start + len(data)
+    assert_identical(batch.data, out.data)
+
+
+@each_format
+def test_a_read_from_a_memory_mapped_file_survives_the_file_being_rewritten(
+    tmp_path: Path, fmt: str
+) -> None:
+    """Local paths are memory-mapped copy-on-write on read and replaced by rename on write:
+    writing to decoded tensors never reaches the file, rewriting the file never the tensors."""
+    batch = _message_log_batch()
+    batch["dense"] = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    path = tmp_path / f"b{SUFFIXES[fmt]}"
     write_batch(batch, path)
+    out = read_batch(path)
+    out["dense"] += 1.0
+    out["message_log"][0][1]["token_ids"].zero_()
+    assert_identical(batch.data, read_batch(path).data)
     out = read_batch(path)
     other = _message_log_batch()  # other random logprobs
     other["dense"] = torch.full((3, 4), -1.0)
-    write_batch(other, path)  # written in place: a map of the old file would see it
+    write_batch(other, path)
     assert_identical(batch.data, out.data)
 
 
 # ---- bad input ------------------------------------------------------------------------
+
+
+def test_damaged_metadata_record_raises_instead_of_decoding_another_shape() -> None:
+    table = batch_to_table(BatchedDataDict(x=torch.zeros(2, 3)))
+    record = table.schema.metadata[b"nemo_rl_core.batch"]
+    assert b"[2, 3]" in record
+    widened = record.replace(b"[2, 3]", b"[2, 7]")
+    damaged = table.replace_schema_metadata(
+        {**table.schema.metadata, b"nemo_rl_core.batch": widened}
+    )
+    with pytest.raises(CodecError, match="damaged.*CRC"):
+        table_to_batch(damaged)
 
 
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.uint16, torch.float8_e4m3fn])
@@ -274,27 +330,69 @@ def test_non_batch_first_and_mismatched_sizes_name_the_keys() -> None:
         batch_to_table(BatchedDataDict(meta=[object()]))
 
 
-def _big_batch_file(tmp_path: Path) -> Path:
-    path = tmp_path / "big.parquet"
+def _big_batch_file(tmp_path: Path, fmt: str) -> Path:
+    path = tmp_path / f"big{SUFFIXES[fmt]}"
     write_batch(BatchedDataDict(x=torch.arange(20000, dtype=torch.float32).reshape(100, 200)), path)
     return path
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_data", "garbage"])
-def test_damaged_file_raises_codec_error_naming_the_path(tmp_path: Path, damage: str) -> None:
-    path = _big_batch_file(tmp_path)
+@pytest.mark.parametrize(
+    ("fmt", "damage"),
+    [
+        *[(fmt, damage) for fmt in FORMATS for damage in ("truncate", "garbage", "empty")],
+        ("parquet", "flip_data"),  # Arrow IPC has no value checksums (see containers)
+    ],
+)
+def test_damaged_file_raises_codec_error_naming_the_path(
+    tmp_path: Path, fmt: str, damage: str
+) -> None:
+    path = _big_batch_file(tmp_path, fmt)
     data = bytearray(path.read_bytes())
     if damage == "truncate":
         data = data[: len(data) // 2]
     elif damage == "flip_data":
         data[len(data) // 2] ^= 0x40  # inside the tensor's data page
+    elif damage == "empty":
+        data = bytearray()
     else:
         data = bytearray(b"not parquet at all" * 10)
     path.write_bytes(bytes(data))
-    with pytest.raises(CodecError, match="big.parquet"):
+    with pytest.raises(CodecError, match=path.name):
         read_batch(path)
-    with pytest.raises(CodecError, match="s3://b/x.parquet"):
-        batch_from_bytes(bytes(data), source="s3://b/x.parquet")
+    with pytest.raises(CodecError, match="s3://b/x.batch"):
+        batch_from_bytes(bytes(data), source="s3://b/x.batch")
+
+
+def _structure(batch: BatchedDataDict) -> list[tuple]:
+    return [
+        (key, value.dtype, tuple(value.shape)) if isinstance(value, torch.Tensor) else (key,)
+        for key, value in batch.items()
+    ]
+
+
+def test_damaged_arrow_ipc_raises_or_keeps_the_written_structure() -> None:
+    """A truncated Arrow IPC file always raises; a flipped byte anywhere either raises
+    ``CodecError`` or decodes to the written keys, dtypes and shapes (values may differ:
+    Arrow IPC has no value checksums), never to other shapes or a crash."""
+    batch = _message_log_batch()
+    batch["input_ids"] = torch.tensor([[5, 6, 0], [7, 0, 0], [1, 2, 3]])
+    batch["input_lengths"] = torch.tensor([2, 1, 3])
+    data = batch_to_bytes(batch, format="arrow")
+    for end in range(0, len(data), max(1, len(data) // 50)):
+        with pytest.raises(CodecError, match="cut"):
+            batch_from_bytes(data[:end], source="cut")
+    raised = 0
+    for position in range(0, len(data), 3):  # every third byte: ~1 s
+        damaged = bytearray(data)
+        damaged[position] ^= 0x5A
+        try:
+            out = batch_from_bytes(bytes(damaged), source="flipped")
+        except CodecError as exc:
+            assert "flipped" in str(exc)
+            raised += 1
+            continue
+        assert _structure(out) == _structure(batch), position
+    assert raised > len(data) // 30  # the structural checks do catch damage
 
 
 def test_ragged_rows_that_do_not_fit_the_recorded_shape_raise_naming_the_column() -> None:

@@ -67,7 +67,7 @@ def test_run_id_is_validated() -> None:
 
 
 def test_object_ref_round_trips_and_rejects_incomplete_dicts() -> None:
-    ref = ObjectRef("iter_000001/generate/batch.parquet", 10, "ab" * 32)
+    ref = ObjectRef("iter_000001/generate/batch.arrow", 10, "ab" * 32)
     assert ObjectRef.from_dict(ref.to_dict()) == ref
     with pytest.raises(ValueError, match="sha256"):
         ObjectRef.from_dict({"key": "k", "size": 1})
@@ -86,15 +86,57 @@ def test_run_config_is_written_once(storage: RunStorage) -> None:
     assert storage.read_run_config() == changed
 
 
-def test_batch_round_trip_uses_the_layout(storage: RunStorage) -> None:
+@pytest.mark.parametrize(("batch_format", "magic"), [("arrow", b"ARROW1"), ("parquet", b"PAR1")])
+def test_batch_round_trip_uses_the_layout(
+    storage_root: tuple[str, dict | None], batch_format: str, magic: bytes
+) -> None:
+    root, options = storage_root
+    storage = RunStorage(root, "run-1", storage_options=options, batch_format=batch_format)
     batch = _batch()
     ref = storage.write_batch(3, "generate", batch)
-    assert ref.key == "iter_000003/generate/batch.parquet"
-    assert storage.fs.size(f"{storage._run_path}/{ref.key}") == ref.size
+    assert ref.key == f"iter_000003/generate/batch.{batch_format}"
+    path = f"{storage._run_path}/{ref.key}"
+    assert storage.fs.size(path) == ref.size
+    assert storage.fs.cat_file(path, start=0, end=len(magic)) == magic
     _assert_same(storage.read_batch(ref), batch)
     named = storage.write_batch(3, "generate", batch, name="extra")
-    assert named.key == "iter_000003/generate/extra.parquet"
+    assert named.key == f"iter_000003/generate/extra.{batch_format}"
     assert storage.run_url.endswith("/runs/run-1")
+
+
+def test_arrow_is_the_default_and_parquet_outputs_of_older_runs_still_read(
+    storage_root: tuple[str, dict | None],
+) -> None:
+    """A run written with Parquet (as before the Arrow default) resumes by manifest keys."""
+    root, options = storage_root
+    old = RunStorage(root, "run-1", storage_options=options, batch_format="parquet")
+    batch = _batch()
+    old_ref = old.write_batch(0, "generate", batch)
+    old.record_stage(0, "generate", {"p": "1"}, {"batch": old_ref})
+    storage = RunStorage(root, "run-1", storage_options=options)
+    entry = storage.completed_stage(0, "generate", {"p": "1"})
+    assert entry is not None
+    ref = ObjectRef.from_dict(entry["outputs"]["batch"])
+    assert ref.key == "iter_000000/generate/batch.parquet"
+    _assert_same(storage.read_batch(ref), batch)
+    assert storage.write_batch(1, "generate", _batch()).key.endswith("/batch.arrow")
+
+
+def test_unknown_batch_format_names_the_value() -> None:
+    with pytest.raises(ValueError, match="'feather'"):
+        RunStorage("/tmp/x", "run-1", batch_format="feather")  # type: ignore[arg-type]
+
+
+def test_tensors_of_a_read_batch_are_writable_without_touching_the_stored_object(
+    storage: RunStorage,
+) -> None:
+    """Local reads map the file copy-on-write and Arrow IPC tensors view that map."""
+    batch = _batch()
+    ref = storage.write_batch(2, "logprob", batch)
+    first = storage.read_batch(ref)
+    first["logprobs"] += 1.0
+    first["input_lengths"].zero_()
+    _assert_same(storage.read_batch(ref), batch)
 
 
 def test_json_round_trip(storage: RunStorage) -> None:
@@ -194,13 +236,13 @@ def test_interrupted_write_leaves_no_output_and_the_manifest_intact(
 
     with monkeypatch.context() as patch:
         _fail_commit(storage, patch)
-        with pytest.raises(StorageError, match="iter_000005/reward/batch.parquet"):
+        with pytest.raises(StorageError, match="iter_000005/reward/batch.arrow"):
             storage.write_batch(5, "reward", _batch(8))
         with pytest.raises(StorageError, match="MANIFEST.json"):
             storage.record_stage(5, "reward", {"g": "x"}, {"batch": first})
 
     storage.fs.invalidate_cache()
-    assert not storage.fs.exists(f"{storage._run_path}/iter_000005/reward/batch.parquet")
+    assert not storage.fs.exists(f"{storage._run_path}/iter_000005/reward/batch.arrow")
     reward_dir = f"{storage._run_path}/iter_000005/reward"
     leftovers = storage.fs.ls(reward_dir, detail=False) if storage.fs.exists(reward_dir) else []
     assert leftovers == []
