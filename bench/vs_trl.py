@@ -3,16 +3,25 @@ generations per prompt, max completion length, optimizer steps, learning rate an
 
 TRL runs in its own venv (``.bench-venvs/trl``, created on first use with
 ``python3.11 -m venv`` and ``pip install trl torch math-verify``) so its pins never touch
-ours; this file is also its worker (``--trl-worker SPEC``: stdlib imports only at the top).
+ours; this file is also its worker (``--trl-worker SPEC``: its top-level imports, ``common``
+and the ``flows`` package it loads for the process defaults, use the stdlib only, and the
+worker runs with the repo root on its path).
 
 Same work on both sides: the prompts are our dataloader's batches in order, as the exact
 prompt text (chat template applied) with shuffling off in TRL; the reward is the same
 ``verify_math_answer`` (loaded from ``nemo_rl_core/environments/math_verifier.py``);
 one optimizer step per ``prompts x generations`` batch, micro batches of the same size,
-AdamW with the same lr, betas, eps, weight decay and grad-norm clip, constant lr, KL
-(k3) coefficient and PPO clip alike, fp32. What differs is each tool's own machinery:
-ours generates with vLLM (CPU build) and commits a checkpoint per step; TRL generates
-with ``transformers.generate`` (its CPU path: vLLM is not in its venv).
+AdamW with the same lr, betas, eps, weight decay and grad-norm clip, constant lr, PPO
+clip alike, fp32. Both sides run TRL's defaults of the GRPO update, set explicitly on
+both: no KL term (beta 0: neither loads nor runs a reference model; ours with
+``grpo.skip_reference_policy_logprobs_calculation``), one update per generated batch with
+pi_old = sg(pi) (TRL's ``num_iterations=1``; ours ``loss_fn.force_on_policy_ratio``,
+NeMo RL's key, which skips the ``prev_logprobs`` forward), group-mean baseline divided by
+the group std (TRL's ``scale_rewards="group"``; ours without the leave-one-out baseline),
+token-level loss over the batch's valid tokens (TRL's ``loss_type="dapo"``).
+What differs is each tool's own machinery: ours generates with vLLM (CPU build) and
+commits a checkpoint per step; TRL generates with ``transformers.generate`` (its CPU
+path: vLLM is not in its venv).
 
 Run:   .venv/bin/python bench/vs_trl.py            (tiny Llama and SmolLM2-135M-Instruct)
 Smoke: .venv/bin/python bench/vs_trl.py --smoke    (tiny Llama, 2 steps each)
@@ -20,6 +29,7 @@ Smoke: .venv/bin/python bench/vs_trl.py --smoke    (tiny Llama, 2 steps each)
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -32,6 +42,13 @@ REPO = Path(__file__).resolve().parent.parent
 TRL_VENV = REPO / ".bench-venvs" / "trl"
 TRL_PINS = ["trl==1.16.0", "torch==2.13.0", "math-verify"]
 VERIFIER = REPO / "nemo_rl_core" / "environments" / "math_verifier.py"
+# Our side of the shared GRPO update (see the module docstring); TRL's are in trl_worker.
+ON_POLICY_OVERRIDES = [
+    "loss_fn.reference_policy_kl_penalty=0",
+    "grpo.skip_reference_policy_logprobs_calculation=true",
+    "loss_fn.force_on_policy_ratio=true",
+    "grpo.use_leave_one_out_baseline=false",
+]
 # model -> (config it ships with, learning rate used on both sides)
 MODELS = {
     "tiny-llama": ("examples/configs/grpo_math_tiny.yaml", 5e-4),
@@ -56,10 +73,14 @@ def shared_settings(model: str, prompts: int, generations: int, steps: int, toke
     from nemo_rl_core.algorithms.grpo import load_master_config
 
     config_path, lr = MODELS[model]
-    overrides = batch_overrides(prompts, generations, steps) + [
-        f"policy.generation.max_new_tokens={tokens}",
-        f"policy.optimizer.kwargs.lr={lr:.1e}",  # 1e-05 would read as a YAML string
-    ]
+    overrides = (
+        batch_overrides(prompts, generations, steps)
+        + ON_POLICY_OVERRIDES
+        + [
+            f"policy.generation.max_new_tokens={tokens}",
+            f"policy.optimizer.kwargs.lr={lr:.1e}",  # 1e-05 would read as a YAML string
+        ]
+    )
     config = load_master_config(config_path, overrides)
     optimizer = config.policy.optimizer.kwargs
     return {
@@ -79,6 +100,7 @@ def shared_settings(model: str, prompts: int, generations: int, steps: int, toke
         "beta": config.loss_fn.reference_policy_kl_penalty,
         "epsilon": config.loss_fn.ratio_clip_min,
         "temperature": config.policy.generation.temperature,
+        "top_p": config.policy.generation.top_p,
         "seed": config.grpo.seed,
         "rows": prompt_rows(config, steps),
     }
@@ -117,7 +139,8 @@ def run_trl(python: Path, settings: dict, workdir: Path) -> dict:
     spec = workdir / "trl_spec.json"
     out = workdir / "trl_result.json"
     spec.write_text(json.dumps({**settings, "output": str(out), "workdir": str(workdir)}))
-    subprocess.run([str(python), __file__, "--trl-worker", str(spec)], check=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([str(python), __file__, "--trl-worker", str(spec)], check=True, env=env)
     return json.loads(out.read_text())
 
 
@@ -164,8 +187,16 @@ def trl_worker(spec_path: str) -> None:
         beta=spec["beta"],
         epsilon=spec["epsilon"],
         temperature=spec["temperature"],
-        top_p=1.0,
+        top_p=spec["top_p"],
+        top_k=0,
+        # One generation per optimizer step, one update on it: TRL then skips its
+        # old-logprob forward (ours: loss_fn.force_on_policy_ratio).
+        num_iterations=1,
+        steps_per_generation=batch // spec["micro_batch"],
+        scale_rewards="group",
         loss_type="dapo",
+        mask_truncated_completions=False,
+        gradient_checkpointing=False,
         shuffle_dataset=False,
         seed=spec["seed"],
         use_cpu=True,
@@ -209,7 +240,9 @@ def plot_rewards(curves: dict[str, dict[str, list[float]]], path: Path) -> None:
 
 
 def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -> dict:
-    """Seconds per step (median, first step left out) and reward curves of both sides."""
+    """Seconds per step (median, first step left out) of both sides, of each of our stages
+    (wall: from the previous stage's commit to its own), and both reward curves."""
+    from flows.grpo import GRPO_STAGES
     from nemo_rl_core.models.local_models import resolve_model
 
     settings = shared_settings(model, args.prompts, args.generations, args.steps, args.tokens)
@@ -222,6 +255,7 @@ def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -
     trl_times = [b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]
     return {
         "ours": median([t["total"] for t in ours_times]),
+        "ours_stages": {s: median([t[s] for t in ours_times]) for s in GRPO_STAGES},
         "trl": median(trl_times),
         "rewards": {"ours (Prefect flow)": ours_rewards, "TRL GRPOTrainer": trl["rewards"]},
     }
@@ -246,6 +280,7 @@ def main() -> None:
     python = ensure_trl_venv()
     lines = [f"{'model':<24}{'ours s/step':>12}{'TRL s/step':>12}{'TRL/ours':>10}  rewards"]
     curves = {}
+    stage_lines = ["ours per stage, s (median wall time, commit to commit):"]
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             workdir = Path(tmp) / model
@@ -258,16 +293,20 @@ def main() -> None:
                 f"{result['trl'] / result['ours']:>10.2f}  last step {last}"
             )
             print(lines[-1], flush=True)
-        png = (Path(tmp) if args.smoke else PLOTS) / "vs_trl_rewards.png"
+            stage_lines.append(
+                f"{model:<24}" + " ".join(f"{s} {t:.2f}" for s, t in result["ours_stages"].items())
+            )
+        png = (Path(tmp) if args.smoke else PLOTS) / f"vs_trl_rewards_{args.tokens}tok.png"
         PLOTS.mkdir(exist_ok=True)
         plot_rewards(curves, png)
-    table = "\n".join(lines)
+    print("\n".join(stage_lines))
+    table = "\n".join(lines + stage_lines)
     curves_text = json.dumps(
         {m: {s: [round(r, 3) for r in v] for s, v in c.items()} for m, c in curves.items()}
     )
     record(
         "TRL GRPOTrainer vs our GRPO flow, seconds per optimizer step (issue 8)",
-        f"{table}\nreward per step: {curves_text}\nplot: bench/plots/vs_trl_rewards.png",
+        f"{table}\nreward per step: {curves_text}\nplot: bench/plots/{png.name}",
         f"{args.prompts} prompts x {args.generations} generations per step, max "
         f"{args.tokens} new tokens, {args.steps} steps each (the first left out of the "
         "medians); TRL/ours > 1 means ours is faster.",
