@@ -4,8 +4,9 @@ fraction of a large fp32 / bf16 matmul's FLOP/s on the same cores, in the same r
 FLOPs are counted, not estimated: ``torch.utils.flop_counter.FlopCounterMode`` records the
 matmuls and attention of one counted call (forward and backward), then the same call is
 timed without the counter. Each repeat times the two matmuls, one train step (GRPO's
-clipped-PG loss, AdamW, micro-batched as configured) and one logprob stage (policy and
-reference logprobs) back to back, so machine load hits all of them alike.
+clipped-PG loss, AdamW, micro-batched as configured) and the logprob stage in its three
+configurations (2, 1 or 0 model forwards: see ``LOGPROB_STAGES``) back to back, so machine
+load hits all of them alike.
 
 Run:   .venv/bin/python bench/roofline.py            (tiny Llama and SmolLM2-135M)
 Smoke: .venv/bin/python bench/roofline.py --smoke    (tiny Llama, small batch, 1 repeat)
@@ -15,14 +16,18 @@ import argparse
 import time
 from collections.abc import Callable
 
-from common import machine_line, median, record  # first: process defaults before torch loads
+from common import (  # first: process defaults before torch loads
+    TINY_CONFIG,
+    machine_line,
+    median,
+    record,
+)
 
 # isort: split
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from nemo_rl_core.algorithms.config import ClippedPGLossConfig
-from nemo_rl_core.algorithms.loss import ClippedPGLossFn
+from nemo_rl_core.algorithms import grpo
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy import make_policy
@@ -46,54 +51,78 @@ def matmul(n: int, dtype: torch.dtype) -> tuple[Callable[[], object], int]:
     return (lambda: torch.mm(a, b)), 2 * n**3
 
 
-def grpo_batch(policy, batch: int, seq: int) -> BatchedDataDict:
-    """Random tokens with the first half as prompt, the fields GRPO's loss reads filled in."""
+# The logprob stage as each config runs it: NeMo RL's default computes prev_logprobs and
+# the reference's; loss_fn.force_on_policy_ratio skips the first; with a KL penalty of 0,
+# grpo.skip_reference_policy_logprobs_calculation skips the second (bench/vs_trl.py's setup).
+LOGPROB_STAGES = {
+    "logprob stage 2 fwd": [],
+    "logprob stage 1 fwd": ["loss_fn.force_on_policy_ratio=true"],
+    "logprob stage 0 fwd": [
+        "loss_fn.force_on_policy_ratio=true",
+        "loss_fn.reference_policy_kl_penalty=0",
+        "grpo.skip_reference_policy_logprobs_calculation=true",
+    ],
+}
+
+
+def rollouts(vocab: int, batch: int, seq: int) -> BatchedDataDict:
+    """Scored rollouts of random tokens, the first half of each the prompt."""
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, len(policy.tokenizer), (batch, seq), generator=gen)
-    mask = torch.zeros(batch, seq)
-    mask[:, seq // 2 :] = 1.0
-    data = BatchedDataDict(
-        {
-            "input_ids": ids,
-            "input_lengths": torch.full((batch,), seq),
-            "token_mask": mask,
-            "sample_mask": torch.ones(batch),
-            "advantages": torch.randn(batch, seq, generator=gen) * mask,
-        }
+    ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+    logs = [
+        [
+            {"role": "user", "token_ids": row[: seq // 2]},
+            {"role": "assistant", "token_ids": row[seq // 2 :]},
+        ]
+        for row in ids
+    ]
+    return BatchedDataDict(
+        message_log=logs,
+        loss_multiplier=torch.ones(batch),
+        total_reward=torch.rand(batch, generator=gen),
+        prompt_index=torch.arange(batch),
     )
-    logprobs = policy.get_logprobs(data)["logprobs"]
-    for key in ("prev_logprobs", "generation_logprobs", "reference_policy_logprobs"):
-        data[key] = logprobs.clone()
-    return data
 
 
 def grpo_stages(model: str, batch: int, seq: int, micro: int) -> dict[str, Callable[[], object]]:
-    """The train step and the logprob stage of one GRPO iteration on ``model``."""
-    policy = make_policy(
-        {
-            "model_name": str(resolve_model(model)),
-            "train_global_batch_size": batch,
-            "train_micro_batch_size": micro,
-            "logprob_batch_size": micro,
-            "max_total_sequence_length": seq,
-            "precision": "float32",
-            "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-6}},
-        },
-        init_reference_model=True,
-    )
-    data = grpo_batch(policy, batch, seq)
-    loss_fn = ClippedPGLossFn(ClippedPGLossConfig(reference_policy_kl_penalty=0.01))
+    """The train step and the logprob stage (per config) of one GRPO iteration on ``model``,
+    through the stage functions the flow calls."""
+    overrides = [
+        f"policy.model_name={resolve_model(model)}",
+        f"policy.train_global_batch_size={batch}",
+        f"policy.train_micro_batch_size={micro}",
+        f"policy.logprob_batch_size={micro}",
+        f"policy.max_total_sequence_length={seq}",
+        "policy.precision=float32",
+        "policy.optimizer.kwargs.lr=1.0e-6",
+        f"grpo.num_prompts_per_step={batch}",
+        "grpo.num_generations_per_prompt=1",
+    ]
+    configs = {
+        name: grpo.load_master_config(TINY_CONFIG, overrides + extra)
+        for name, extra in LOGPROB_STAGES.items()
+    }
+    config = configs["logprob stage 2 fwd"]  # KL penalty 0.01: the train step reads both
+    policy = make_policy(config.policy, init_reference_model=True)
+    tokenizer = policy.tokenizer
+
+    def logprob_stage(stage_config) -> Callable[[], object]:
+        return lambda: grpo.compute_logprobs(
+            policy, rollouts(len(tokenizer), batch, seq), tokenizer, stage_config
+        )
+
+    data = logprob_stage(config)()
+    data["advantages"] = torch.randn(data["token_mask"].shape) * data["token_mask"]
+    loss_fn = grpo.build_loss_fn(config)
 
     def train() -> None:
         policy.prepare_for_training()
         policy.train(data, loss_fn)
         policy.finish_training()
 
-    def logprob() -> None:
-        policy.get_logprobs(data)
-        policy.get_reference_policy_logprobs(data)
-
-    return {"train step": train, "logprob stage": logprob}
+    return {"train step": train} | {
+        name: logprob_stage(stage_config) for name, stage_config in configs.items()
+    }
 
 
 def measure(
