@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 UV_FLAGS := --python $(PY) --index-strategy unsafe-best-match \
 	$(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS))
 
-.PHONY: setup run test lint lock
+.PHONY: setup run test lint lock bench-venvs
 
 $(VENV)/.installed: requirements/lock.txt requirements/overrides.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# TRL's own venv for bench/vs_trl.py (its pins must not touch ours); CI builds it so that the
+# script's smoke test runs there.
+bench-venvs: setup
+	$(PY) -c "import sys; sys.path.insert(0, 'bench'); import vs_trl; vs_trl.ensure_trl_venv()"
 
 lock:
 	$(UV) pip compile pyproject.toml --all-extras --python-version 3.11 $(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS)) \
