@@ -163,6 +163,17 @@ def trl_worker(spec_path: str) -> None:
         return [verifier.verify_math_answer(pair)[0] for pair in pairs]
 
     ends: list[float] = []
+    generation_seconds: list[float] = []
+    generate_and_score = GRPOTrainer._generate_and_score_completions
+
+    def timed_generation(self, *args, **kwargs):  # TRL's generate + reward of one step
+        start = time.perf_counter()
+        try:
+            return generate_and_score(self, *args, **kwargs)
+        finally:
+            generation_seconds.append(time.perf_counter() - start)
+
+    GRPOTrainer._generate_and_score_completions = timed_generation
 
     class StepClock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -216,10 +227,36 @@ def trl_worker(spec_path: str) -> None:
         processing_class=AutoTokenizer.from_pretrained(spec["model_dir"], padding_side="left"),
         callbacks=[StepClock()],
     )
-    start = time.perf_counter()
     trainer.train()
     rewards = [log["reward"] for log in trainer.state.log_history if "reward" in log]
-    Path(spec["output"]).write_text(json.dumps({"start": start, "ends": ends, "rewards": rewards}))
+    result = {"ends": ends, "generation": generation_seconds, "rewards": rewards}
+    Path(spec["output"]).write_text(json.dumps(result))
+
+
+def replay_update(storage_root: str, iteration: int, repeats: int = 3) -> float:
+    """Median seconds of our policy update alone (``grpo.train_policy``, no checkpoint),
+    replayed in this process on the batch the flow's advantage stage stored for
+    ``iteration``, from the weights that iteration started from."""
+    from nemo_rl_core.algorithms import grpo
+    from tasks.runtime import close_runtime, runtime_for
+    from tasks.stage import RunRef, open_storage, read_output_batch
+
+    root = Path(storage_root.removeprefix("file://"))
+    (run_dir,) = (root / "runs").iterdir()
+    run = RunRef(storage_root, run_dir.name)
+    runtime = runtime_for(run)
+    try:
+        stages = open_storage(run).read_manifest(iteration)["stages"]
+        batch = read_output_batch(run, stages["advantage"]["outputs"])
+        policy = runtime.policy(iteration)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            grpo.train_policy(policy, batch, runtime.loss_fn(), runtime.config, iteration)
+            times.append(time.perf_counter() - start)
+    finally:
+        close_runtime(run)
+    return median(times)
 
 
 def plot_rewards(curves: dict[str, dict[str, list[float]]], path: Path) -> None:
@@ -248,15 +285,19 @@ def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -
     settings = shared_settings(model, args.prompts, args.generations, args.steps, args.tokens)
     settings["model_dir"] = str(resolve_model(model))
     overrides = settings["overrides"] + (SMOKE_OVERRIDES if args.smoke else [])
+    storage_root = f"file://{workdir}/store"
     ours_times, ours_rewards = flow_run(
-        settings["config_path"], overrides, args.steps, f"file://{workdir}/store"
+        settings["config_path"], overrides, args.steps, storage_root
     )
+    ours_update = replay_update(storage_root, args.steps - 1)
     trl = run_trl(python, settings, workdir)
     trl_times = [b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]
     return {
         "ours": median([t["total"] for t in ours_times]),
         "ours_stages": {s: median([t[s] for t in ours_times]) for s in GRPO_STAGES},
+        "ours_update": ours_update,
         "trl": median(trl_times),
+        "trl_generation": median(trl["generation"][1:]),
         "rewards": {"ours (Prefect flow)": ours_rewards, "TRL GRPOTrainer": trl["rewards"]},
     }
 
@@ -281,6 +322,10 @@ def main() -> None:
     lines = [f"{'model':<24}{'ours s/step':>12}{'TRL s/step':>12}{'TRL/ours':>10}  rewards"]
     curves = {}
     stage_lines = ["ours per stage, s (median wall time, commit to commit):"]
+    split_lines = [
+        "split, s (medians): our policy update replayed alone on a stored batch (the train"
+        " stage's rest: checkpoint commit, handoff); TRL's generate+reward call"
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             workdir = Path(tmp) / model
@@ -296,11 +341,17 @@ def main() -> None:
             stage_lines.append(
                 f"{model:<24}" + " ".join(f"{s} {t:.2f}" for s, t in result["ours_stages"].items())
             )
+            split_lines.append(
+                f"{model:<24}ours: update {result['ours_update']:.2f} (rest of the train stage:"
+                f" {result['ours_stages']['train'] - result['ours_update']:.2f});"
+                f" TRL: generate+reward {result['trl_generation']:.2f}, rest"
+                f" {result['trl'] - result['trl_generation']:.2f}"
+            )
         png = (Path(tmp) if args.smoke else PLOTS) / f"vs_trl_rewards_{args.tokens}tok.png"
         PLOTS.mkdir(exist_ok=True)
         plot_rewards(curves, png)
-    print("\n".join(stage_lines))
-    table = "\n".join(lines + stage_lines)
+    print("\n".join(stage_lines + split_lines))
+    table = "\n".join(lines + stage_lines + split_lines)
     curves_text = json.dumps(
         {m: {s: [round(r, 3) for r in v] for s, v in c.items()} for m, c in curves.items()}
     )
