@@ -1,13 +1,16 @@
-"""Throughput of stage outputs through the Parquet codec vs a raw byte copy of equal size.
+"""Throughput of stage outputs through the codec (Arrow IPC and Parquet containers) vs a
+raw byte copy of equal size.
 
 A rollout batch like a GRPO generate/logprob stage writes (ragged int64 input_ids,
 float32 logprob tensors padded beyond the lengths, per-sample message logs with tensors
-inside) goes through the codec to local disk and through ``RunStorage`` to local disk and
-to an S3 server (moto, started here), beside raw bytes of the same size written and read
-the same way in the same run. Prints medians and codec/raw ratios of wall and CPU time;
-reads are also compared with raw bytes that get the same integrity check as the codec's.
+inside) goes through the codec in both containers to local disk and through
+``RunStorage`` to local disk and to an S3 server (moto, started here), beside raw bytes
+of each file's size written and read the same way in the same run. Prints medians and
+codec/raw ratios of wall and CPU time; reads are also compared with raw bytes that get
+the same integrity check as the codec's (Parquet page CRCs, RunStorage's sha256).
 
     .venv/bin/python bench/storage.py            # ~100 MB batch, 5 runs each
+    .venv/bin/python bench/storage.py --profile  # also where a local read's time goes
     .venv/bin/python bench/storage.py --smoke    # tiny, a few seconds (CI)
 """
 
@@ -30,14 +33,18 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
-import pyarrow.parquet as pq
 import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.storage import codec
+from nemo_rl_core.storage import codec, fresh_memory
 from nemo_rl_core.storage.codec import batch_from_bytes, batch_to_bytes, read_batch, write_batch
+from nemo_rl_core.storage.containers import FORMATS, SUFFIXES, read_source, read_table
 from nemo_rl_core.storage.run_storage import RunStorage
+
+Times = tuple[float, float]  # median wall and CPU seconds
+Row = tuple[str, str, int, Times, Times | None]  # target, op, bytes, codec, raw
 
 
 def rollout_batch(samples: int, max_len: int, seed: int = 0) -> BatchedDataDict:
@@ -137,103 +144,151 @@ def moto_server() -> Iterator[dict]:
         proc.wait(timeout=10)
 
 
-def bench_rows(batch: BatchedDataDict, runs: int, s3_options: dict) -> list[tuple]:
-    """(target, op, codec (wall, cpu), raw (wall, cpu) or None) per measured pair.
+def bench_rows(batch: BatchedDataDict, runs: int, s3_options: dict) -> list[Row]:
+    """(target, op, bytes, codec times, raw times or None) per measured pair.
 
-    Reads are compared with raw bytes read the same way, and again with raw bytes that get
-    the same integrity check the codec path does: CRC-32 (the page checksum's algorithm)
-    for a codec file, sha256 for run storage.
+    Both containers and raw bytes of each container's size run in one interleaved loop
+    per comparison. Reads are compared with raw bytes read the same way, and again with
+    raw bytes that get the codec path's integrity check: CRC-32 (the page checksum's
+    algorithm) for a Parquet file, sha256 for run storage (both containers).
     """
-    rows = []
-    payload = batch_to_bytes(batch)
-    raw = os.urandom(len(payload))
+    rows: list[Row] = []
+    payloads = {fmt: batch_to_bytes(batch, format=fmt) for fmt in FORMATS}
+    raws = {fmt: os.urandom(len(payload)) for fmt, payload in payloads.items()}
+    sizes = {fmt: len(payload) for fmt, payload in payloads.items()}
 
-    memory = interleaved_medians(
-        {"write": lambda: batch_to_bytes(batch), "read": lambda: batch_from_bytes(payload)}, runs
-    )
-    rows.append(("memory (encode/decode only)", "write", memory["write"], None))
-    rows.append(("memory (encode/decode only)", "read", memory["read"], None))
+    fns: dict[str, Callable[[], object]] = {}
+    for fmt in FORMATS:
+        fns[f"{fmt} write"] = lambda f=fmt: batch_to_bytes(batch, format=f)
+        fns[f"{fmt} read"] = lambda f=fmt: batch_from_bytes(payloads[f])
+    memory = interleaved_medians(fns, runs)
+    for fmt in FORMATS:
+        for op in ("write", "read"):
+            rows.append((f"memory, {fmt}", op, sizes[fmt], memory[f"{fmt} {op}"], None))
 
     with tempfile.TemporaryDirectory() as tmp:
-        path, raw_path = Path(tmp) / "batch.parquet", Path(tmp) / "raw.bin"
-        write_batch(batch, path)
-        raw_path.write_bytes(raw)
-        write = interleaved_medians(
-            {"codec": lambda: write_batch(batch, path), "raw": lambda: raw_path.write_bytes(raw)},
-            runs,
+        paths = {fmt: Path(tmp) / f"batch{SUFFIXES[fmt]}" for fmt in FORMATS}
+        raw_paths = {fmt: Path(tmp) / f"raw-{fmt}.bin" for fmt in FORMATS}
+        for fmt in FORMATS:
+            write_batch(batch, paths[fmt])
+            raw_paths[fmt].write_bytes(raws[fmt])
+        fns = {}
+        for fmt in FORMATS:
+            fns[f"{fmt} codec"] = lambda f=fmt: write_batch(batch, paths[f])
+            fns[f"{fmt} raw"] = lambda f=fmt: raw_paths[f].write_bytes(raws[f])
+        write = interleaved_medians(fns, runs)
+        fns = {}
+        for fmt in FORMATS:
+            fns[f"{fmt} codec"] = lambda f=fmt: read_batch(paths[f])
+            fns[f"{fmt} raw"] = raw_paths[fmt].read_bytes
+        fns["parquet codec, no CRC"] = lambda: read_batch(paths["parquet"], verify_checksums=False)
+        fns["parquet raw + crc32"] = lambda: zlib.crc32(raw_paths["parquet"].read_bytes())
+        read = interleaved_medians(fns, runs)
+        for fmt in FORMATS:
+            target, size = f"local disk, {fmt} file", sizes[fmt]
+            rows.append((target, "write", size, write[f"{fmt} codec"], write[f"{fmt} raw"]))
+            rows.append((target, "read", size, read[f"{fmt} codec"], read[f"{fmt} raw"]))
+        parquet = sizes["parquet"]
+        no_crc = read["parquet codec, no CRC"]
+        rows.append(
+            (
+                "  parquet vs raw + crc32",
+                "read",
+                parquet,
+                read["parquet codec"],
+                read["parquet raw + crc32"],
+            )
         )
-        read = interleaved_medians(
-            {
-                "codec": lambda: read_batch(path),
-                "codec, no CRC": lambda: read_batch(path, verify_checksums=False),
-                "raw": raw_path.read_bytes,
-                "raw + crc32": lambda: zlib.crc32(raw_path.read_bytes()),
-            },
-            runs,
-        )
-        rows.append(("local disk, codec file", "write", write["codec"], write["raw"]))
-        rows.append(("local disk, codec file", "read", read["codec"], read["raw"]))
-        rows.append(("  vs raw + crc32", "read", read["codec"], read["raw + crc32"]))
-        rows.append(("  no page CRC vs raw", "read", read["codec, no CRC"], read["raw"]))
+        rows.append(("  parquet no page CRC", "read", parquet, no_crc, read["parquet raw"]))
 
         for label, root, options in (
             ("local disk, RunStorage", f"file://{tmp}/store", None),
             ("S3 (moto), RunStorage", "s3://bench/root", s3_options),
         ):
-            storage = RunStorage(root, "bench", storage_options=options)
-            if options is not None:
-                storage.fs.call_s3("create_bucket", Bucket="bench")
-            raw_key = storage._path("raw.bin")
-            storage.fs.makedirs(storage._path(""), exist_ok=True)
-            ref = storage.write_batch(0, "generate", batch)
-            storage.fs.pipe_file(raw_key, raw)
-            write = interleaved_medians(
-                {
-                    "codec": lambda s=storage: s.write_batch(0, "generate", batch),
-                    "raw": lambda s=storage, k=raw_key: s.fs.pipe_file(k, raw),
-                },
-                runs,
-            )
-            read = interleaved_medians(
-                {
-                    "codec": lambda s=storage, r=ref: s.read_batch(r),
-                    "raw": lambda s=storage, k=raw_key: s.fs.cat_file(k),
-                    "raw + sha256": lambda s=storage, k=raw_key: hashlib.sha256(s.fs.cat_file(k)),
-                },
-                runs,
-            )
-            rows.append((label, "write", write["codec"], write["raw"]))
-            rows.append((label, "read", read["codec"], read["raw"]))
-            rows.append(("  vs raw + sha256", "read", read["codec"], read["raw + sha256"]))
+            rows += _storage_rows(label, root, options, batch, raws, runs)
     return rows
 
 
-def decode_profile(batch: BatchedDataDict, runs: int) -> dict[str, tuple[float, float]]:
-    """Median (wall, CPU) seconds of each part of one local read: where the codec's time goes."""
+def _storage_rows(
+    label: str,
+    root: str,
+    options: dict | None,
+    batch: BatchedDataDict,
+    raws: dict[str, bytes],
+    runs: int,
+) -> list[Row]:
+    """RunStorage write/read of each container beside ``pipe_file``/``cat_file`` of raw
+    bytes of the same size (and ``cat_file`` + sha256, the check every read does)."""
+    stores = {fmt: RunStorage(root, "bench", options, batch_format=fmt) for fmt in FORMATS}
+    fs = stores["arrow"].fs
+    if options is not None:
+        fs.call_s3("create_bucket", Bucket="bench")
+    fs.makedirs(stores["arrow"]._path(""), exist_ok=True)
+    raw_keys = {fmt: stores[fmt]._path(f"raw-{fmt}.bin") for fmt in FORMATS}
+    refs = {}
+    fns: dict[str, Callable[[], object]] = {}
+    for fmt, store in stores.items():
+        refs[fmt] = store.write_batch(0, "generate", batch)
+        fs.pipe_file(raw_keys[fmt], raws[fmt])
+        fns[f"{fmt} codec"] = lambda s=store: s.write_batch(0, "generate", batch)
+        fns[f"{fmt} raw"] = lambda f=fmt: fs.pipe_file(raw_keys[f], raws[f])
+    write = interleaved_medians(fns, runs)
+    fns = {}
+    for fmt, store in stores.items():
+        fns[f"{fmt} codec"] = lambda s=store, r=refs[fmt]: s.read_batch(r)
+        fns[f"{fmt} raw"] = lambda k=raw_keys[fmt]: fs.cat_file(k)
+        fns[f"{fmt} raw + sha256"] = lambda k=raw_keys[fmt]: hashlib.sha256(fs.cat_file(k))
+    read = interleaved_medians(fns, runs)
+    rows: list[Row] = []
+    for fmt in FORMATS:
+        size, codec_read = len(raws[fmt]), read[f"{fmt} codec"]
+        rows.append((f"{label}, {fmt}", "write", size, write[f"{fmt} codec"], write[f"{fmt} raw"]))
+        rows.append((f"{label}, {fmt}", "read", size, codec_read, read[f"{fmt} raw"]))
+        rows.append(("  vs raw + sha256", "read", size, codec_read, read[f"{fmt} raw + sha256"]))
+    return rows
+
+
+def decode_profile(batch: BatchedDataDict, runs: int) -> dict[str, Times]:
+    """Median (wall, CPU) seconds of each part of one local read: where the codec's time goes.
+
+    The column decodes start from the Arrow IPC table (zero-copy, so they include faulting
+    in the mapped file); ragged columns are also decoded into 4 KiB pages populated by one
+    ``mmap`` call, the fallback when the kernel has no free 2 MiB blocks for huge pages.
+    """
     with tempfile.TemporaryDirectory() as tmp:
-        path, raw_path = Path(tmp) / "batch.parquet", Path(tmp) / "raw.bin"
-        write_batch(batch, path)
-        raw_path.write_bytes(os.urandom(path.stat().st_size))
-        table = pq.read_table(path)
+        paths = {fmt: Path(tmp) / f"batch{SUFFIXES[fmt]}" for fmt in FORMATS}
+        for path in paths.values():
+            write_batch(batch, path)
+        raw_path = Path(tmp) / "raw.bin"
+        raw_path.write_bytes(os.urandom(paths["arrow"].stat().st_size))
+        table = read_table(read_source(paths["arrow"]))
         specs = json.loads(table.schema.metadata[codec.FORMAT_NAME.encode()])["columns"]
         groups: dict[str, list[str]] = {}
         for key, spec in specs.items():
-            part = spec.get("layout", spec["kind"])
-            groups.setdefault(f"Arrow -> batch: {part} columns", []).append(key)
+            groups.setdefault(spec.get("layout", spec["kind"]), []).append(key)
 
         def decode(keys: list[str]) -> None:
+            fresh = read_table(read_source(paths["arrow"]))  # a new map: faults counted
             for key in keys:
-                codec._decode_column(specs[key], table.column(key).chunk(0))
+                codec._decode_column(specs[key], fresh.column(key).chunk(0))
+
+        def small_pages(keys: list[str]) -> None:
+            with mock.patch.object(fresh_memory, "_free_huge_block_bytes", return_value=0):
+                decode(keys)
 
         parts: dict[str, Callable[[], object]] = {
-            "raw file read": raw_path.read_bytes,
-            "Parquet -> Arrow (mmap, page CRC)": lambda: pq.read_table(path, memory_map=True),
-            "Parquet -> Arrow (mmap, no CRC)": lambda: pq.read_table(
-                path, memory_map=True, page_checksum_verification=False
+            "raw file read (Arrow IPC size)": raw_path.read_bytes,
+            "Arrow IPC -> Arrow (mmap, validated)": lambda: read_table(read_source(paths["arrow"])),
+            "Parquet -> Arrow (mmap, page CRC)": lambda: read_table(read_source(paths["parquet"])),
+            "Parquet -> Arrow (mmap, no CRC)": lambda: read_table(
+                read_source(paths["parquet"]), verify_checksums=False
             ),
         }
-        parts.update({name: lambda k=keys: decode(k) for name, keys in groups.items()})
-        parts["read_batch (all of it)"] = lambda: read_batch(path)
+        for part, keys in groups.items():
+            parts[f"Arrow -> batch: {part} columns"] = lambda k=keys: decode(k)
+        parts["  ragged, 4 KiB pages populated"] = lambda: small_pages(groups["ragged"])
+        parts["read_batch, Arrow IPC (all of it)"] = lambda: read_batch(paths["arrow"])
+        parts["read_batch, Parquet (all of it)"] = lambda: read_batch(paths["parquet"])
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return interleaved_medians(parts, runs)
@@ -260,20 +315,26 @@ def main() -> None:
         rows = bench_rows(batch, runs, s3_options)
     profile = decode_profile(batch, runs) if args.profile else {}
     print(f"load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    size = len(batch_to_bytes(batch))
-    print(f"\nParquet size: {size / 1e6:.1f} MB (raw copies use the same size)\n")
+    for fmt in FORMATS:
+        print(f"{fmt} file: {len(batch_to_bytes(batch, format=fmt)) / 1e6:.1f} MB", end="; ")
+    print("raw copies use each file's size\n")
     print(
-        f"{'target':30} {'op':5} {'codec MB/s':>11} {'raw MB/s':>9} "
-        f"{'codec/raw wall':>15} {'codec/raw CPU':>14}"
+        f"{'target':34} {'op':5} {'codec MB/s':>10} {'raw MB/s':>8} {'codec ms wall/CPU':>17} "
+        f"{'raw ms wall/CPU':>15} {'codec/raw wall':>14} {'codec/raw CPU':>13}"
     )
-    for target, op, (codec_s, codec_cpu), raw_times in rows:
-        raw_text, wall_ratio, cpu_ratio = f"{'-':>9}", f"{'-':>15}", f"{'-':>14}"
+    for target, op, size, (codec_s, codec_cpu), raw_times in rows:
+        codec_ms = f"{codec_s * 1e3:.0f}/{codec_cpu * 1e3:.0f}"
+        raw_text, raw_ms, wall_ratio, cpu_ratio = f"{'-':>8}", "-", f"{'-':>14}", f"{'-':>13}"
         if raw_times is not None:
             raw_s, raw_cpu = raw_times
-            raw_text = f"{size / raw_s / 1e6:9.0f}"
-            wall_ratio, cpu_ratio = f"{codec_s / raw_s:15.2f}", f"{codec_cpu / raw_cpu:14.2f}"
+            raw_text, raw_ms = (
+                f"{size / raw_s / 1e6:8.0f}",
+                f"{raw_s * 1e3:.0f}/{raw_cpu * 1e3:.0f}",
+            )
+            wall_ratio, cpu_ratio = f"{codec_s / raw_s:14.2f}", f"{codec_cpu / raw_cpu:13.2f}"
         print(
-            f"{target:30} {op:5} {size / codec_s / 1e6:11.0f} {raw_text} {wall_ratio} {cpu_ratio}"
+            f"{target:34} {op:5} {size / codec_s / 1e6:10.0f} {raw_text} {codec_ms:>17} "
+            f"{raw_ms:>15} {wall_ratio} {cpu_ratio}"
         )
     if profile:
         print(f"\n{'part of a local read':40} {'wall ms':>8} {'CPU ms':>7}")

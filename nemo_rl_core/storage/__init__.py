@@ -1,2 +1,3 @@
-"""Stage outputs on storage: the Parquet codec for ``BatchedDataDict`` (``codec``) and the
-run layout with manifests, checkpoints and the lease (``run_storage``)."""
+"""Stage outputs on storage: the Arrow codec for ``BatchedDataDict`` (``codec``) in two file
+containers, Arrow IPC and Parquet (``containers``), and the run layout with manifests,
+checkpoints and the lease (``run_storage``)."""
