@@ -5,7 +5,7 @@ metrics and progress; warm objects are closed when the flow run ends, finished o
 from collections.abc import Callable
 
 from flows.lease import hold_lease
-from flows.report import IterationProgress, publish_iteration_report
+from flows.report import IterationReports
 from flows.run_setup import lease_owner, open_run, plan_iterations
 from nemo_rl_core.utils.logger import Logger
 from tasks.runtime import close_runtime
@@ -61,14 +61,13 @@ def run_iterations(
         iterations = plan_iterations(run, config, steps_per_run)
         history = []
         remade: list[str] = []
-        progress = IterationProgress(run, iterations)
         metrics_log = Logger(config.logger, run_name=run.run_id)
         try:
-            for iteration in iterations:
-                remade += run_iteration(one_iteration, run, iteration)
-                history.append(publish_iteration_report(run, iteration))
-                metrics_log.log_metrics(history[-1], step=iteration)
-                progress.iteration_done(iteration)
+            with IterationReports(run, iterations) as reports:
+                for iteration in iterations:
+                    remade += run_iteration(one_iteration, run, iteration)
+                    history.append(reports.iteration_done(iteration))
+                    metrics_log.log_metrics(history[-1], step=iteration)
         finally:
             close_runtime(run)
             metrics_log.close()

@@ -1,13 +1,11 @@
 """Stage ``advantage``: per-prompt baselines (GRPO) or GAE from the values (PPO), per token."""
 
-from prefect import task
-
 from nemo_rl_core.algorithms import grpo, ppo
 from tasks.runtime import runtime_for
-from tasks.stage import RunRef, StageOutputs, digest_of, is_transient, read_output_batch, run_stage
+from tasks.stage import RunRef, StageOutputs, digest_of, read_output_batch, run_stage, stage_task
 
 
-@task(name="advantage", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=is_transient)
+@stage_task("advantage")
 def advantage(run: RunRef, iteration: int, logprobs: StageOutputs) -> StageOutputs:
     """``logprobs``: the outputs of the stage before this one (``logprob``; PPO: ``value``)."""
     runtime = runtime_for(run)

@@ -4,13 +4,11 @@ The train stage already committed the new checkpoint (it is how weights reach th
 iteration); this stage decides which older ones to keep, as NeMo RL's ``checkpointing:``.
 """
 
-from prefect import task
-
 from tasks.runtime import runtime_for
-from tasks.stage import RunRef, StageOutputs, digest_of, is_transient, open_storage, run_stage
+from tasks.stage import RunRef, StageOutputs, digest_of, open_storage, run_stage, stage_task
 
 
-@task(name="checkpoint", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=is_transient)
+@stage_task("checkpoint")
 def checkpoint(run: RunRef, iteration: int, trained: StageOutputs) -> StageOutputs:
     runtime = runtime_for(run)
     inputs = {"config": runtime.config_digest, "trained": digest_of(trained, "metrics")}

@@ -1,14 +1,12 @@
 """Stage ``generate``: responses (and, for multi-turn tasks, the whole episode) from the
 warm generation engine holding this iteration's weights."""
 
-from prefect import task
-
 from nemo_rl_core.algorithms import grpo
 from tasks.runtime import runtime_for
-from tasks.stage import RunRef, StageOutputs, digest_of, is_transient, read_output_batch, run_stage
+from tasks.stage import RunRef, StageOutputs, digest_of, read_output_batch, run_stage, stage_task
 
 
-@task(name="generate", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=is_transient)
+@stage_task("generate")
 def generate(run: RunRef, iteration: int, prompts: StageOutputs) -> StageOutputs:
     runtime = runtime_for(run)
     weights = runtime.weights(iteration)

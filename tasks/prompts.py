@@ -1,13 +1,11 @@
 """Stage ``prompts``: the dataloader's slice for one iteration, repeated per generation."""
 
-from prefect import task
-
 from nemo_rl_core.algorithms import grpo
 from tasks.runtime import runtime_for
-from tasks.stage import RunRef, StageOutputs, is_transient, run_stage
+from tasks.stage import RunRef, StageOutputs, run_stage, stage_task
 
 
-@task(name="prompts", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=is_transient)
+@stage_task("prompts")
 def prompts(run: RunRef, iteration: int) -> StageOutputs:
     runtime = runtime_for(run)
     start = runtime.dataloader_state(iteration)

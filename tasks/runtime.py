@@ -152,31 +152,31 @@ class RunRuntime:
     def save_checkpoint(self, step: int, dataloader_state: dict, metrics: dict) -> str:
         """Commit the warm policy as checkpoint ``step`` (weights, optimizer, dataloader, RNG),
         with the warm value model under ``value/`` for PPO."""
-        local = Path(self._scratch.name) / f"save_step_{step}"
-        self._policy.save_checkpoint(
-            weights_path=str(local),
-            optimizer_path=str(local / "optimizer"),
-            tokenizer_path=str(local),
-        )
-        torch.save(rng_states(), local / "rng_states.pt")
-        value_info = {}
-        if isinstance(self.config, PPOMasterConfig):
-            self._value.save_checkpoint(
-                weights_path=str(local / VALUE_DIR),
-                optimizer_path=str(local / VALUE_DIR / "optimizer"),
+        storage = open_storage(self.run)
+        with storage.staged_checkpoint(step) as local:
+            # The weights directory gets the tokenizer too: HF and vLLM load it from there.
+            self._policy.save_checkpoint(
+                weights_path=str(local), optimizer_path=str(local / "optimizer")
             )
-            value_info["value_weights_sha256"] = _file_digest(
-                local / VALUE_DIR / "model.safetensors"
-            )
-        info = {
-            "step": step,
-            "weights_sha256": _file_digest(local / "model.safetensors"),
-            **value_info,
-            "dataloader_state": dataloader_state,
-            # Flat, as NeMo RL's training_info: checkpointing.metric_name ranks by these.
-            **{k: v for k, v in metrics.items() if isinstance(v, int | float)},
-        }
-        url = open_storage(self.run).write_checkpoint(step, local, info)
+            torch.save(rng_states(), local / "rng_states.pt")
+            value_info = {}
+            if isinstance(self.config, PPOMasterConfig):
+                self._value.save_checkpoint(
+                    weights_path=str(local / VALUE_DIR),
+                    optimizer_path=str(local / VALUE_DIR / "optimizer"),
+                )
+                value_info["value_weights_sha256"] = _file_digest(
+                    local / VALUE_DIR / "model.safetensors"
+                )
+            info = {
+                "step": step,
+                "weights_sha256": _file_digest(local / "model.safetensors"),
+                **value_info,
+                "dataloader_state": dataloader_state,
+                # Flat, as NeMo RL's training_info: checkpointing.metric_name ranks by these.
+                **{k: v for k, v in metrics.items() if isinstance(v, int | float)},
+            }
+            url = storage.write_checkpoint(step, local, info)
         self._policy_step = step
         if value_info:
             self._value_step = step

@@ -14,10 +14,11 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import psutil
-from prefect import get_run_logger
+from prefect import Task, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
@@ -31,6 +32,7 @@ from nemo_rl_core.storage.run_storage import (
 
 FAULT_ENV = "NEMO_RL_CORE_FAULT"
 T = TypeVar("T")
+P = ParamSpec("P")
 StageOutputs = dict[str, dict[str, Any]]
 
 
@@ -83,6 +85,24 @@ def is_transient(task: Any, task_run: Any, state: Any) -> bool:
     if isinstance(exc, IntegrityError):
         return False
     return isinstance(exc, StorageError | ConnectionError | TimeoutError)
+
+
+def stage_task(name: str) -> Callable[[Callable[P, T]], Task[P, T]]:
+    """The Prefect task options every stage shares.
+
+    Retries only for transient storage or worker outages. No Prefect cache and no result
+    persistence: the run's manifest already decides what is done (``run_stage``), and
+    Prefect's default cache policy hashes every call's inputs and the task's source and
+    looks for a stored result, ~8 ms per task run for nothing (bench/RESULTS.md, issue 8).
+    """
+    return task(
+        name=name,
+        retries=2,
+        retry_delay_seconds=[2, 10],
+        retry_condition_fn=is_transient,
+        cache_policy=NO_CACHE,
+        persist_result=False,
+    )
 
 
 def injected_faults(stage: str, iteration: int) -> set[str]:

@@ -1,22 +1,20 @@
 """Stage ``train``: one policy update (and, for PPO, one value update) on the iteration's
 batch, then the committed checkpoint that the next iteration's stages read weights from."""
 
-from prefect import task
-
 from nemo_rl_core.algorithms import grpo, ppo
 from tasks.runtime import runtime_for
 from tasks.stage import (
     RunRef,
     StageOutputs,
     digest_of,
-    is_transient,
     read_output_batch,
     read_output_json,
     run_stage,
+    stage_task,
 )
 
 
-@task(name="train", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=is_transient)
+@stage_task("train")
 def train(
     run: RunRef, iteration: int, advantages: StageOutputs, prompts: StageOutputs
 ) -> StageOutputs:

@@ -1,13 +1,11 @@
 """Stage ``value`` (PPO): the value model's estimates V_t of every rollout token."""
 
-from prefect import task
-
 from nemo_rl_core.algorithms import ppo
 from tasks.runtime import runtime_for
-from tasks.stage import RunRef, StageOutputs, digest_of, is_transient, read_output_batch, run_stage
+from tasks.stage import RunRef, StageOutputs, digest_of, read_output_batch, run_stage, stage_task
 
 
-@task(name="value", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=is_transient)
+@stage_task("value")
 def value(run: RunRef, iteration: int, logprobs: StageOutputs) -> StageOutputs:
     runtime = runtime_for(run)
     inputs = {

@@ -83,3 +83,32 @@ def test_killed_checkpoint_write_keeps_previous_as_newest_committed(
     # The retried write replaces the leftover and commits.
     storage.write_checkpoint(2, _checkpoint_source(tmp_path / "again"), {"step": 2})
     assert storage.latest_checkpoint() == 2
+
+
+def test_staged_checkpoint_commits_by_rename_and_a_dead_save_is_pruned(tmp_path: Path) -> None:
+    storage = RunStorage(str(tmp_path / "store"), "ckpt-run")
+    checkpoints = tmp_path / "store" / "runs" / "ckpt-run" / "checkpoints"
+    with storage.staged_checkpoint(1) as staged:
+        assert staged.parent == checkpoints, "staged on the storage's own disk"
+        (staged / "model.safetensors").write_bytes(b"w" * 4096)
+        inode = (staged / "model.safetensors").stat().st_ino
+        storage.write_checkpoint(1, staged, {"step": 1})
+    assert not staged.exists()
+    committed = checkpoints / "step_000001" / "model.safetensors"
+    assert committed.stat().st_ino == inode, "committed by rename, not by a copy"
+    assert storage.read_checkpoint_info(1) == {"step": 1}
+
+    with pytest.raises(RuntimeError, match="save failed"), storage.staged_checkpoint(2) as failed:
+        (failed / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("save failed")
+    assert not failed.exists(), "a failed save leaves no staging directory"
+
+    # A process killed while saving leaves its staging directory: never a checkpoint,
+    # not where a resume starts, deleted by the next prune.
+    dead = storage.staged_checkpoint(2)
+    leftover = dead.__enter__()
+    (leftover / "model.safetensors").write_bytes(b"half")
+    assert storage.committed_checkpoints() == [1]
+    assert first_iteration(storage) == 1
+    storage.prune_checkpoints(keep_top_k=None)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001"]
