@@ -24,7 +24,7 @@ import os
 import uuid
 import warnings
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -137,7 +137,8 @@ def table_to_batch(table: pa.Table, source: str = "<table>") -> BatchedDataDict:
     metadata = _read_metadata(table.schema, source)
     batch = BatchedDataDict()
     with warnings.catch_warnings():
-        # Arrow buffers are read-only to numpy; the tensors own them alone from here on.
+        # Arrow buffers are read-only to numpy, but tensors over them may be written: they
+        # are fresh Arrow memory (Parquet), the caller's bytes or a copy-on-write file map.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for key, spec in metadata["columns"].items():
             if key not in table.column_names:
@@ -215,7 +216,7 @@ def batch_from_bytes(
     verify_checksums: bool = True,
 ) -> BatchedDataDict:
     """Decode the bytes of either container; ``source`` names them in errors. Arrow IPC
-    tensors that need no re-padding stay views of ``data``."""
+    tensors that need no re-padding stay views of ``data`` (writing to them writes there)."""
     try:
         table = read_table(data, verify_checksums)
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -223,7 +224,7 @@ def batch_from_bytes(
     return table_to_batch(table, source)
 
 
-def _replace_local(path: Path, write: Any) -> None:
+def _replace_local(path: Path, write: Callable[[Path], None]) -> None:
     """Run ``write(tmp)`` on a temporary sibling of ``path``, then rename it over ``path``."""
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
     try:
