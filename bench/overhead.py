@@ -11,16 +11,20 @@ local storage, and as the Prefect flow on a local S3 server (moto).
 All three run the same config, seed and tiny model. Each repeat runs a, b, c back to back
 so machine load hits them alike; the first iteration of every run (model load, engine
 start-up) is left out and the figures are medians over the remaining iterations of all
-repeats. Flow stage times come from the manifests (see ``bench/common.py``).
+repeats. Flow stage times come from the manifests (see ``bench/common.py``). The CPU
+time of Prefect's API server (the ephemeral one, a child process on the same cores) is
+measured around each flow run: it is what slows the flow's stage compute next to the loop's.
 
 Run:   .venv/bin/python bench/overhead.py            (batches 16 and 64, 2 repeats of 5 iterations)
 Smoke: .venv/bin/python bench/overhead.py --smoke    (batch 4, 2 iterations, once)
 """
 
 import argparse
+import contextlib
 import tempfile
 from pathlib import Path
 
+import psutil
 from common import (
     SMOKE_OVERRIDES,
     TINY_CONFIG,
@@ -38,6 +42,17 @@ from flows.grpo import GRPO_STAGES
 VARIANTS = ("plain", "flow-file", "flow-s3")
 
 
+def api_server_cpu_seconds() -> float | None:
+    """CPU seconds used so far by this process's Prefect API server (the ephemeral server
+    that the first flow run starts as a child process); None while there is none."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any("prefect.server" in arg for arg in child.cmdline()):
+                times = child.cpu_times()
+                return times.user + times.system
+    return None
+
+
 def measure(
     prompts: int,
     generations: int,
@@ -49,14 +64,20 @@ def measure(
 ) -> dict[str, dict]:
     """Timings of every variant, a/b/c interleaved per repeat; rewards of the last repeat."""
     overrides = batch_overrides(prompts, generations, iterations) + extra_overrides
-    results: dict[str, dict] = {v: {"timings": [], "rewards": []} for v in VARIANTS}
+    results: dict[str, dict] = {
+        v: {"timings": [], "rewards": [], "server_cpu": []} for v in VARIANTS
+    }
     for repeat in range(repeats):
         for variant in VARIANTS:
             if variant == "plain":
                 timings, rewards = plain_loop(TINY_CONFIG, overrides, iterations)
             else:
                 root = f"file://{scratch}/store" if variant == "flow-file" else s3_root
+                server_before = api_server_cpu_seconds()
                 timings, rewards = flow_run(TINY_CONFIG, overrides, iterations, root)
+                if server_before is not None:  # the run that started the server pays its start
+                    server_cpu = (api_server_cpu_seconds() or 0.0) - server_before
+                    results[variant]["server_cpu"].append(server_cpu / iterations)
             results[variant]["timings"] += timings
             results[variant]["rewards"] = rewards
             print(
@@ -84,10 +105,11 @@ def format_table(label: str, results: dict[str, dict]) -> str:
         timings = results[variant]["timings"]
         compute = median([sum(t[f"{s}_compute"] for s in GRPO_STAGES) for t in timings])
         total = median([t["total"] for t in timings])
+        server = median(results[variant]["server_cpu"])
         lines.append(
             f"ratio {variant}/plain = {total / plain_total:.2f}  "
             f"(stage compute {compute:.2f} s, orchestration + handoff {total - compute:.2f} s "
-            f"per iteration)"
+            f"per iteration; Prefect API server {server:.2f} CPU s per iteration)"
         )
     rewards = {v: [round(r, 3) for r in results[v]["rewards"]] for v in VARIANTS}
     lines.append(f"mean reward per iteration (last repeat): {rewards}")
@@ -160,7 +182,8 @@ def main() -> None:
         "\n\n".join(tables),
         "Stage cells are median seconds and share of the iteration; flow stage times include "
         "reading inputs, writing outputs and the manifest, and the Prefect task run around "
-        "the compute; the flow's train stage also commits the iteration's checkpoint.",
+        "the compute; the flow's train stage also commits the iteration's checkpoint; the "
+        "API server's CPU time is per iteration of a whole flow run (its start left out).",
         args.smoke,
     )
 
