@@ -1,12 +1,13 @@
 """Zeroed memory for large decoded tensors, faulted in as cheaply as the kernel allows.
 
 Restoring the padded [B, S] tensors of a batch fills ~150 MB of fresh memory per 100 MB
-read, and faulting it in is the decode's largest kernel cost. Measured per 100 MB on this
-machine (bench/RESULTS.md, storage section): 4 KiB pages faulted one by one ~55 ms, 4 KiB
-pages populated by one ``mmap`` call ~45 ms, transparent huge pages ~15 ms. Huge pages
-are asked for (``MADV_HUGEPAGE``) only while the kernel has enough free 2 MiB blocks:
-without them a fault stalls on memory compaction (14-170 ms measured on a busy machine),
-so then the populated 4 KiB pages are the steadier choice.
+read, and faulting it in is the decode's largest kernel cost. Measured with
+``bench/storage.py --profile`` (the ragged columns of a 96 MB batch, 65 MB copied into
+150 MB): 26-32 ms CPU in transparent huge pages, 70-90 ms in 4 KiB pages populated by
+one ``mmap`` call (and 4 KiB pages faulted one by one cost more still). Huge pages are
+asked for (``MADV_HUGEPAGE``) only while the kernel has enough free 2 MiB blocks: without
+them a fault stalls on memory compaction (14-170 ms per 100 MB measured on a busy
+machine), so then the populated 4 KiB pages are the steadier choice.
 """
 
 import mmap
