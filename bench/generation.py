@@ -205,7 +205,10 @@ def bench_model(name: str, model_dir: Path, precision: str, args: argparse.Names
             encoded = fixed_prompts(tokenizer, batch_size)
         for seeding in seedings:
             # Each repeat samples with other seeds: lengths vary as they do across iterations.
-            batches = [prompt_batch(encoded, tokenizer, seeding, r) for r in range(args.repeats)]
+            batches = [
+                prompt_batch(encoded, tokenizer, seeding, args.seed_offset + r)
+                for r in range(args.repeats)
+            ]
             r = side_by_side(vllm_gen, hf_gen, batches)
             lines.append(
                 f"| {batch_size} | {seeding} | {r['v_rate']:.0f} | {r['h_rate']:.0f} | "
@@ -229,6 +232,9 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4, help="math: samples per problem")
     parser.add_argument("--seeding", choices=["per-sample", "none", "both"], default="none")
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--seed-offset", type=int, default=0, help="per-sample: first repeat's seed block"
+    )
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)

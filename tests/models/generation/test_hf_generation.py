@@ -119,6 +119,25 @@ def test_stop_token_ids_end_the_response(tiny_model_dir, generator, make_batch):
     assert cut == tokens[: tokens.index(tokens[2]) + 1]
 
 
+def test_generate_stops_once_every_row_has_stopped(tiny_model_dir, generator, make_batch):
+    """A padded batch computes finished rows until its longest is done, never longer: the
+    forward passes are one prefill plus one per step of the longest response."""
+    data = make_batch(generator.model_spec.tokenizer)
+    free = generator.generate(data, greedy=True)
+    # every row's second token stops it (or an earlier one): the longest response is <= 2
+    stops = sorted({response(free, data, row)[1] for row in range(data.size)})
+    stopper = HFGeneration(hf_config(stop_token_ids=stops), tiny_model_dir)
+    forwards = []
+    hook = stopper.model.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        out = stopper.generate(data, greedy=True)
+    finally:
+        hook.remove()
+    longest = int(out["generation_lengths"].max())
+    assert longest <= 2 < MAX_NEW
+    assert len(forwards) == longest
+
+
 def test_budget_is_cut_to_max_model_len_and_overlong_prompts_fail(tiny_model_dir, make_batch):
     short = HFGeneration(
         hf_config(max_new_tokens=8, vllm_cfg={"max_model_len": 18}), tiny_model_dir
