@@ -15,7 +15,7 @@ repeats. Flow stage times come from the manifests (see ``bench/common.py``). The
 time of Prefect's API server (the ephemeral one, a child process on the same cores) is
 measured around each flow run: it is what slows the flow's stage compute next to the loop's.
 
-Run:   .venv/bin/python bench/overhead.py            (batches 16 and 64, 2 repeats of 5 iterations)
+Run:   .venv/bin/python bench/overhead.py            (batches 64 and 256, 2 repeats of 4 iterations)
 Smoke: .venv/bin/python bench/overhead.py --smoke    (batch 4, 2 iterations, once)
 """
 
@@ -138,9 +138,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="batch 2x2, 2 iterations, once")
     parser.add_argument(
-        "--batches", nargs="+", default=["4x4", "8x8"], help="PROMPTSxGENERATIONS sizes"
+        "--batches", nargs="+", default=["8x8", "16x16"], help="PROMPTSxGENERATIONS sizes"
     )
-    parser.add_argument("--iterations", type=int, default=5, help="per run; the first is warm-up")
+    parser.add_argument("--iterations", type=int, default=4, help="per run; the first is warm-up")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
         "overrides", nargs="*", help="config key=value overrides for all three variants"
