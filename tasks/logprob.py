@@ -1,13 +1,11 @@
 """Stage ``logprob``: the policy's and the reference policy's logprobs of the rollouts."""
 
-from prefect import task
-
 from nemo_rl_core.algorithms import grpo
 from tasks.runtime import runtime_for
-from tasks.stage import RunRef, StageOutputs, digest_of, is_transient, read_output_batch, run_stage
+from tasks.stage import RunRef, StageOutputs, digest_of, read_output_batch, run_stage, stage_task
 
 
-@task(name="logprob", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=is_transient)
+@stage_task("logprob")
 def logprob(run: RunRef, iteration: int, scored: StageOutputs) -> StageOutputs:
     runtime = runtime_for(run)
     weights = runtime.weights(iteration)

@@ -161,7 +161,7 @@ def run_stage(
 
     ``inputs`` maps input names to content digests (checksums of upstream outputs, the
     config digest, the weights version). ``compute`` returns ``(outputs, metrics)`` where
-    each output is a BatchedDataDict (stored as Parquet) or a dict (stored as JSON).
+    each output is a BatchedDataDict (stored as an Arrow IPC batch) or a dict (stored as JSON).
     """
     storage = open_storage(run)
     log = stage_logger()
