@@ -70,6 +70,7 @@ def test_vs_trl_smoke() -> None:
         ("environments.py", rf"sandbox runs/s: 1 worker {RATIO}, 2 workers {RATIO}, ratio {RATIO}"),
         ("loss_functions.py", rf"ClippedPGLossFn fwd\+bwd .* ratio {RATIO}"),
     ],
+    ids=["storage", "generation", "train", "environments", "loss_functions"],
 )
 def test_component_bench_smoke(script: str, expected: str) -> None:
     """The component benchmarks (storage, generation, training, environments, losses)."""
