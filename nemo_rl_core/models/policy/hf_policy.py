@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-from nemo_rl_core.algorithms.loss.interfaces import LossFunction
+from nemo_rl_core.algorithms.loss.interfaces import LossFunction, LossInputType
 from nemo_rl_core.algorithms.loss.utils import next_token_logprobs_from_logits, prepare_loss_input
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.generation.interfaces import GenerationDatumSpec
@@ -30,6 +30,7 @@ from nemo_rl_core.models.policy.interfaces import (
     ReferenceLogprobOutputSpec,
     TopkLogitsOutputSpec,
 )
+from nemo_rl_core.models.policy.selected_logprobs import HeadSplits, selected_token_logprobs
 from nemo_rl_core.models.policy.utils import DTYPES
 
 SINGLE_PROCESS_REFIT = (
@@ -63,6 +64,7 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
             self.reference_model.to(self.device)
         temperature = config.generation.temperature if config.generation else 1.0
         self.temperature = temperature if temperature > 0 else 1.0
+        self.head_splits = HeadSplits()
 
     # ---- inference --------------------------------------------------------------------
 
@@ -70,17 +72,29 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         """Row-layout float32 logits, temperature-scaled."""
         return self.forward(layout, model).logits.float() / self.temperature
 
-    def _token_logprobs(self, layout: ForwardLayout, model: torch.nn.Module) -> torch.Tensor:
-        """``[batch, seq]`` logprob of each token; position 0 and padding are 0.
+    def _next_token_logprobs(
+        self, layout: ForwardLayout, model: torch.nn.Module, wanted: torch.Tensor
+    ) -> torch.Tensor:
+        """``[batch, seq-1]`` log p(token t+1 | <= t) where ``wanted``; 0 elsewhere.
 
-        In a packed row a sample's first token is scored against the previous sample's
-        last logit; unpacking puts that value at the sample's position 0, which is zeroed.
+        Only the wanted positions reach the LM head when the model splits into body and
+        head (``selected_logprobs``); otherwise the full logits are unpacked and masked.
         """
-        logits = self._logits(model, layout)
-        shifted = next_token_logprobs_from_logits(logits, layout.input_ids.to(logits.device))
-        logprobs = layout.unpack(torch.nn.functional.pad(shifted, (1, 0)))
-        logprobs[:, 0] = 0.0
-        return logprobs.cpu()
+        split = self.head_splits(model)
+        if split is None:
+            logits = layout.unpack(self._logits(model, layout))
+            ids = layout.unpack(layout.input_ids).to(logits.device)
+            needed = wanted.bool().cpu() & layout.valid[:, 1:]
+            return next_token_logprobs_from_logits(logits, ids) * needed.to(logits.device)
+        body, head = split
+        with self.autocast():
+            hidden = self.forward(layout, body).last_hidden_state
+            return selected_token_logprobs(hidden, head, layout, wanted, self.temperature)
+
+    def _token_logprobs(self, layout: ForwardLayout, model: torch.nn.Module) -> torch.Tensor:
+        """``[batch, seq]`` logprob of each token; position 0 and padding are 0."""
+        shifted = self._next_token_logprobs(layout, model, layout.valid[:, 1:])
+        return torch.nn.functional.pad(shifted, (1, 0)).cpu()
 
     def get_logprobs(
         self, data: BatchedDataDict[GenerationDatumSpec], micro_batch_size: int | None = None
@@ -134,7 +148,11 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
     def _loss_inputs(
         self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
     ) -> dict[str, torch.Tensor]:
-        """Per-sample ``[b, S, V]`` logits (unpacked if packed) turned into the loss's inputs."""
+        """The loss's inputs: logprobs of the trained tokens only (``token_mask``) for a
+        logprob loss, else per-sample ``[b, S, V]`` logits (unpacked if packed)."""
+        if loss_fn.input_type == LossInputType.LOGPROB:
+            wanted = mb["token_mask"][:, 1:]
+            return {"next_token_logprobs": self._next_token_logprobs(layout, self.model, wanted)}
         return prepare_loss_input(layout.unpack(self._logits(self.model, layout)), mb, loss_fn)
 
     def calibrate_qkv_fp8_scales(
@@ -176,6 +194,7 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
 
     def shutdown(self) -> bool:
         self.optimizer = self.scheduler = self.reference_model = None
+        self.head_splits = HeadSplits()
         return True
 
     # ---- weights out: refit (checkpoints: HFTrainable.save_checkpoint) ---------------
