@@ -19,9 +19,11 @@ pi_old = sg(pi) (TRL's ``num_iterations=1``; ours ``loss_fn.force_on_policy_rati
 NeMo RL's key, which skips the ``prev_logprobs`` forward), group-mean baseline divided by
 the group std (TRL's ``scale_rewards="group"``; ours without the leave-one-out baseline),
 token-level loss over the batch's valid tokens (TRL's ``loss_type="dapo"``).
-What differs is each tool's own machinery: ours generates with vLLM (CPU build) and
-commits a checkpoint per step; TRL generates with ``transformers.generate`` (its CPU
-path: vLLM is not in its venv).
+What differs is each tool's own machinery: ours generates with vLLM (CPU build), cuts the
+update's microbatches by a token budget over the length-sorted batch (dynamic batching),
+projects only the trained tokens through the LM head, and commits a checkpoint per step;
+TRL generates with ``transformers.generate`` (its CPU path: vLLM is not in its venv) and
+pads its micro batches to the batch's longest completion.
 
 Run:   .venv/bin/python bench/vs_trl.py            (tiny Llama and SmolLM2-135M-Instruct)
 Smoke: .venv/bin/python bench/vs_trl.py --smoke    (tiny Llama, 2 steps each)
@@ -49,6 +51,9 @@ ON_POLICY_OVERRIDES = [
     "loss_fn.force_on_policy_ratio=true",
     "grpo.use_leave_one_out_baseline=false",
 ]
+# Ours, not TRL's: microbatches cut by a token budget over the length-sorted batch (NeMo RL's
+# dynamic batching) instead of 8 samples padded to the longest; the same optimizer step.
+OUR_MACHINERY = ["policy.dynamic_batching.enabled=true"]
 # model -> (config it ships with, learning rate used on both sides)
 MODELS = {
     "tiny-llama": ("examples/configs/grpo_math_tiny.yaml", 5e-4),
@@ -76,11 +81,16 @@ def shared_settings(model: str, prompts: int, generations: int, steps: int, toke
     overrides = (
         batch_overrides(prompts, generations, steps)
         + ON_POLICY_OVERRIDES
+        + OUR_MACHINERY
         + [
             f"policy.generation.max_new_tokens={tokens}",
             f"policy.optimizer.kwargs.lr={lr:.1e}",  # 1e-05 would read as a YAML string
         ]
     )
+    # Room for the longest prompt plus a full completion, as TRL's max_completion_length
+    # allows: the engine's context (max_model_len) would otherwise cut our responses short.
+    longest_prompt = load_master_config(config_path, overrides).data.max_input_seq_length
+    overrides.append(f"policy.max_total_sequence_length={longest_prompt + tokens}")
     config = load_master_config(config_path, overrides)
     optimizer = config.policy.optimizer.kwargs
     return {
