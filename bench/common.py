@@ -108,11 +108,14 @@ def local_s3_bucket(log_dir: Path) -> Iterator[str]:
 
 
 def flow_iteration_times(storage_root: str, run_id: str, iterations: int) -> list[dict]:
-    """Per iteration after the first: ``{"total": s, stage: wall s, stage + "_compute": s}``.
+    """Per iteration after the first: ``{"total": s, stage: wall s, stage + "_compute": s,
+    "update": s, "response_tokens": n}``.
 
     A stage's wall time runs from the previous commit (the previous stage, or the previous
     iteration's ``checkpoint``) to its own; the first iteration has no start and is left
-    out (it also pays model loading and engine start-up)."""
+    out (it also pays model loading and engine start-up). ``update`` is the policy update
+    inside the train stage (the rest is the checkpoint commit), ``response_tokens`` the
+    mean generated length."""
     from flows.grpo import GRPO_STAGES
     from nemo_rl_core.storage.run_storage import RunStorage
 
@@ -127,6 +130,8 @@ def flow_iteration_times(storage_root: str, run_id: str, iterations: int) -> lis
             timing[stage] = committed - last
             timing[f"{stage}_compute"] = stages[stage]["metrics"]["seconds"]
             last = committed
+        timing["update"] = stages["train"]["metrics"]["policy_update_seconds"]
+        timing["response_tokens"] = stages["generate"]["metrics"]["mean_generation_length"]
         timings.append(timing)
     return timings
 

@@ -238,35 +238,16 @@ def trl_worker(spec_path: str) -> None:
         callbacks=[StepClock()],
     )
     trainer.train()
-    rewards = [log["reward"] for log in trainer.state.log_history if "reward" in log]
-    result = {"ends": ends, "generation": generation_seconds, "rewards": rewards}
+    history = trainer.state.log_history
+    rewards = [log["reward"] for log in history if "reward" in log]
+    lengths = [log["completions/mean_length"] for log in history if "reward" in log]
+    result = {
+        "ends": ends,
+        "generation": generation_seconds,
+        "rewards": rewards,
+        "response_tokens": lengths,
+    }
     Path(spec["output"]).write_text(json.dumps(result))
-
-
-def replay_update(storage_root: str, iteration: int, repeats: int = 3) -> float:
-    """Median seconds of our policy update alone (``grpo.train_policy``, no checkpoint),
-    replayed in this process on the batch the flow's advantage stage stored for
-    ``iteration``, from the weights that iteration started from."""
-    from nemo_rl_core.algorithms import grpo
-    from tasks.runtime import close_runtime, runtime_for
-    from tasks.stage import RunRef, open_storage, read_output_batch
-
-    root = Path(storage_root.removeprefix("file://"))
-    (run_dir,) = (root / "runs").iterdir()
-    run = RunRef(storage_root, run_dir.name)
-    runtime = runtime_for(run)
-    try:
-        stages = open_storage(run).read_manifest(iteration)["stages"]
-        batch = read_output_batch(run, stages["advantage"]["outputs"])
-        policy = runtime.policy(iteration)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            grpo.train_policy(policy, batch, runtime.loss_fn(), runtime.config, iteration)
-            times.append(time.perf_counter() - start)
-    finally:
-        close_runtime(run)
-    return median(times)
 
 
 def plot_rewards(curves: dict[str, dict[str, list[float]]], path: Path) -> None:
@@ -299,13 +280,14 @@ def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -
     ours_times, ours_rewards = flow_run(
         settings["config_path"], overrides, args.steps, storage_root
     )
-    ours_update = replay_update(storage_root, args.steps - 1)
     trl = run_trl(python, settings, workdir)
     trl_times = [b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]
     return {
         "ours": median([t["total"] for t in ours_times]),
         "ours_stages": {s: median([t[s] for t in ours_times]) for s in GRPO_STAGES},
-        "ours_update": ours_update,
+        "ours_update": median([t["update"] for t in ours_times]),
+        "ours_tokens": median([t["response_tokens"] for t in ours_times]),
+        "trl_tokens": median(trl["response_tokens"][1:]),
         "trl": median(trl_times),
         "trl_generation": median(trl["generation"][1:]),
         "rewards": {"ours (Prefect flow)": ours_rewards, "TRL GRPOTrainer": trl["rewards"]},
@@ -333,8 +315,8 @@ def main() -> None:
     curves = {}
     stage_lines = ["ours per stage, s (median wall time, commit to commit):"]
     split_lines = [
-        "split, s (medians): our policy update replayed alone on a stored batch (the train"
-        " stage's rest: checkpoint commit, handoff); TRL's generate+reward call"
+        "split, s (medians): our policy update inside the train stage (the stage's rest:"
+        " checkpoint commit, batch read); TRL's generate+reward call; mean response tokens"
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
@@ -355,7 +337,8 @@ def main() -> None:
                 f"{model:<24}ours: update {result['ours_update']:.2f} (rest of the train stage:"
                 f" {result['ours_stages']['train'] - result['ours_update']:.2f});"
                 f" TRL: generate+reward {result['trl_generation']:.2f}, rest"
-                f" {result['trl'] - result['trl_generation']:.2f}"
+                f" {result['trl'] - result['trl_generation']:.2f}; response tokens: ours"
+                f" {result['ours_tokens']:.1f}, TRL {result['trl_tokens']:.1f}"
             )
         png = (Path(tmp) if args.smoke else PLOTS) / f"vs_trl_rewards_{args.tokens}tok.png"
         PLOTS.mkdir(exist_ok=True)

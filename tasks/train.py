@@ -1,6 +1,8 @@
 """Stage ``train``: one policy update (and, for PPO, one value update) on the iteration's
 batch, then the committed checkpoint that the next iteration's stages read weights from."""
 
+import time
+
 from nemo_rl_core.algorithms import grpo, ppo
 from tasks.runtime import runtime_for
 from tasks.stage import (
@@ -34,7 +36,10 @@ def train(
         batch = read_output_batch(run, advantages)
         dataloader_state = read_output_json(run, prompts, "dataloader_state")
         policy = runtime.policy_for_update(iteration)
+        start = time.perf_counter()
         metrics = grpo.train_policy(policy, batch, runtime.loss_fn(), runtime.config, iteration)
+        # The stage's own seconds also hold the checkpoint commit: keep the two apart.
+        metrics["policy_update_seconds"] = time.perf_counter() - start
         if is_ppo:
             value_model = runtime.value_for_update(iteration)
             metrics |= ppo.train_value(value_model, batch, runtime.config, iteration)
