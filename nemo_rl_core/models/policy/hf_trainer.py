@@ -12,6 +12,7 @@ import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -322,13 +323,23 @@ class HFTrainable(ABC):
     ) -> None:
         """HF layout (config.json, model.safetensors, generation_config.json, tokenizer) and
         optimizer/scheduler state; the constructor's ``weights_path=``/``optimizer_path=``
-        continue training bit-exactly from them."""
-        self.model.save_pretrained(str(weights_path))
-        self.tokenizer.save_pretrained(str(weights_path))
-        if tokenizer_path is not None:
-            self.tokenizer.save_pretrained(str(tokenizer_path))
-        if optimizer_path is not None:
-            self.save_optimizer(optimizer_path)
+        continue training bit-exactly from them.
+
+        The optimizer state (twice the weights' size with Adam) is written on a second
+        thread while the weights are: both only read, and the two writes overlap.
+        """
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            optimizer_saved = (
+                pool.submit(self.save_optimizer, optimizer_path)
+                if optimizer_path is not None
+                else None
+            )
+            self.model.save_pretrained(str(weights_path))
+            self.tokenizer.save_pretrained(str(weights_path))
+            if tokenizer_path is not None:
+                self.tokenizer.save_pretrained(str(tokenizer_path))
+            if optimizer_saved is not None:
+                optimizer_saved.result()
 
     def save_optimizer(self, optimizer_path: str | Path) -> None:
         """Optimizer and scheduler state, so a resumed run continues bit-exactly."""
