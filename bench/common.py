@@ -109,13 +109,12 @@ def local_s3_bucket(log_dir: Path) -> Iterator[str]:
 
 def flow_iteration_times(storage_root: str, run_id: str, iterations: int) -> list[dict]:
     """Per iteration after the first: ``{"total": s, stage: wall s, stage + "_compute": s,
-    "update": s, "response_tokens": n}``.
+    "update": s}``.
 
     A stage's wall time runs from the previous commit (the previous stage, or the previous
     iteration's ``checkpoint``) to its own; the first iteration has no start and is left
     out (it also pays model loading and engine start-up). ``update`` is the policy update
-    inside the train stage (the rest is the checkpoint commit), ``response_tokens`` the
-    mean generated length."""
+    inside the train stage (the rest is the checkpoint commit)."""
     from flows.grpo import GRPO_STAGES
     from nemo_rl_core.storage.run_storage import RunStorage
 
@@ -131,20 +130,21 @@ def flow_iteration_times(storage_root: str, run_id: str, iterations: int) -> lis
             timing[f"{stage}_compute"] = stages[stage]["metrics"]["seconds"]
             last = committed
         timing["update"] = stages["train"]["metrics"]["policy_update_seconds"]
-        timing["response_tokens"] = stages["generate"]["metrics"]["mean_generation_length"]
         timings.append(timing)
     return timings
 
 
-def flow_rewards(storage_root: str, run_id: str, iterations: int) -> list[float]:
-    """Mean reward of each iteration, from the reward stage's manifest metrics."""
+def flow_curves(storage_root: str, run_id: str, iterations: int) -> dict[str, list[float]]:
+    """Per iteration, the first included: mean reward (``reward``) and mean generated
+    length (``response_tokens``), from the stages' manifest metrics."""
     from nemo_rl_core.storage.run_storage import RunStorage
 
     storage = RunStorage(storage_root, run_id)
-    return [
-        storage.read_manifest(i)["stages"]["reward"]["metrics"]["mean_reward"]
-        for i in range(iterations)
-    ]
+    manifests = [storage.read_manifest(i)["stages"] for i in range(iterations)]
+    return {
+        "reward": [m["reward"]["metrics"]["mean_reward"] for m in manifests],
+        "response_tokens": [m["generate"]["metrics"]["mean_generation_length"] for m in manifests],
+    }
 
 
 def _committed_at(entry: dict) -> float:
@@ -222,8 +222,8 @@ def plain_loop(
 
 def flow_run(
     config_path: str, overrides: list[str], iterations: int, storage_root: str
-) -> tuple[list[dict], list[float]]:
-    """Per-iteration stage seconds (after the first) and mean rewards of the GRPO flow,
+) -> tuple[list[dict], dict[str, list[float]]]:
+    """Per-iteration stage seconds (after the first) and ``flow_curves`` of the GRPO flow,
     run in this process (Prefect's ephemeral API) on ``storage_root``."""
     from flows.grpo import grpo
 
@@ -231,5 +231,5 @@ def flow_run(
     grpo(config_path=config_path, overrides=overrides, run_id=run_id, storage_root=storage_root)
     return (
         flow_iteration_times(storage_root, run_id, iterations),
-        flow_rewards(storage_root, run_id, iterations),
+        flow_curves(storage_root, run_id, iterations),
     )

@@ -74,7 +74,8 @@ def measure(
             else:
                 root = f"file://{scratch}/store" if variant == "flow-file" else s3_root
                 server_before = api_server_cpu_seconds()
-                timings, rewards = flow_run(TINY_CONFIG, overrides, iterations, root)
+                timings, curves = flow_run(TINY_CONFIG, overrides, iterations, root)
+                rewards = curves["reward"]
                 if server_before is not None:  # the run that started the server pays its start
                     server_cpu = (api_server_cpu_seconds() or 0.0) - server_before
                     results[variant]["server_cpu"].append(server_cpu / iterations)

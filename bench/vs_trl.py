@@ -267,6 +267,16 @@ def plot_rewards(curves: dict[str, dict[str, list[float]]], path: Path) -> None:
     print(f"plot: {path}")
 
 
+def rounded_curves(curves: dict[str, dict[str, list[float]]], digits: int) -> str:
+    """``{model: {side: [per step]}}`` as one JSON line, values rounded."""
+    return json.dumps(
+        {
+            m: {side: [round(v, digits) for v in c] for side, c in sides.items()}
+            for m, sides in curves.items()
+        }
+    )
+
+
 def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -> dict:
     """Seconds per step (median, first step left out) of both sides, of each of our stages
     (wall: from the previous stage's commit to its own), and both reward curves."""
@@ -277,20 +287,25 @@ def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -
     settings["model_dir"] = str(resolve_model(model))
     overrides = settings["overrides"] + (SMOKE_OVERRIDES if args.smoke else [])
     storage_root = f"file://{workdir}/store"
-    ours_times, ours_rewards = flow_run(
-        settings["config_path"], overrides, args.steps, storage_root
-    )
+    ours_times, ours_curves = flow_run(settings["config_path"], overrides, args.steps, storage_root)
     trl = run_trl(python, settings, workdir)
     trl_times = [b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]
     return {
         "ours": median([t["total"] for t in ours_times]),
         "ours_stages": {s: median([t[s] for t in ours_times]) for s in GRPO_STAGES},
         "ours_update": median([t["update"] for t in ours_times]),
-        "ours_tokens": median([t["response_tokens"] for t in ours_times]),
+        "ours_tokens": median(ours_curves["response_tokens"][1:]),
         "trl_tokens": median(trl["response_tokens"][1:]),
         "trl": median(trl_times),
         "trl_generation": median(trl["generation"][1:]),
-        "rewards": {"ours (Prefect flow)": ours_rewards, "TRL GRPOTrainer": trl["rewards"]},
+        "rewards": {
+            "ours (Prefect flow)": ours_curves["reward"],
+            "TRL GRPOTrainer": trl["rewards"],
+        },
+        "response_tokens": {
+            "ours (Prefect flow)": ours_curves["response_tokens"],
+            "TRL GRPOTrainer": trl["response_tokens"],
+        },
     }
 
 
@@ -312,7 +327,7 @@ def main() -> None:
     print(machine_line(), flush=True)
     python = ensure_trl_venv()
     lines = [f"{'model':<24}{'ours s/step':>12}{'TRL s/step':>12}{'TRL/ours':>10}  rewards"]
-    curves = {}
+    curves, lengths = {}, {}
     stage_lines = ["ours per stage, s (median wall time, commit to commit):"]
     split_lines = [
         "split, s (medians): our policy update inside the train stage (the stage's rest:"
@@ -324,6 +339,7 @@ def main() -> None:
             workdir.mkdir()
             result = compare(model, python, args, workdir)
             curves[model] = result["rewards"]
+            lengths[model] = result["response_tokens"]
             last = {side: round(r[-1], 3) for side, r in result["rewards"].items()}
             lines.append(
                 f"{model:<24}{result['ours']:>12.2f}{result['trl']:>12.2f}"
@@ -345,12 +361,14 @@ def main() -> None:
         plot_rewards(curves, png)
     print("\n".join(stage_lines + split_lines))
     table = "\n".join(lines + stage_lines + split_lines)
-    curves_text = json.dumps(
-        {m: {s: [round(r, 3) for r in v] for s, v in c.items()} for m, c in curves.items()}
+    per_step = (
+        f"reward per step: {rounded_curves(curves, 3)}\n"
+        f"mean response tokens per step: {rounded_curves(lengths, 1)}"
     )
+    print(per_step)
     record(
         "TRL GRPOTrainer vs our GRPO flow, seconds per optimizer step (issue 8)",
-        f"{table}\nreward per step: {curves_text}\nplot: bench/plots/{png.name}",
+        f"{table}\n{per_step}\nplot: bench/plots/{png.name}",
         f"{args.prompts} prompts x {args.generations} generations per step, max "
         f"{args.tokens} new tokens, {args.steps} steps each (the first left out of the "
         "medians); TRL/ours > 1 means ours is faster.",
