@@ -55,6 +55,8 @@ ON_POLICY_OVERRIDES = [
 # dynamic batching) instead of 8 samples padded to the longest; the same optimizer step.
 OUR_MACHINERY = ["policy.dynamic_batching.enabled=true"]
 # model -> (config it ships with, learning rate used on both sides)
+# Steps in the plotted trailing mean of the reward (drawn once a run has twice as many).
+SMOOTHING = 5
 MODELS = {
     "tiny-llama": ("examples/configs/grpo_math_tiny.yaml", 5e-4),
     "smollm2-135m-instruct": ("examples/configs/grpo_math_smollm2.yaml", 1e-5),
@@ -259,12 +261,41 @@ def plot_rewards(curves: dict[str, dict[str, list[float]]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
     for ax, (model, sides) in zip(axes[0], curves.items(), strict=True):
         for side, rewards in sides.items():
-            ax.plot(range(1, len(rewards) + 1), rewards, marker="o", label=side)
+            steps = range(1, len(rewards) + 1)
+            (line,) = ax.plot(steps, rewards, marker="o", alpha=0.5, label=side)
+            if len(rewards) >= 2 * SMOOTHING:  # one step's mean is noisy: show the trend too
+                trend = [
+                    sum(rewards[max(0, i + 1 - SMOOTHING) : i + 1]) / min(i + 1, SMOOTHING)
+                    for i in range(len(rewards))
+                ]
+                ax.plot(steps, trend, color=line.get_color(), linestyle="--")
         ax.set(title=model, xlabel="optimizer step", ylabel="mean reward of the step's batch")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"plot: {path}")
+
+
+def late_reward(rewards: list[float]) -> tuple[float, float, int]:
+    """Mean reward over the second half of the steps, its standard error over those steps'
+    means, and the first step counted: one step's mean is too noisy to compare sides by."""
+    late = rewards[len(rewards) // 2 :]
+    mean = sum(late) / len(late)
+    if len(late) < 2:
+        return mean, float("nan"), len(rewards)
+    variance = sum((r - mean) ** 2 for r in late) / (len(late) - 1)
+    return mean, (variance / len(late)) ** 0.5, len(rewards) - len(late) + 1
+
+
+def late_reward_lines(curves: dict[str, dict[str, list[float]]]) -> list[str]:
+    lines = []
+    for model, sides in curves.items():
+        cells = []
+        for side, rewards in sides.items():
+            mean, se, first = late_reward(rewards)
+            cells.append(f"{side} {mean:.3f} +- {se:.3f} (steps {first}-{len(rewards)})")
+        lines.append(f"{model:<24}mean reward, second half: " + "; ".join(cells))
+    return lines
 
 
 def rounded_curves(curves: dict[str, dict[str, list[float]]], digits: int) -> str:
@@ -356,12 +387,14 @@ def main() -> None:
                 f" {result['trl'] - result['trl_generation']:.2f}; response tokens: ours"
                 f" {result['ours_tokens']:.1f}, TRL {result['trl_tokens']:.1f}"
             )
-        png = (Path(tmp) if args.smoke else PLOTS) / f"vs_trl_rewards_{args.tokens}tok.png"
+        shape = f"{args.prompts}x{args.generations}_{args.tokens}tok_{args.steps}steps"
+        png = (Path(tmp) if args.smoke else PLOTS) / f"vs_trl_rewards_{shape}.png"
         PLOTS.mkdir(exist_ok=True)
         plot_rewards(curves, png)
     print("\n".join(stage_lines + split_lines))
     table = "\n".join(lines + stage_lines + split_lines)
     per_step = (
+        "\n".join(late_reward_lines(curves)) + "\n"
         f"reward per step: {rounded_curves(curves, 3)}\n"
         f"mean response tokens per step: {rounded_curves(lengths, 1)}"
     )
