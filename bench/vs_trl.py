@@ -78,6 +78,7 @@ def ensure_trl_venv() -> Path:
 def shared_settings(model: str, prompts: int, generations: int, steps: int, tokens: int) -> dict:
     """Our config (validated) and the same settings as TRL needs them."""
     from nemo_rl_core.algorithms.grpo import load_master_config
+    from nemo_rl_core.utils.config import load_config_with_overrides
 
     config_path, lr = MODELS[model]
     overrides = (
@@ -91,7 +92,10 @@ def shared_settings(model: str, prompts: int, generations: int, steps: int, toke
     )
     # Room for the longest prompt plus a full completion, as TRL's max_completion_length
     # allows: the engine's context (max_model_len) would otherwise cut our responses short.
-    longest_prompt = load_master_config(config_path, overrides).data.max_input_seq_length
+    # Read before validation, which would refuse a budget past the config's own context.
+    longest_prompt = load_config_with_overrides(config_path, overrides)["data"][
+        "max_input_seq_length"
+    ]
     overrides.append(f"policy.max_total_sequence_length={longest_prompt + tokens}")
     config = load_master_config(config_path, overrides)
     optimizer = config.policy.optimizer.kwargs
