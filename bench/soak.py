@@ -31,18 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "infra"))
 from local_stack import LocalStack, attach_stack, kill_tree, running_stack  # noqa: E402
 
-CONFIG = "examples/configs/grpo_math_tiny.yaml"
-# The reliability suite's fast config: HF generation, two prompts of two samples.
-FAST = [
-    "policy.generation.backend=hf",
-    "grpo.num_prompts_per_step=2",
-    "grpo.num_generations_per_prompt=2",
-    "policy.train_global_batch_size=4",
-    "policy.train_micro_batch_size=4",
-    "policy.logprob_batch_size=4",
-    "policy.generation.max_new_tokens=8",
-    "env.math.num_workers=1",
-]
+# The reliability suite's config: HF generation, two prompts of two samples.
+CONFIG = "examples/configs/grpo_math_tiny_fast.yaml"
 LEASE_TTL_S = 10  # a killed run's lease blocks the next one this long at most
 MAX_UNPLANNED_FAILURES = 3
 
@@ -74,7 +64,7 @@ def start_reference(
 ) -> subprocess.Popen:
     """The undisturbed run: the same config, in a local process, on file:// storage."""
     command = [sys.executable, "-m", "flows.grpo", "--config", CONFIG, "--run-id", run_id]
-    command += ["--storage-root", str(root), *FAST, f"grpo.max_num_steps={iterations}"]
+    command += ["--storage-root", str(root), f"grpo.max_num_steps={iterations}"]
     log = (root.parent / "reference.log").open("w")
     env = {**stack.env, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
@@ -115,7 +105,7 @@ def drive_until_done(stack: LocalStack, args: argparse.Namespace, result: SoakRe
     parameters = {
         "run_id": result.run_id,
         "config_path": CONFIG,
-        "overrides": [*FAST, f"grpo.max_num_steps={args.iterations}"],
+        "overrides": [f"grpo.max_num_steps={args.iterations}"],
     }
     # PYTHONPATH: flow runs import this checkout's code, also from a `git worktree`.
     env = {"NEMO_RL_CORE_LEASE_TTL_S": str(LEASE_TTL_S), "PYTHONPATH": str(REPO)}

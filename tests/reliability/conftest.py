@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from prefect.testing.utilities import prefect_test_harness
-from reliability_helpers import CONFIG, FAST
+from reliability_helpers import CONFIG
 
 
 @pytest.fixture(scope="session")
@@ -21,5 +21,5 @@ def clean_run(prefect_api, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from flows.grpo import grpo
 
     root = tmp_path_factory.mktemp("clean")
-    grpo(config_path=str(CONFIG), overrides=FAST, run_id="clean", storage_root=str(root))
+    grpo(config_path=str(CONFIG), run_id="clean", storage_root=str(root))
     return root

@@ -1,29 +1,18 @@
-"""Shared pieces of the reliability suite: a tiny, fast GRPO config (HF generation, two
-prompts of two samples), the final weights of a run on any storage, and the checks that
-storage holds no half-written object."""
+"""Shared pieces of the reliability suite: its config (``grpo_math_tiny_fast.yaml``: HF
+generation, two prompts of two samples, two iterations), the final weights of a run on any
+storage, and the checks that storage holds no half-written object."""
 
 import tempfile
 from pathlib import Path
 
 from safetensors.torch import load_file
 
+from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "examples" / "configs" / "grpo_math_tiny.yaml"
-ITERATIONS = 2
-# vLLM adds nothing to a fault test: HF generation, the smallest batch that still trains.
-FAST = [
-    f"grpo.max_num_steps={ITERATIONS}",
-    "policy.generation.backend=hf",
-    "grpo.num_prompts_per_step=2",
-    "grpo.num_generations_per_prompt=2",
-    "policy.train_global_batch_size=4",
-    "policy.train_micro_batch_size=4",
-    "policy.logprob_batch_size=4",
-    "policy.generation.max_new_tokens=8",
-    "env.math.num_workers=1",
-]
+CONFIG = REPO / "examples" / "configs" / "grpo_math_tiny_fast.yaml"
+ITERATIONS = load_master_config(str(CONFIG)).grpo.max_num_steps
 
 
 def run_dir(root: Path, run_id: str) -> Path:

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from reliability_helpers import CONFIG, FAST
+from reliability_helpers import CONFIG
 
 from flows.grpo import grpo
 from nemo_rl_core.algorithms.grpo import load_master_config
@@ -48,7 +48,7 @@ def test_bad_input_fails_before_any_work(
     with pytest.raises(Exception, match=message):
         grpo(
             config_path=str(CONFIG),
-            overrides=[*FAST, *overrides],
+            overrides=overrides,
             run_id="bad-input",
             storage_root=str(root),
         )
@@ -64,12 +64,12 @@ def test_resume_with_other_data_or_model_is_refused(
 ) -> None:
     root = tmp_path / "store"
     original = RunStorage(str(root), "resumed")
-    original.write_run_config(load_master_config(str(CONFIG), FAST).model_dump(mode="json"))
+    original.write_run_config(load_master_config(str(CONFIG)).model_dump(mode="json"))
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
     with pytest.raises(Exception, match=rf"run 'resumed' was started with a different {key}"):
         grpo(
             config_path=str(CONFIG),
-            overrides=[*FAST, changed],
+            overrides=[changed],
             run_id="resumed",
             storage_root=str(root),
         )

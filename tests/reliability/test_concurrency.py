@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_helpers import CONFIG, FAST
+from reliability_helpers import CONFIG
 
 from flows.grpo import grpo
 from flows.lease import hold_lease
@@ -20,7 +20,6 @@ def test_second_run_of_one_experiment_is_refused(prefect_api, tmp_path: Path) ->
         with pytest.raises(LeaseHeldError, match="leased by 'flow-run first-night' until"):
             grpo(
                 config_path=str(CONFIG),
-                overrides=FAST,
                 run_id="nightly",
                 storage_root=str(tmp_path),
             )

@@ -10,7 +10,6 @@ import pytest
 import torch
 from reliability_helpers import (
     CONFIG,
-    FAST,
     assert_no_half_written_objects,
     assert_same_weights,
     final_weights,
@@ -82,7 +81,6 @@ def test_damage_found_mid_run_re_executes_the_producer(
     monkeypatch.setenv(FAULT_ENV, "generate@1:damage")
     state = grpo(
         config_path=str(CONFIG),
-        overrides=FAST,
         run_id="damaged",
         storage_root=str(tmp_path),
         return_state=True,
@@ -108,7 +106,7 @@ def test_damage_found_on_resume_re_executes_the_producer(
 ) -> None:
     monkeypatch.setenv(FAULT_ENV, "train@1")
     with pytest.raises(Exception, match="fault injected into stage 'train' of iteration 1"):
-        grpo(config_path=str(CONFIG), overrides=FAST, run_id="damaged", storage_root=str(tmp_path))
+        grpo(config_path=str(CONFIG), run_id="damaged", storage_root=str(tmp_path))
     monkeypatch.delenv(FAULT_ENV)
     before = _stages(tmp_path, "damaged")
     damaged = run_dir(tmp_path, "damaged") / before["reward"]["outputs"]["batch"]["key"]
@@ -116,7 +114,7 @@ def test_damage_found_on_resume_re_executes_the_producer(
     data[len(data) // 2] ^= 0xFF  # one flipped byte, size unchanged
     damaged.write_bytes(bytes(data))
 
-    grpo(config_path=str(CONFIG), overrides=FAST, run_id="damaged", storage_root=str(tmp_path))
+    grpo(config_path=str(CONFIG), run_id="damaged", storage_root=str(tmp_path))
 
     after = _stages(tmp_path, "damaged")
     assert after["reward"]["finished_at"] != before["reward"]["finished_at"], "damage trusted"

@@ -7,7 +7,7 @@ import signal
 import threading
 
 import pytest
-from reliability_helpers import CONFIG, FAST
+from reliability_helpers import CONFIG
 
 from nemo_rl_core.algorithms.grpo import (
     EnvironmentFailureError,
@@ -34,7 +34,7 @@ def _batch(samples: list[tuple[str, str]]) -> BatchedDataDict:
 
 
 def _config(threshold: float):
-    return load_master_config(str(CONFIG), [*FAST, f"grpo.max_env_failure_fraction={threshold}"])
+    return load_master_config(str(CONFIG), [f"grpo.max_env_failure_fraction={threshold}"])
 
 
 @pytest.fixture(scope="module")

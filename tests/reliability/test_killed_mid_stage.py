@@ -15,7 +15,7 @@ import time
 import pytest
 from local_stack import FINAL_STATES, LocalStack
 from reliability_helpers import (
-    FAST,
+    CONFIG,
     assert_no_half_written_objects,
     assert_same_weights,
     final_weights,
@@ -65,7 +65,7 @@ def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
         f"s3://{local_stack.bucket}", RUN_ID, storage_options=local_stack.storage_options
     )
     deployment = stack_deployments["grpo/manual"]
-    parameters = {"run_id": RUN_ID, "overrides": FAST}
+    parameters = {"run_id": RUN_ID, "config_path": str(CONFIG)}
     env = {"NEMO_RL_CORE_LEASE_TTL_S": str(LEASE_TTL_S)}
     worker = local_stack.worker_pid()
     committed: dict[tuple[int, str], str] = {}

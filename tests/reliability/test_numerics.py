@@ -8,7 +8,7 @@ backward pass of the real policy, no mock."""
 from pathlib import Path
 
 import pytest
-from reliability_helpers import CONFIG, FAST, run_dir
+from reliability_helpers import CONFIG, run_dir
 
 from flows.grpo import grpo
 from nemo_rl_core.storage.run_storage import RunStorage
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 def test_nan_loss_fails_train_naming_the_iteration_without_a_checkpoint(
     prefect_api, tmp_path: Path
 ) -> None:
-    overrides = [*FAST, "grpo.max_num_steps=1", "loss_fn.reference_policy_kl_penalty=1e39"]
+    overrides = ["grpo.max_num_steps=1", "loss_fn.reference_policy_kl_penalty=1e39"]
     with pytest.raises(FloatingPointError, match=r"iteration 0: .*(loss is nan|non-finite)"):
         grpo(config_path=str(CONFIG), overrides=overrides, run_id="nan", storage_root=str(tmp_path))
     storage = RunStorage(str(tmp_path), "nan")

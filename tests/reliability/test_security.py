@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from reliability_helpers import CONFIG, FAST
+from reliability_helpers import CONFIG
 
 from flows.grpo import grpo
 from flows.rerun_stage import rerun_stage
@@ -23,7 +23,7 @@ def test_bad_run_id_is_refused_before_storage_is_touched(
     prefect_api, name: str, tmp_path: Path
 ) -> None:
     with pytest.raises(ValueError, match="invalid run_id"):
-        grpo(config_path=str(CONFIG), overrides=FAST, run_id=name, storage_root=str(tmp_path))
+        grpo(config_path=str(CONFIG), run_id=name, storage_root=str(tmp_path))
     assert list(tmp_path.rglob("*")) == []
 
 
@@ -42,7 +42,7 @@ def test_bad_stage_and_object_names_are_refused(name: str, tmp_path: Path) -> No
 
 def test_rerun_stage_refuses_unknown_stage(prefect_api, tmp_path: Path) -> None:
     storage = RunStorage(str(tmp_path), "run-1")
-    storage.write_run_config(load_master_config(str(CONFIG), FAST).model_dump(mode="json"))
+    storage.write_run_config(load_master_config(str(CONFIG)).model_dump(mode="json"))
     with pytest.raises(ValueError, match=r"stage '\.\./train' is not one of"):
         rerun_stage(run_id="run-1", iteration=0, stage="../train", storage_root=str(tmp_path))
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["config.yaml"]
@@ -69,7 +69,7 @@ def test_credentials_never_written_anywhere(
     root = f"s3://{s3_bucket}/secure"
     summary = grpo(
         config_path=str(CONFIG),
-        overrides=[*FAST, "grpo.max_num_steps=1"],
+        overrides=["grpo.max_num_steps=1"],
         run_id="secure",
         storage_root=root,
         storage_block="reliability-creds",

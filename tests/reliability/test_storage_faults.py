@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from reliability_helpers import CONFIG, FAST
+from reliability_helpers import CONFIG
 from switchable_proxy import SwitchableProxy
 
 from nemo_rl_core.algorithms.grpo import load_master_config
@@ -34,7 +34,7 @@ def s3_run(s3_server, s3_bucket, tmp_path: Path):
     )
     run = RunRef(root, f"outage-{uuid.uuid4().hex[:6]}")
     storage = open_storage(run)
-    storage.write_run_config(load_master_config(str(CONFIG), FAST).model_dump(mode="json"))
+    storage.write_run_config(load_master_config(str(CONFIG)).model_dump(mode="json"))
     weights = tmp_path / "ckpt"
     weights.mkdir()
     (weights / "model.safetensors").write_bytes(b"committed weights")
