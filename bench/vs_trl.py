@@ -392,6 +392,8 @@ def main() -> None:
                 f" {result['ours_tokens']:.1f}, TRL {result['trl_tokens']:.1f}"
             )
         shape = f"{args.prompts}x{args.generations}_{args.tokens}tok_{args.steps}steps"
+        if args.models != list(MODELS):  # a run of one model keeps the other's plot
+            shape += "_" + "_".join(args.models)
         png = (Path(tmp) if args.smoke else PLOTS) / f"vs_trl_rewards_{shape}.png"
         PLOTS.mkdir(exist_ok=True)
         plot_rewards(curves, png)
