@@ -107,8 +107,8 @@ def local_s3_bucket(log_dir: Path) -> Iterator[str]:
                 os.environ[key] = value
 
 
-def flow_iteration_times(storage_root: str, run_id: str, iterations: int) -> list[dict]:
-    """Per iteration after the first: ``{"total": s, stage: wall s, stage + "_compute": s,
+def flow_iteration_times(manifests: list[dict]) -> list[dict]:
+    """Per iteration after the first, from each iteration's manifest ``stages``: ``{"total": s, stage: wall s, stage + "_compute": s,
     "update": s}``.
 
     A stage's wall time runs from the previous commit (the previous stage, or the previous
@@ -116,10 +116,7 @@ def flow_iteration_times(storage_root: str, run_id: str, iterations: int) -> lis
     out (it also pays model loading and engine start-up). ``update`` is the policy update
     inside the train stage (the rest is the checkpoint commit)."""
     from flows.grpo import GRPO_STAGES
-    from nemo_rl_core.storage.run_storage import RunStorage
 
-    storage = RunStorage(storage_root, run_id)
-    manifests = [storage.read_manifest(i)["stages"] for i in range(iterations)]
     timings = []
     for previous, stages in zip(manifests, manifests[1:], strict=False):
         last = _committed_at(previous["checkpoint"])
@@ -134,13 +131,9 @@ def flow_iteration_times(storage_root: str, run_id: str, iterations: int) -> lis
     return timings
 
 
-def flow_curves(storage_root: str, run_id: str, iterations: int) -> dict[str, list[float]]:
+def flow_curves(manifests: list[dict]) -> dict[str, list[float]]:
     """Per iteration, the first included: mean reward (``reward``) and mean generated
-    length (``response_tokens``), from the stages' manifest metrics."""
-    from nemo_rl_core.storage.run_storage import RunStorage
-
-    storage = RunStorage(storage_root, run_id)
-    manifests = [storage.read_manifest(i)["stages"] for i in range(iterations)]
+    length (``response_tokens``), from each iteration's manifest ``stages`` metrics."""
     return {
         "reward": [m["reward"]["metrics"]["mean_reward"] for m in manifests],
         "response_tokens": [m["generate"]["metrics"]["mean_generation_length"] for m in manifests],
@@ -226,10 +219,10 @@ def flow_run(
     """Per-iteration stage seconds (after the first) and ``flow_curves`` of the GRPO flow,
     run in this process (Prefect's ephemeral API) on ``storage_root``."""
     from flows.grpo import grpo
+    from nemo_rl_core.storage.run_storage import RunStorage
 
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     grpo(config_path=config_path, overrides=overrides, run_id=run_id, storage_root=storage_root)
-    return (
-        flow_iteration_times(storage_root, run_id, iterations),
-        flow_curves(storage_root, run_id, iterations),
-    )
+    storage = RunStorage(storage_root, run_id)
+    manifests = [storage.read_manifest(i)["stages"] for i in range(iterations)]
+    return flow_iteration_times(manifests), flow_curves(manifests)

@@ -54,9 +54,9 @@ ON_POLICY_OVERRIDES = [
 # Ours, not TRL's: microbatches cut by a token budget over the length-sorted batch (NeMo RL's
 # dynamic batching) instead of 8 samples padded to the longest; the same optimizer step.
 OUR_MACHINERY = ["policy.dynamic_batching.enabled=true"]
-# model -> (config it ships with, learning rate used on both sides)
 # Steps in the plotted trailing mean of the reward (drawn once a run has twice as many).
 SMOOTHING = 5
+# model -> (config it ships with, learning rate used on both sides)
 MODELS = {
     "tiny-llama": ("examples/configs/grpo_math_tiny.yaml", 5e-4),
     "smollm2-135m-instruct": ("examples/configs/grpo_math_smollm2.yaml", 1e-5),
@@ -292,6 +292,7 @@ def late_reward(rewards: list[float]) -> tuple[float, float, int]:
 
 
 def late_reward_lines(curves: dict[str, dict[str, list[float]]]) -> list[str]:
+    """One line per model: each side's ``late_reward``."""
     lines = []
     for model, sides in curves.items():
         cells = []
