@@ -1,0 +1,250 @@
+"""What every config key does on this deployment: read by the code, or refused with a reason.
+
+A NeMo RL YAML carries a few hundred keys. Each one a config model declares carries one
+rule in its type (``Annotated[int, Only(1, reason=...)]``):
+
+- :class:`Wired` — the key is read by the code it names; every value NeMo RL allows works.
+- :class:`Only` — the key works at the listed values (what this deployment does); any
+  other value is refused before any work, with the key's dotted path and the reason.
+- :class:`Check` — a rule that needs more than a list of values (the machine's GPUs, other
+  keys of the config).
+- :class:`PartOf` — the key tunes a feature that another key switches on; it matters only
+  while that feature is on, and the feature's own rule decides whether it can be.
+
+Schema validation (pydantic) stays machine-independent, so NeMo RL's own configs validate
+everywhere; :func:`check_support` is the second gate, run before a flow does anything, that
+refuses what cannot run here. ``tests/utils/test_key_support.py`` holds every leaf key of
+every master config to carrying exactly one rule, so a key cannot be accepted and ignored.
+"""
+
+import importlib
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What this process can run on: its CUDA devices."""
+
+    cuda_devices: int
+
+    @staticmethod
+    @cache
+    def current() -> "Machine":
+        import torch
+
+        return Machine(cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+    def gpus_phrase(self) -> str:
+        return "none" if self.cuda_devices == 0 else str(self.cuda_devices)
+
+
+@dataclass(frozen=True)
+class SupportContext:
+    """What a rule may look at besides its own value: the whole config and the machine."""
+
+    config: BaseModel
+    machine: Machine
+
+    def value(self, dotted: str) -> Any:
+        """The value of another key, by its dotted path from the config's root."""
+        node: Any = self.config
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
+        return node
+
+
+class KeyRule:
+    """One key's semantics here. ``refusal`` returns why a value cannot run, or None."""
+
+    def refusal(self, value: Any, context: SupportContext) -> str | None:
+        return None
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Wired(KeyRule):
+    """Read by ``by`` (``package.module:symbol``, checked importable by the tests)."""
+
+    by: str
+
+    def describe(self) -> str:
+        return f"works as in NeMo RL (read by `{self.by}`)"
+
+
+@dataclass(frozen=True, init=False)
+class Only(KeyRule):
+    """Works at ``values``; any other value is refused with ``reason``."""
+
+    values: tuple[Any, ...]
+    reason: str
+
+    def __init__(self, *values: Any, reason: str) -> None:
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "reason", reason)
+
+    def refusal(self, value: Any, context: SupportContext) -> str | None:
+        if any(value == allowed and type(value) is type(allowed) for allowed in self.values):
+            return None
+        if any(value is allowed for allowed in self.values):
+            return None
+        return self.reason
+
+    def describe(self) -> str:
+        shown = ", ".join(repr(v) for v in self.values)
+        return f"only {shown}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Check(KeyRule):
+    """A rule computed from the value and its context; ``test`` returns a reason or None."""
+
+    test: Callable[[Any, SupportContext], str | None]
+    summary: str
+
+    def refusal(self, value: Any, context: SupportContext) -> str | None:
+        return self.test(value, context)
+
+    def describe(self) -> str:
+        return self.summary
+
+
+@dataclass(frozen=True)
+class PartOf(KeyRule):
+    """Tunes the feature that the key ``feature`` (a dotted path) switches on."""
+
+    feature: str
+
+    def describe(self) -> str:
+        return f"tunes `{self.feature}` (matters only while it is on)"
+
+
+def needs_gpus(count: Callable[[Any], int], what: str) -> Check:
+    """Refuse a value that asks for more CUDA devices than this machine has."""
+
+    def test(value: Any, context: SupportContext) -> str | None:
+        wanted = count(value)
+        if wanted <= max(context.machine.cuda_devices, 1):
+            return None
+        return f"{what} needs {wanted} GPUs, this machine has {context.machine.gpus_phrase()}"
+
+    return Check(test, f"{what}: as many GPUs as it asks for must be present")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One key that cannot run here: its dotted path, its value and why."""
+
+    key: str
+    value: Any
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value!r}: {self.reason}"
+
+
+@dataclass
+class UnsupportedConfigError(ValueError):
+    """Keys whose values this deployment cannot run; raised before any work."""
+
+    source: str
+    refusals: list[Refusal] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = "\n".join(f"  {refusal}" for refusal in self.refusals)
+        return f"{self.source} asks for what this deployment cannot do:\n{lines}"
+
+
+def key_rule(annotation_metadata: list[Any]) -> KeyRule | None:
+    rules = [meta for meta in annotation_metadata if isinstance(meta, KeyRule)]
+    if len(rules) > 1:
+        raise TypeError(f"a key carries several rules: {rules}")
+    return rules[0] if rules else None
+
+
+def check_support(
+    config: BaseModel, machine: Machine | None = None, source: str = "config"
+) -> None:
+    """Raise :class:`UnsupportedConfigError` naming every key whose value cannot run here."""
+    context = SupportContext(config, machine or Machine.current())
+    refusals = [
+        Refusal(key, value, reason)
+        for key, value, rule in _rules_with_values(config, "")
+        if (reason := rule.refusal(value, context)) is not None
+    ]
+    if refusals:
+        raise UnsupportedConfigError(source, refusals)
+
+
+def _rules_with_values(model: BaseModel, prefix: str) -> Iterator[tuple[str, Any, KeyRule]]:
+    for name, info in type(model).model_fields.items():
+        key = f"{prefix}{info.alias or name}"
+        value = getattr(model, name)
+        rule = key_rule(info.metadata)
+        if rule is not None:
+            yield key, value, rule
+        yield from _nested(value, key)
+
+
+def _nested(value: Any, key: str) -> Iterator[tuple[str, Any, KeyRule]]:
+    if isinstance(value, BaseModel):
+        yield from _rules_with_values(value, f"{key}.")
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            yield from _nested(item, f"{key}.{name}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _nested(item, f"{key}.{index}")
+
+
+@dataclass(frozen=True)
+class DeclaredKey:
+    """A key of a config class as declared: its dotted path (``*`` for a mapping's entries),
+    its rule (None if it has none), and whether it is a section holding further keys."""
+
+    key: str
+    rule: KeyRule | None
+    section: bool
+
+
+def declared_keys(model: type[BaseModel], prefix: str = "") -> Iterator[DeclaredKey]:
+    """Every key a config class declares, depth first (for the coverage test and the docs)."""
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{info.alias or name}"
+        sections = _section_models(info.annotation)
+        rule = key_rule(info.metadata)
+        yield DeclaredKey(key, rule, section=bool(sections))
+        for section, suffix in sections:
+            yield from declared_keys(section, f"{key}{suffix}.")
+
+
+def _section_models(annotation: Any) -> list[tuple[type[BaseModel], str]]:
+    """The config classes a field's type holds, with the path step to reach them."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _section_models(get_args(annotation)[0])
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [(annotation, "")]
+    if origin in (Union, types.UnionType):
+        return [found for arg in get_args(annotation) for found in _section_models(arg)]
+    if origin is dict:
+        return [(m, f"{s}.*") for m, s in _section_models(get_args(annotation)[1])]
+    if origin in (list, tuple):
+        return [(m, f"{s}.*") for arg in get_args(annotation) for m, s in _section_models(arg)]
+    return []
+
+
+def resolve_reader(by: str) -> Any:
+    """The object a :class:`Wired` rule names (``package.module:symbol.attr``)."""
+    module_name, _, attr_path = by.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for attr in filter(None, attr_path.split(".")):
+        target = getattr(target, attr)
+    return target
