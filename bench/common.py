@@ -115,13 +115,13 @@ def flow_iteration_times(manifests: list[dict]) -> list[dict]:
     iteration's ``checkpoint``) to its own; the first iteration has no start and is left
     out (it also pays model loading and engine start-up). ``update`` is the policy update
     inside the train stage (the rest is the checkpoint commit)."""
-    from flows.grpo import GRPO_STAGES
+    from nemo_rl_core.pipeline.algorithms import GRPO
 
     timings = []
     for previous, stages in zip(manifests, manifests[1:], strict=False):
         last = _committed_at(previous["checkpoint"])
         timing = {"total": _committed_at(stages["checkpoint"]) - last}
-        for stage in GRPO_STAGES:
+        for stage in GRPO.stage_names:
             committed = _committed_at(stages[stage])
             timing[stage] = committed - last
             timing[f"{stage}_compute"] = stages[stage]["metrics"]["seconds"]
@@ -173,12 +173,13 @@ def plain_loop(
     own ``RunRuntime``, so both paths load the same models the same way."""
     from nemo_rl_core.algorithms import grpo as core
     from nemo_rl_core.models.local_models import resolve_model
-    from tasks.runtime import RunRuntime
-    from tasks.stage import RunRef
+    from nemo_rl_core.pipeline.algorithms import GRPO
+    from nemo_rl_core.pipeline.runtime import RunRuntime
+    from nemo_rl_core.storage.handles import RunRef
 
     config = core.load_master_config(config_path, overrides)
     model_dir = resolve_model(config.policy.model_name)
-    runtime = RunRuntime(RunRef("memory://plain", "plain"), config, model_dir)
+    runtime = RunRuntime(RunRef("memory://plain", "plain"), GRPO, config, model_dir)
     timings, rewards = [], []
     try:
         tokenizer, envs = runtime.tokenizer, runtime.task_to_env
@@ -202,7 +203,7 @@ def plain_loop(
             with _timed(timing, "advantage"):
                 train_data, _ = core.compute_advantages(train_data, config)
             with _timed(timing, "train"):
-                core.train_policy(policy, train_data, runtime.loss_fn(), config, iteration)
+                core.train_policy(policy, train_data, core.build_loss_fn(config), config, iteration)
             timing["checkpoint"] = 0.0
             timing["total"] = time.perf_counter() - start
             rewards.append(metrics["mean_reward"])

@@ -24,7 +24,7 @@ from common import PLOTS, SMOKE_OVERRIDES, TINY_CONFIG, machine_line
 import flows  # noqa: F401  (first: its process settings, e.g. OMP_WAIT_POLICY, precede torch)
 from flows.report import iteration_metrics
 from nemo_rl_core.algorithms.grpo import load_master_config
-from tasks.stage import RunRef, open_storage
+from nemo_rl_core.storage.handles import RunRef, open_storage
 
 DEMO_CONFIG = "examples/configs/grpo_math_smollm2.yaml"
 # (manifest metric, axis label): the reward first, the rest explain it.

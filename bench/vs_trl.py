@@ -125,11 +125,12 @@ def shared_settings(model: str, prompts: int, generations: int, steps: int, toke
 def prompt_rows(config, steps: int) -> list[dict]:
     """The exact prompt text and ground truth of our first ``steps`` batches, in order."""
     from nemo_rl_core.models.local_models import resolve_model
-    from tasks.runtime import RunRuntime
-    from tasks.stage import RunRef
+    from nemo_rl_core.pipeline.algorithms import GRPO
+    from nemo_rl_core.pipeline.runtime import RunRuntime
+    from nemo_rl_core.storage.handles import RunRef
 
     model_dir = resolve_model(config.policy.model_name)
-    runtime = RunRuntime(RunRef("memory://rows", "rows"), config, model_dir)
+    runtime = RunRuntime(RunRef("memory://rows", "rows"), GRPO, config, model_dir)
     loader = runtime.dataloader
     loader.load_state_dict(runtime.dataloader_state(0))
     tokenizer = runtime.tokenizer
@@ -316,8 +317,8 @@ def rounded_curves(curves: dict[str, dict[str, list[float]]], digits: int) -> st
 def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -> dict:
     """Seconds per step (median, first step left out) of both sides, of each of our stages
     (wall: from the previous stage's commit to its own), and both reward curves."""
-    from flows.grpo import GRPO_STAGES
     from nemo_rl_core.models.local_models import resolve_model
+    from nemo_rl_core.pipeline.algorithms import GRPO
 
     settings = shared_settings(model, args.prompts, args.generations, args.steps, args.tokens)
     settings["model_dir"] = str(resolve_model(model))
@@ -328,7 +329,7 @@ def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -
     trl_times = [b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]
     return {
         "ours": median([t["total"] for t in ours_times]),
-        "ours_stages": {s: median([t[s] for t in ours_times]) for s in GRPO_STAGES},
+        "ours_stages": {s: median([t[s] for t in ours_times]) for s in GRPO.stage_names},
         "ours_update": median([t["update"] for t in ours_times]),
         "ours_tokens": median(ours_curves["response_tokens"][1:]),
         "trl_tokens": median(trl["response_tokens"][1:]),

@@ -6,11 +6,14 @@ import json
 import sys
 from collections.abc import Callable
 
+from nemo_rl_core.pipeline.spec import Pipeline
 from nemo_rl_core.utils.config import ConfigError
 
 
-def run_flow_from_cli(flow_fn: Callable[..., dict], name: str) -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m flows.{name}", description=flow_fn.__doc__)
+def run_flow_from_cli(flow_fn: Callable[..., dict], pipeline: Pipeline) -> None:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m flows.{pipeline.name}", description=flow_fn.__doc__
+    )
     parser.add_argument("--config", required=True, help="NeMo RL-style YAML config")
     parser.add_argument("--run-id", default=None, help="continue this run (default: a new one)")
     parser.add_argument(

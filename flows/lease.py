@@ -10,8 +10,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import Lease
-from tasks.stage import RunRef, open_storage, stage_logger
+from tasks.stage import stage_logger
 
 DEFAULT_TTL_S = 120.0
 

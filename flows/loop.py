@@ -1,20 +1,35 @@
-"""The part every training flow shares around its iteration: open the run, hold its lease,
-plan the iterations, run each one (re-making a damaged input on the way), then report its
-metrics and progress; warm objects are closed when the flow run ends, finished or failed."""
+"""What every training flow is: open the run, hold its lease, plan the iterations, run each
+one's due stages in their declared order (re-making a damaged input on the way), then
+report its metrics and progress; warm objects are closed when the flow run ends."""
 
 from collections.abc import Callable
+from typing import Any
+
+from prefect import Flow, flow
 
 from flows.lease import hold_lease
 from flows.report import IterationReports
 from flows.run_setup import lease_owner, open_run, plan_iterations
+from nemo_rl_core.pipeline.context import DamagedInputError, StageRef
+from nemo_rl_core.pipeline.runtime import close_runtime
+from nemo_rl_core.pipeline.spec import Pipeline
+from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.utils.logger import Logger
-from tasks.runtime import close_runtime
-from tasks.stage import DamagedInputError, RunRef, open_storage, stage_logger
+from tasks.stage import stage, stage_logger
 
 
-def run_iteration(
-    one_iteration: Callable[[RunRef, int], None], run: RunRef, iteration: int
-) -> list[str]:
+def run_pipeline_iteration(
+    pipeline: Pipeline, config: Any, run: RunRef, iteration: int, final_step: int
+) -> None:
+    """The iteration's due stages in declared order, each fed the outputs it reads."""
+    done: dict[str, StageRef] = {}
+    for spec in pipeline.stages:
+        if spec.is_due(config, iteration, final_step):
+            upstream = {name: done[name] for name in spec.all_reads if name in done}
+            done[spec.name] = stage(run, iteration, spec.name, upstream)
+
+
+def run_iteration(iteration_body: Callable[[], None], run: RunRef, iteration: int) -> list[str]:
     """Run one iteration's stages; returns the keys of damaged inputs that were re-made.
 
     A stage that reads an input of this iteration whose bytes no longer match the manifest
@@ -27,7 +42,7 @@ def run_iteration(
     remade: list[str] = []
     while True:
         try:
-            one_iteration(run, iteration)
+            iteration_body()
             return remade
         except DamagedInputError as err:
             if err.iteration != iteration or err.key in remade:
@@ -44,8 +59,7 @@ def run_iteration(
 
 
 def run_iterations(
-    algorithm: str,
-    one_iteration: Callable[[RunRef, int], None],
+    pipeline: Pipeline,
     config_path: str,
     overrides: list[str] | None,
     run_id: str | None,
@@ -53,19 +67,24 @@ def run_iterations(
     steps_per_run: int | None,
     storage_block: str | None,
 ) -> dict:
-    """Call ``one_iteration(run, iteration)`` (the flow's stage calls) for each planned
-    iteration; returns the run's id, root, iterations, per-iteration metrics and the keys
-    of damaged inputs that were re-made."""
-    run, config = open_run(config_path, overrides, run_id, storage_root, algorithm, storage_block)
+    """Run the planned iterations of ``pipeline``; returns the run's id, root, iterations,
+    per-iteration metrics and the keys of damaged inputs that were re-made."""
+    run, config = open_run(pipeline, config_path, overrides, run_id, storage_root, storage_block)
     with hold_lease(run, owner=lease_owner()):
-        iterations = plan_iterations(run, config, steps_per_run)
+        iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run)
         history = []
         remade: list[str] = []
         metrics_log = Logger(config.logger, run_name=run.run_id)
         try:
-            with IterationReports(run, iterations) as reports:
+            with IterationReports(pipeline, run, iterations) as reports:
                 for iteration in iterations:
-                    remade += run_iteration(one_iteration, run, iteration)
+                    remade += run_iteration(
+                        lambda it=iteration: run_pipeline_iteration(
+                            pipeline, config, run, it, final_step
+                        ),
+                        run,
+                        iteration,
+                    )
                     history.append(reports.iteration_done(iteration))
                     metrics_log.log_metrics(history[-1], step=iteration)
         finally:
@@ -78,3 +97,29 @@ def run_iterations(
         "metrics": history,
         "remade": remade,
     }
+
+
+def training_flow(pipeline: Pipeline) -> Flow:
+    """The Prefect flow of ``pipeline``: named after it, with the parameters every training
+    deployment takes."""
+
+    def train(
+        config_path: str = pipeline.default_config,
+        overrides: list[str] | None = None,
+        run_id: str | None = None,
+        storage_root: str | None = None,
+        steps_per_run: int | None = None,
+        storage_block: str | None = None,
+    ) -> dict:
+        return run_iterations(
+            pipeline, config_path, overrides, run_id, storage_root, steps_per_run, storage_block
+        )
+
+    train.__doc__ = (
+        f"Train {pipeline.name.upper()} for ``steps_per_run`` iterations (default: up to "
+        f"``{pipeline.name}.max_num_steps``).\n\n``run_id`` continues that run (a new id "
+        "otherwise); ``storage_root`` defaults to ``checkpointing.checkpoint_dir``; "
+        "``storage_block`` names a prefect-aws ``AwsCredentials`` block for an ``s3://`` root "
+        "(else ``AWS_*`` environment variables)."
+    )
+    return flow(name=pipeline.name, log_prints=True)(train)

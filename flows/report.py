@@ -10,17 +10,8 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from tasks.stage import RunRef, open_storage
-
-REPORTED = (
-    ("reward", "mean_reward"),
-    ("train", "loss"),
-    ("train", "kl_penalty"),
-    ("train", "probs_ratio_clamped_fraction"),
-    ("train", "grad_norm"),
-    ("train", "value_loss"),
-    ("generate", "mean_gen_tokens_per_sample"),
-)
+from nemo_rl_core.pipeline.spec import Pipeline
+from nemo_rl_core.storage.handles import RunRef, open_storage
 
 
 def iteration_metrics(run: RunRef, iteration: int) -> dict[str, float]:
@@ -35,11 +26,13 @@ def iteration_metrics(run: RunRef, iteration: int) -> dict[str, float]:
     return flat
 
 
-def metrics_table(run: RunRef, iteration: int, metrics: dict[str, float]) -> str:
-    """The iteration's Markdown table: the reported metrics, then seconds per stage."""
+def metrics_table(
+    pipeline: Pipeline, run: RunRef, iteration: int, metrics: dict[str, float]
+) -> str:
+    """The iteration's Markdown table: the metrics its stages report, then seconds per stage."""
     rows = [
         f"| {stage}/{name} | {metrics[f'{stage}/{name}']:.4g} |"
-        for stage, name in REPORTED
+        for stage, name in pipeline.reported_metrics()
         if f"{stage}/{name}" in metrics
     ]
     rows += [
@@ -62,7 +55,8 @@ class IterationReports:
     first failure (unless the block is already raising).
     """
 
-    def __init__(self, run: RunRef, iterations: list[int]) -> None:
+    def __init__(self, pipeline: Pipeline, run: RunRef, iterations: list[int]) -> None:
+        self.pipeline = pipeline
         self.run = run
         self.total = max(len(iterations), 1)
         self.done = 0
@@ -82,7 +76,7 @@ class IterationReports:
                 context.run,
                 self._publish,
                 iteration,
-                metrics_table(self.run, iteration, metrics),
+                metrics_table(self.pipeline, self.run, iteration, metrics),
                 100.0 * self.done / self.total,
             )
         )

@@ -6,25 +6,16 @@ import datetime as dt
 import os
 import secrets
 import socket
+from typing import Any
 
-from nemo_rl_core.algorithms.grpo import MasterConfig, RLMasterConfig, load_master_config
-from nemo_rl_core.algorithms.ppo import PPOMasterConfig
+from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.data.datasets.builder import load_rows
 from nemo_rl_core.models.local_models import resolve_model
+from nemo_rl_core.pipeline.runtime import runtime_for
+from nemo_rl_core.pipeline.spec import Pipeline
+from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
-from tasks.stage import RunRef, open_storage, use_storage_options
-
-# A resume must train the same model on the same data as the run it continues.
-IDENTITY_KEYS = (
-    ("policy", "model_name"),
-    ("value", "model_name"),
-    ("data",),
-    ("grpo", "seed"),
-    ("ppo", "seed"),
-)
-# Each flow validates its YAML into its algorithm's master config.
-CONFIG_CLASSES: dict[str, type[RLMasterConfig]] = {"grpo": MasterConfig, "ppo": PPOMasterConfig}
 
 
 def new_run_id(prefix: str) -> str:
@@ -32,24 +23,25 @@ def new_run_id(prefix: str) -> str:
     return f"{prefix}-{stamp}-{secrets.token_hex(3)}"
 
 
-def _pick(config: dict, path: tuple[str, ...]) -> object:
-    for key in path:
-        config = config.get(key, {}) if isinstance(config, dict) else {}
-    return config
+def _pick(config: dict, dotted: str) -> object:
+    node: Any = config
+    for key in dotted.split("."):
+        node = node.get(key, {}) if isinstance(node, dict) else {}
+    return node
 
 
-def check_same_identity(stored: dict, new: dict, run_id: str) -> None:
-    for path in IDENTITY_KEYS:
-        if _pick(stored, path) != _pick(new, path):
-            key = ".".join(path)
+def check_same_identity(pipeline: Pipeline, stored: dict, new: dict, run_id: str) -> None:
+    """A resume must train the same model on the same data as the run it continues."""
+    for key in pipeline.identity_keys:
+        if _pick(stored, key) != _pick(new, key):
             raise ConfigError(
                 f"run {run_id!r} was started with a different {key} "
-                f"({_pick(stored, path)!r} != {_pick(new, path)!r}); start a new run_id "
+                f"({_pick(stored, key)!r} != {_pick(new, key)!r}); start a new run_id "
                 "or restore the original value"
             )
 
 
-def first_iteration(storage: RunStorage) -> int:
+def first_iteration(pipeline: Pipeline, storage: RunStorage) -> int:
     """Where to continue: the newest committed checkpoint, or an earlier iteration whose
     stages were marked stale by a rerun (they must be recomputed first)."""
     latest = storage.latest_checkpoint() or 0
@@ -59,26 +51,28 @@ def first_iteration(storage: RunStorage) -> int:
             stages = storage.read_manifest(iteration).get("stages", {})
             if any(entry.get("status") == "stale" for entry in stages.values()):
                 return iteration
-    # Killed after train committed checkpoint ``latest`` but before the iteration recorded
-    # it: finish that iteration (train is recomputed from the checkpoint before, bit-equal).
+    # Killed after the committing stage wrote checkpoint ``latest`` but before the iteration
+    # finished: finish it (the committing stage recomputes from the checkpoint before,
+    # bit-equal, and the stages after it run).
     previous = latest - 1
     if previous in iterations and (previous == 0 or previous in storage.committed_checkpoints()):
-        checkpoint_stage = storage.read_manifest(previous)["stages"].get("checkpoint", {})
-        if checkpoint_stage.get("status") != "complete":
+        final = pipeline.stages[-1].name
+        final_stage = storage.read_manifest(previous)["stages"].get(final, {})
+        if final_stage.get("status") != "complete":
             return previous
     return latest
 
 
 def open_run(
+    pipeline: Pipeline,
     config_path: str,
     overrides: list[str] | None,
     run_id: str | None,
     storage_root: str | None,
-    algorithm: str,
     storage_block: str | None = None,
-) -> tuple[RunRef, RLMasterConfig]:
+) -> tuple[RunRef, Any]:
     """Validate the config and name the run; nothing is written yet (no lease is held)."""
-    config = load_master_config(config_path, overrides, CONFIG_CLASSES[algorithm])
+    config = load_master_config(config_path, overrides, pipeline.config_class)
     root = storage_root or config.checkpointing.checkpoint_dir
     if not config.checkpointing.enabled:
         raise ConfigError(
@@ -89,25 +83,28 @@ def open_run(
     resolve_model(config.policy.model_name)
     load_rows(config.data)
     load_storage_block(root, storage_block)
-    return RunRef(root, run_id or new_run_id(algorithm)), config
+    return RunRef(root, run_id or new_run_id(pipeline.name)), config
 
 
-def plan_iterations(run: RunRef, config: RLMasterConfig, steps_per_run: int | None) -> list[int]:
+def plan_iterations(
+    pipeline: Pipeline, run: RunRef, config: Any, steps_per_run: int | None
+) -> tuple[list[int], int]:
     """Under the lease: check a resume keeps its model and data, store the resolved config,
-    and return the iterations this flow run covers."""
+    and return the iterations this flow run covers and the run's final training step."""
     storage = open_storage(run)
     resolved = config.model_dump(mode="json")
     stored = storage.read_run_config()
     if stored is not None:
-        check_same_identity(stored, resolved, run.run_id)
+        check_same_identity(pipeline, stored, resolved, run.run_id)
     storage.write_run_config(resolved, allow_change=True)
-    start = first_iteration(storage)
-    end = config.algorithm_max_steps()
+    final_step = runtime_for(run).final_step()
+    start = first_iteration(pipeline, storage)
+    end = pipeline.last_iteration(config, final_step)
     if steps_per_run is not None:
         if steps_per_run < 1:
             raise ConfigError(f"steps_per_run must be >= 1, got {steps_per_run}")
         end = min(end, start + steps_per_run)
-    return list(range(start, end))
+    return list(range(start, end)), final_step
 
 
 def load_storage_block(storage_root: str, block_name: str | None) -> None:

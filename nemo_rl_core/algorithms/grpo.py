@@ -7,8 +7,10 @@ can be recomputed alone from its stored inputs.
 
 import hashlib
 import json
+import time
 from abc import abstractmethod
-from typing import Any, Self
+from collections.abc import Iterable
+from typing import Annotated, Any, Self
 
 import torch
 from pydantic import Field, model_validator
@@ -38,6 +40,7 @@ from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_with_overrides, validate_config
+from nemo_rl_core.utils.key_support import Wired
 from nemo_rl_core.utils.logger import LoggerConfig
 
 # ``reward_reason`` prefixes of a check that did not finish (the worker pool's outcome kinds).
@@ -48,24 +51,64 @@ class EnvironmentFailureError(RuntimeError):
     """Too many reward checks failed in one batch: the environment, not the policy, is broken."""
 
 
+_GRPO = "nemo_rl_core.algorithms.grpo"
+
+
 class RolloutLoopConfig(StrictConfig):
     """The loop keys ``grpo:`` and ``ppo:`` share (NeMo RL's names and defaults): how many
-    prompts and samples per step, how many steps, the seed."""
+    prompts and samples per step, how many steps, validation, the seed."""
 
-    num_prompts_per_step: int = Field(ge=1)
-    num_generations_per_prompt: int = Field(1, ge=1)
-    max_rollout_turns: int = Field(1, ge=1)
-    max_num_epochs: int = Field(1, ge=1)
-    max_num_steps: int = Field(ge=1)
-    val_period: int = Field(0, ge=0)
-    val_batch_size: int | None = None
-    val_at_start: bool = False
-    max_val_samples: int | None = None
-    seed: int = 42
-    skip_reference_policy_logprobs_calculation: bool = False
+    num_prompts_per_step: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:make_dataloader")]
+    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:take_prompts")] = 1
+    max_rollout_turns: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:play_rollouts")] = 1
+    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")] = 1
+    max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")]
+    val_period: Annotated[int, Field(ge=0), Wired(f"{_GRPO}:validation_due")] = 0
+    # None: every validation prompt in one batch (NeMo RL allows None for NeMo-Gym).
+    val_batch_size: Annotated[int | None, Field(ge=1), Wired(f"{_GRPO}:validate_batches")] = None
+    val_at_start: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
+    val_at_end: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
+    max_val_samples: Annotated[int | None, Field(ge=1), Wired(f"{_GRPO}:validate_batches")] = None
+    seed: Annotated[int, Wired(f"{_GRPO}:sampling_seeds")] = 42
+    skip_reference_policy_logprobs_calculation: Annotated[
+        bool, Wired(f"{_GRPO}:compute_logprobs")
+    ] = False
     # Not in NeMo RL: a reward checker that raised, hung or died gives reward 0; past this
     # fraction of the batch the reward stage fails instead of training on broken rewards.
-    max_env_failure_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    max_env_failure_fraction: Annotated[
+        float, Field(ge=0.0, le=1.0), Wired(f"{_GRPO}:score_rollouts")
+    ] = 0.5
+
+    @model_validator(mode="after")
+    def _whole_validation_batches(self) -> Self:
+        """NeMo RL validates ``max_val_samples // val_batch_size`` whole batches."""
+        limit, size = self.max_val_samples, self.val_batch_size
+        if limit is not None and size is not None and limit < size:
+            raise ValueError(
+                f"max_val_samples ({limit}) is smaller than val_batch_size ({size}): "
+                "no whole validation batch fits, so nothing would be validated"
+            )
+        return self
+
+
+def validation_due(loop: RolloutLoopConfig, step: int, final_step: int) -> bool:
+    """Whether the weights after ``step`` updates are validated (NeMo RL's schedule:
+    ``val_at_start`` for step 0, every ``val_period`` steps, ``val_at_end`` for the weights
+    after the run's ``final_step``)."""
+    if step == 0:
+        return loop.val_at_start
+    periodic = loop.val_period > 0 and step % loop.val_period == 0
+    return periodic or (loop.val_at_end and step == final_step)
+
+
+def validates(loop: RolloutLoopConfig) -> bool:
+    return loop.val_period > 0 or loop.val_at_start or loop.val_at_end
+
+
+def planned_steps(loop: RolloutLoopConfig, batches_per_epoch: int) -> int:
+    """Training steps of the whole run: ``max_num_steps``, or fewer when ``max_num_epochs``
+    passes over the data end first (as NeMo RL's loop stops at whichever comes first)."""
+    return min(loop.max_num_steps, loop.max_num_epochs * batches_per_epoch)
 
 
 class GRPOConfig(GRPOAdvantageConfig, RolloutLoopConfig):
@@ -91,9 +134,6 @@ class RLMasterConfig(StrictConfig):
     @property
     @abstractmethod
     def algorithm(self) -> RolloutLoopConfig: ...
-
-    def algorithm_max_steps(self) -> int:
-        return self.algorithm.max_num_steps
 
     @model_validator(mode="after")
     def _skipped_forwards_are_unused(self) -> Self:
@@ -193,33 +233,56 @@ def generate_rollouts(
     iteration: int,
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
     """Responses for every prompt; multi-turn tasks play the whole episode here."""
-    max_seq_len = config.policy.max_total_sequence_length
+    seeds = sampling_seeds(config.algorithm.seed, iteration, batch.size)
     generation.prepare_for_generation()
     try:
-        seeds = sampling_seeds(config.algorithm.seed, iteration, batch.size)
-        if config.algorithm.max_rollout_turns > 1:
-            batch = BatchedDataDict({**batch})
-            return run_multi_turn_rollout(
-                generation,
-                batch,
-                tokenizer,
-                task_to_env,
-                max_seq_len,
-                config.algorithm.max_rollout_turns,
-            )
-        return generate_one_turn(generation, batch, tokenizer, seeds)
+        return play_rollouts(generation, batch, tokenizer, task_to_env, config, seeds)
     finally:
         generation.finish_generation()
 
 
-def sampling_seeds(seed: int, iteration: int, size: int) -> torch.Tensor:
+def play_rollouts(
+    generation: GenerationInterface,
+    batch: BatchedDataDict,
+    tokenizer: Any,
+    task_to_env: dict[str, EnvironmentInterface],
+    config: RLMasterConfig,
+    seeds: torch.Tensor,
+    greedy: bool = False,
+) -> tuple[BatchedDataDict, dict[str, Any]]:
+    """One response per sample (multi-turn tasks: the whole episode, scored as it is played),
+    sampled with ``seeds`` so that a rerun draws the same tokens."""
+    if config.algorithm.max_rollout_turns > 1:
+        # Each turn's seeds follow from these, so a rerun plays the same episodes.
+        batch = BatchedDataDict({**batch, "sample_seeds": seeds})
+        return run_multi_turn_rollout(
+            generation,
+            batch,
+            tokenizer,
+            task_to_env,
+            config.policy.max_total_sequence_length,
+            config.algorithm.max_rollout_turns,
+            greedy=greedy,
+        )
+    return generate_one_turn(generation, batch, tokenizer, seeds, greedy=greedy)
+
+
+# Seed streams: training samples and validation samples never share a seed.
+TRAIN_SEEDS, VALIDATION_SEEDS = 0, 1
+
+
+def sampling_seeds(seed: int, iteration: int, size: int, stream: int = TRAIN_SEEDS) -> torch.Tensor:
     """Per-sample seeds of one iteration: a rerun or resumed stage samples the same tokens."""
-    base = (seed * 1_000_003 + iteration * 10_007) % (2**31 - size)
+    base = (seed * 1_000_003 + iteration * 10_007 + stream * 7_919_311) % (2**31 - size)
     return torch.arange(base, base + size, dtype=torch.int64)
 
 
 def generate_one_turn(
-    generation: GenerationInterface, batch: BatchedDataDict, tokenizer: Any, seeds: torch.Tensor
+    generation: GenerationInterface,
+    batch: BatchedDataDict,
+    tokenizer: Any,
+    seeds: torch.Tensor,
+    greedy: bool = False,
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
     """One assistant turn per sample, left unscored: the reward stage asks the environments."""
     pad_id = (
@@ -232,7 +295,7 @@ def generate_one_turn(
         {"input_ids": flat["token_ids"], "input_lengths": input_lengths, "sample_seeds": seeds}
     )
     batch, _, metrics = generate_responses(
-        generation, generation_input, batch, tokenizer, input_lengths
+        generation, generation_input, batch, tokenizer, input_lengths, greedy=greedy
     )
     return batch, metrics
 
@@ -267,6 +330,104 @@ def score_rollouts(
         "fraction_positive": float((rewards > 0).float().mean()),
         **{f"env_{kind}_count": count for kind, count in failures.items()},
         "env_failed_fraction": failed_fraction,
+    }
+
+
+def validate(
+    policy_generation: GenerationInterface,
+    val_dataloader: Iterable[BatchedDataDict],
+    tokenizer: Any,
+    val_task_to_env: dict[str, EnvironmentInterface],
+    step: int,
+    master_config: RLMasterConfig,
+    logger: Any = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """NeMo RL's validation: the weights ``policy_generation`` holds, on at most
+    ``max_val_samples`` prompts of ``val_dataloader`` (``val_batch_size`` per batch); returns
+    ``(val_metrics, timing_metrics)``. ``logger`` gets the metrics under ``validation``."""
+    started = time.perf_counter()
+    _, metrics = validate_batches(
+        policy_generation, val_dataloader, tokenizer, val_task_to_env, master_config, step
+    )
+    if logger is not None:
+        logger.log_metrics(metrics, step, prefix="validation")
+    return metrics, {"total_validation_time": time.perf_counter() - started}
+
+
+def validate_batches(
+    generation: GenerationInterface,
+    batches: Iterable[BatchedDataDict],
+    tokenizer: Any,
+    task_to_env: dict[str, EnvironmentInterface],
+    config: RLMasterConfig,
+    step: int,
+) -> tuple[BatchedDataDict, dict[str, Any]]:
+    """Every sample's validation result and the metrics of the weights of ``step``.
+
+    Each prompt gets ``num_generations_per_prompt`` sampled responses (the generation
+    settings, seeded apart from training's) and one greedy response. ``accuracy`` is NeMo
+    RL's (mean reward of the sampled responses), ``pass@k`` the fraction of prompts with a
+    rewarded sample among k, ``greedy_accuracy`` the mean reward of the greedy responses.
+    A sample counts as solved when its reward is positive.
+    """
+    loop = config.algorithm
+    k = loop.num_generations_per_prompt
+    limit = loop.max_val_samples
+    batch_size = loop.val_batch_size
+    if limit is not None and batch_size is not None:
+        limit = (limit // batch_size) * batch_size  # NeMo RL validates whole batches
+    results: list[BatchedDataDict] = []
+    taken = 0
+    generation.prepare_for_generation()
+    try:
+        for prompts in batches:
+            if limit is not None and taken >= limit:
+                break
+            if limit is not None and taken + prompts.size > limit:
+                prompts = prompts.slice(0, limit - taken)
+            prompts["prompt_index"] = torch.arange(taken, taken + prompts.size)
+            sampled = prompts.repeat_interleave(k)
+            seeds = sampling_seeds(loop.seed, step, (taken + prompts.size) * k, VALIDATION_SEEDS)
+            sampled, _ = play_rollouts(
+                generation, sampled, tokenizer, task_to_env, config, seeds[taken * k :]
+            )
+            greedy, _ = play_rollouts(
+                generation, prompts, tokenizer, task_to_env, config, seeds[: prompts.size], True
+            )
+            for played, is_greedy in ((sampled, False), (greedy, True)):
+                scored, _ = score_rollouts(played, task_to_env, config)
+                scored["greedy"] = torch.full((scored.size,), is_greedy)
+                results.append(scored)
+            taken += prompts.size
+    finally:
+        generation.finish_generation()
+    if not results:
+        raise ValueError("validation has no prompts: the validation dataset is empty")
+    table = BatchedDataDict.from_batches(results)
+    return table, validation_metrics(table, k)
+
+
+def validation_metrics(table: BatchedDataDict, k: int) -> dict[str, Any]:
+    """``accuracy``, ``pass@k``, ``greedy_accuracy`` and ``avg_length`` of a validation table."""
+    greedy = table["greedy"].bool()
+    rewards = table["total_reward"].float()
+    sampled_rewards = rewards[~greedy]
+    prompt_ids = table["prompt_index"][~greedy]
+    solved = torch.zeros(int(prompt_ids.max()) + 1, dtype=torch.bool)
+    solved.index_put_((prompt_ids,), sampled_rewards > 0, accumulate=True)
+    lengths = torch.tensor(
+        [
+            sum(len(m["token_ids"]) for m in log if m["role"] == "assistant")
+            for log in table["message_log"]
+        ],
+        dtype=torch.float32,
+    )
+    return {
+        "accuracy": float(sampled_rewards.mean()),
+        f"pass@{k}": float(solved.float().mean()),
+        "greedy_accuracy": float(rewards[greedy].mean()),
+        "avg_length": float(lengths[~greedy].mean()),
+        "num_prompts": int(greedy.sum()),
     }
 
 

@@ -26,6 +26,7 @@ are handed to fsspec and never logged, stored or put in an error message.
 
 import hashlib
 import json
+import math
 import mmap
 import posixpath
 import re
@@ -34,7 +35,6 @@ import tempfile
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -366,6 +366,15 @@ class RunStorage:
             raise StorageError(f"{self._url(key)} does not exist")
         return json.loads(data)
 
+    def record_checkpoint_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """Add metrics measured after the commit (validation of these weights) to a committed
+        checkpoint's training info, replacing the file whole."""
+        info = {**self.read_checkpoint_info(step), **metrics}
+        self._put(
+            f"{_step_dir(step)}/{TRAINING_INFO}",
+            json.dumps(info, indent=2, sort_keys=True).encode(),
+        )
+
     def prune_checkpoints(
         self,
         keep_top_k: int | None,
@@ -393,16 +402,16 @@ class RunStorage:
         if keep_top_k is None:
             return sorted(off_period)
         history = [(step, self.read_checkpoint_info(step)) for step in committed]
-        if metric_name is not None and all(metric_name in info for _, info in history):
-            history.sort(key=lambda item: item[1][metric_name], reverse=higher_is_better)
-        else:
-            if metric_name is not None:
-                warnings.warn(
-                    f"metric {metric_name!r} is missing from some checkpoints' training info; "
-                    f"keeping the {keep_top_k} most recent instead",
-                    stacklevel=2,
-                )
+        if metric_name is None:
             history.sort(key=lambda item: item[0], reverse=True)
+        else:
+            # NeMo RL's order: best metric first, a checkpoint without it last, the newer
+            # one first among equals.
+            worst = -math.inf if higher_is_better else math.inf
+            sign = 1 if higher_is_better else -1
+            history.sort(
+                key=lambda item: (sign * item[1].get(metric_name, worst), item[0]), reverse=True
+            )
         doomed = {step for step, _ in history[keep_top_k:] if step != latest}
         all_steps = _numbered(self._list_names("checkpoints"), _STEP_RE)
         doomed |= {s for s in all_steps if s < latest and s not in committed}

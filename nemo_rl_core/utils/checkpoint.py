@@ -1,10 +1,33 @@
-"""NeMo RL's ``checkpointing:`` section (``nemo_rl.utils.checkpoint.CheckpointingConfig``).
+"""Checkpoints: NeMo RL's ``checkpointing:`` section, what a committed checkpoint holds, and
+which weights version a stage worked from.
 
 ``checkpoint_dir`` is the storage root of the run: a local path or an fsspec URL
 (``s3://bucket/prefix``); runs, stage outputs and checkpoints all live below it.
+
+A checkpoint is committed by the stage that trained it and is how weights reach the next
+iteration. It holds each trained model in HF layout (the policy at its root, so vLLM and
+transformers load the directory as is; others in their own sub-folder), the optimizer
+state beside each, and ``training_info.json``: NeMo RL's save-state keys, the content
+digest of every model's weights, the dataloader position and the step's metrics under
+``train:<name>`` / ``val:<name>`` (what ``checkpointing.metric_name`` ranks by).
 """
 
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from nemo_rl_core.storage.run_storage import RunStorage
+
+# Where each trained model of an algorithm sits inside a checkpoint ("" = its root).
+MODEL_DIRS = {"policy": "", "value": "value"}
+WEIGHTS_FILE = "model.safetensors"
+OPTIMIZER_DIR = "optimizer"
+INITIAL_STEP = 0  # step 0 is the model the run started from, never a stored checkpoint
 
 
 class CheckpointingConfig(BaseModel):
@@ -19,3 +42,100 @@ class CheckpointingConfig(BaseModel):
     checkpoint_must_save_by: str | None = None
     model_save_format: str = "safetensors"
     save_consolidated: bool = True
+
+
+class Checkpointable(Protocol):
+    """What a trained model offers the checkpoint: the seed interfaces' ``save_checkpoint``
+    with NeMo RL's keyword arguments."""
+
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class WeightsVersion:
+    """Which weights: ``step`` 0 is the initial model, step n the checkpoint after n updates;
+    ``digest`` is the sha256 of the weight files' contents."""
+
+    step: int
+    digest: str
+
+
+class TrainingInfo(BaseModel):
+    """``training_info.json`` of a checkpoint (NeMo RL's save-state keys, plus the digests and
+    the dataloader position that resume and the stage inputs read)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    current_step: int
+    total_steps: int
+    model_sha256: dict[str, str]
+    dataloader_state: dict[str, Any]
+
+    def metric(self, name: str) -> float | None:
+        value = (self.model_extra or {}).get(name)
+        return float(value) if isinstance(value, int | float) else None
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@cache
+def model_dir_digest(model_dir: Path) -> str:
+    """Content digest of a model directory's weight files (names and bytes): the same
+    weights give the same digest wherever the folder was copied to. Cached per process:
+    an initial model directory does not change while a run reads it."""
+    digest = hashlib.sha256()
+    for path in sorted(model_dir.glob("*.safetensors")):
+        digest.update(f"{path.name}:{file_digest(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def commit_trained_checkpoint(
+    storage: RunStorage,
+    step: int,
+    models: Mapping[str, Checkpointable],
+    dataloader_state: dict[str, Any],
+    train_metrics: Mapping[str, Any],
+) -> str:
+    """Save every trained model of ``models`` (keys of :data:`MODEL_DIRS`) with its optimizer
+    state into checkpoint ``step``, record its training info and commit it; returns its URL."""
+    with storage.staged_checkpoint(step) as local:
+        digests = {}
+        for role, model in models.items():
+            folder = local / MODEL_DIRS[role]
+            model.save_checkpoint(
+                weights_path=str(folder), optimizer_path=str(folder / OPTIMIZER_DIR)
+            )
+            digests[role] = file_digest(folder / WEIGHTS_FILE)
+        info = TrainingInfo(
+            current_step=step,
+            total_steps=step,
+            model_sha256=digests,
+            dataloader_state=dataloader_state,
+            **{
+                f"train:{name}": value
+                for name, value in train_metrics.items()
+                if isinstance(value, int | float)
+            },
+        )
+        return storage.write_checkpoint(step, local, info.model_dump(mode="json"))
+
+
+def read_training_info(storage: RunStorage, step: int) -> TrainingInfo:
+    return TrainingInfo.model_validate(storage.read_checkpoint_info(step))
+
+
+def weights_version(
+    storage: RunStorage, initial_dir: Path, step: int, role: str = "policy"
+) -> WeightsVersion:
+    """The weights of ``role`` at the start of iteration ``step``: the initial model's for
+    step 0, else the digest the committing stage recorded."""
+    if step == INITIAL_STEP:
+        return WeightsVersion(step, model_dir_digest(initial_dir))
+    return WeightsVersion(step, read_training_info(storage, step).model_sha256[role])

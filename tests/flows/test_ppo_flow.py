@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from flows.ppo import PPO_STAGES, ppo
+from flows.ppo import ppo
+from nemo_rl_core.pipeline.algorithms import PPO
 from tasks.stage import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +43,9 @@ def test_writes_values_and_commits_the_value_model(uninterrupted):
     run_dir = root / "runs" / "clean"
     assert summary["iterations"] == list(range(ITERATIONS))
     for iteration in range(ITERATIONS):
-        assert set(manifest(root, "clean", iteration)["stages"]) == set(PPO_STAGES)
+        assert set(manifest(root, "clean", iteration)["stages"]) == set(PPO.stage_names) - {
+            "validate"
+        }
         for stage in ("prompts", "generate", "reward", "logprob", "value", "advantage"):
             assert (run_dir / f"iter_{iteration:06d}" / stage / "batch.arrow").is_file()
     for step in range(1, ITERATIONS + 1):
@@ -51,7 +54,7 @@ def test_writes_values_and_commits_the_value_model(uninterrupted):
         assert (step_dir / "value" / "model.safetensors").is_file()
         assert (step_dir / "value" / "optimizer").is_dir()
         info = json.loads((step_dir / "training_info.json").read_text())
-        assert info["value_weights_sha256"] != info["weights_sha256"]
+        assert info["model_sha256"]["value"] != info["model_sha256"]["policy"]
     for metrics in summary["metrics"]:
         for key in ("reward/mean_reward", "train/loss", "train/value_loss"):
             assert math.isfinite(metrics[key]), (key, metrics)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from flows.run_setup import first_iteration
+from nemo_rl_core.pipeline.algorithms import GRPO
 from nemo_rl_core.storage.run_storage import RunStorage, StorageError
 
 # The child writes step 1 whole, then dies (SIGKILL) in the middle of step 2: after its
@@ -75,7 +76,7 @@ def test_killed_checkpoint_write_keeps_previous_as_newest_committed(
     assert storage._exists("checkpoints/step_000002/model.safetensors")
     assert storage.committed_checkpoints() == [1]
     assert storage.latest_checkpoint() == 1
-    assert first_iteration(storage) == 1, "resume must start after the last committed step"
+    assert first_iteration(GRPO, storage) == 1, "resume must start after the last committed step"
     with pytest.raises(StorageError, match="step_000002 is not a committed checkpoint"):
         storage.fetch_checkpoint(2, tmp_path / "fetched")
     fetched = storage.fetch_checkpoint(1, tmp_path / "fetched1")
@@ -109,6 +110,6 @@ def test_staged_checkpoint_commits_by_rename_and_a_dead_save_is_pruned(tmp_path:
     leftover = dead.__enter__()
     (leftover / "model.safetensors").write_bytes(b"half")
     assert storage.committed_checkpoints() == [1]
-    assert first_iteration(storage) == 1
+    assert first_iteration(GRPO, storage) == 1
     storage.prune_checkpoints(keep_top_k=None)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001"]

@@ -10,8 +10,8 @@ from reliability_helpers import CONFIG
 
 from flows.grpo import grpo
 from flows.lease import hold_lease
+from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import LeaseHeldError
-from tasks.stage import RunRef, open_storage
 
 
 def test_second_run_of_one_experiment_is_refused(prefect_api, tmp_path: Path) -> None:

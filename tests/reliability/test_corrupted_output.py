@@ -19,15 +19,10 @@ from reliability_helpers import (
 from flows.grpo import grpo
 from flows.loop import run_iteration
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.pipeline.context import DamagedInputError, StageResult, read_input
+from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
-from tasks.stage import (
-    FAULT_ENV,
-    DamagedInputError,
-    RunRef,
-    is_transient,
-    read_output_batch,
-    run_stage,
-)
+from tasks.stage import FAULT_ENV, is_transient, run_stage
 
 
 def _stages(root: Path, run_id: str) -> dict:
@@ -43,18 +38,16 @@ def test_damaged_input_is_re_made_by_its_producer_within_the_iteration(
 
     def produce():
         calls["produce"] += 1
-        return {"batch": BatchedDataDict(x=torch.arange(64, dtype=torch.float32))}, {}
+        return StageResult({"batch": BatchedDataDict(x=torch.arange(64, dtype=torch.float32))})
 
     def consume(made):
         calls["consume"] += 1
-        total = float(read_output_batch(run, made)["x"].sum())
-        return {"sum": {"total": total}}, {}
+        batch = read_input(made.outputs["batch"], open_storage(run).read_batch)
+        return StageResult({"sum": {"total": float(batch["x"].sum())}})
 
-    def one_iteration(run: RunRef, iteration: int) -> None:
-        made = run_stage(run, iteration, "produce", {}, produce)
-        run_stage(
-            run, iteration, "consume", {"made": made["batch"]["sha256"]}, lambda: consume(made)
-        )
+    def one_iteration() -> None:
+        made = run_stage(run, 2, "produce", {}, produce)
+        run_stage(run, 2, "consume", {"made": made.digest()}, lambda: consume(made))
 
     monkeypatch.setenv(FAULT_ENV, "produce@2:damage")
     assert run_iteration(one_iteration, run, 2) == ["iter_000002/produce/batch.arrow"]

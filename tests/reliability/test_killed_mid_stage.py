@@ -21,10 +21,12 @@ from reliability_helpers import (
     final_weights,
 )
 
-from flows.grpo import GRPO_STAGES
+from nemo_rl_core.pipeline.algorithms import GRPO
 from nemo_rl_core.storage.run_storage import RunStorage
 from tasks.stage import FAULT_ENV
 
+# The stages of a training iteration (validation is off in these configs).
+TRAINING_STAGES = [name for name in GRPO.stage_names if name != "validate"]
 pytestmark = [pytest.mark.stack, pytest.mark.e2e]
 RUN_ID = "killed-mid-stage"
 LEASE_TTL_S = 3
@@ -69,7 +71,7 @@ def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
     env = {"NEMO_RL_CORE_LEASE_TTL_S": str(LEASE_TTL_S)}
     worker = local_stack.worker_pid()
     committed: dict[tuple[int, str], str] = {}
-    for done, stage in enumerate(GRPO_STAGES):
+    for done, stage in enumerate(TRAINING_STAGES):
         flow_run, flow_run_pids = _run_watching_processes(
             local_stack, deployment, parameters, {**env, FAULT_ENV: f"{stage}@1:kill"}
         )
@@ -83,7 +85,7 @@ def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
         assert local_stack.worker_pid() == worker, "the worker itself must survive"
 
         stages = storage.read_manifest(1)["stages"]
-        assert sorted(stages) == sorted(GRPO_STAGES[:done]), f"killed at {stage}: {stages}"
+        assert sorted(stages) == sorted(TRAINING_STAGES[:done]), f"killed at {stage}: {stages}"
         finished = _finished_at(storage)
         assert {k: finished[k] for k in committed} == committed, "a committed stage was redone"
         committed = finished
@@ -95,7 +97,7 @@ def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
     assert {k: finished[k] for k in committed} == committed, "a committed stage was redone"
     for iteration in (0, 1):
         stages = storage.read_manifest(iteration)["stages"]
-        assert {s for s, e in stages.items() if e["status"] == "complete"} == set(GRPO_STAGES)
+        assert {s for s, e in stages.items() if e["status"] == "complete"} == set(TRAINING_STAGES)
     assert storage._read_lease() is None, "the last run released its lease"
     assert_no_half_written_objects(storage)
     clean = final_weights(RunStorage(str(clean_run), "clean"))

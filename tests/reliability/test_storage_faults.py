@@ -13,9 +13,9 @@ from reliability_helpers import CONFIG
 from switchable_proxy import SwitchableProxy
 
 from nemo_rl_core.algorithms.grpo import load_master_config
-from nemo_rl_core.storage.run_storage import ObjectRef, StorageError
-from tasks.prompts import prompts
-from tasks.stage import RunRef, open_storage, use_storage_options
+from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
+from nemo_rl_core.storage.run_storage import StorageError
+from tasks.stage import stage
 
 
 @pytest.fixture
@@ -48,12 +48,12 @@ def test_outage_within_retry_window_is_retried_and_the_stage_succeeds(prefect_ap
     proxy.stop()
     threading.Timer(5.0, proxy.start).start()  # retries come at +2 s and +12 s
     started = time.monotonic()
-    outputs = prompts(run, 0)
+    outputs = stage(run, 0, "prompts", {})
     assert proxy.refused > 0, "the stage never met the outage"
     assert time.monotonic() - started >= 5.0
     entry = open_storage(run).read_manifest(0)["stages"]["prompts"]
-    assert entry["status"] == "complete" and entry["outputs"] == outputs
-    batch = open_storage(run).read_batch(ObjectRef.from_dict(outputs["batch"]))
+    assert entry["status"] == "complete" and entry["outputs"] == outputs.to_dict()
+    batch = open_storage(run).read_batch(outputs.outputs["batch"])
     assert batch.size == 4  # 2 prompts x 2 generations, read back whole
 
 
@@ -63,7 +63,7 @@ def test_lasting_outage_fails_with_storage_error_and_keeps_the_checkpoint(
     run, proxy = s3_run
     proxy.stop()
     with pytest.raises(StorageError, match=rf"{run.storage_root}/runs/{run.run_id}/") as info:
-        prompts(run, 0)
+        stage(run, 0, "prompts", {})
     assert "failed" in str(info.value)
     proxy.start()
     storage = open_storage(run)

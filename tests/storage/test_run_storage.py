@@ -328,14 +328,15 @@ def test_prune_keeps_top_k_by_metric_and_always_the_newest(
     assert storage.committed_checkpoints() == [4]
 
 
-def test_prune_falls_back_to_recency_when_the_metric_is_missing(
+def test_prune_ranks_a_checkpoint_without_the_metric_last_as_nemo_rl_does(
     storage: RunStorage, tmp_path: Path
 ) -> None:
-    for step in (1, 2, 3):
-        storage.write_checkpoint(step, _make_checkpoint(tmp_path, step), {"step": step})
-    with pytest.warns(UserWarning, match="val_loss"):
-        deleted = storage.prune_checkpoints(2, metric_name="val_loss", higher_is_better=False)
-    assert deleted == [1]
+    infos = {1: {"val:loss": 0.5}, 2: {}, 3: {"val:loss": 0.9}, 4: {}}
+    for step, info in infos.items():
+        storage.write_checkpoint(step, _make_checkpoint(tmp_path, step), info)
+    deleted = storage.prune_checkpoints(2, metric_name="val:loss", higher_is_better=False)
+    assert deleted == [2]  # kept: 1 and 3 (best losses) and 4 (the newest, never deleted)
+    assert storage.prune_checkpoints(1, metric_name="val:loss", higher_is_better=False) == [3]
 
 
 def test_lease_excludes_other_owners_until_released_or_expired(storage: RunStorage) -> None:

@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.pipeline.context import StageRef, StageResult
+from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import StorageError
-from tasks.stage import FAULT_ENV, InjectedFault, RunRef, is_transient, read_output_batch, run_stage
+from tasks.stage import FAULT_ENV, InjectedFault, is_transient, run_stage
 
 
 class Counter:
@@ -15,7 +17,13 @@ class Counter:
     def __call__(self):
         self.calls += 1
         batch = BatchedDataDict({"x": torch.arange(4, dtype=torch.float32) * self.calls})
-        return {"batch": batch, "summary": {"calls": self.calls}}, {"calls": self.calls}
+        return StageResult(
+            {"batch": batch, "summary": {"calls": self.calls}}, {"calls": self.calls}
+        )
+
+
+def read_output_batch(run: RunRef, ref: StageRef) -> BatchedDataDict:
+    return open_storage(run).read_batch(ref.outputs["batch"])
 
 
 @pytest.fixture
@@ -41,8 +49,6 @@ def test_changed_inputs_recompute(run):
 
 
 def test_stale_entry_recomputes(run):
-    from tasks.stage import open_storage
-
     compute = Counter()
     run_stage(run, 3, "logprob", {"a": "1"}, compute)
     open_storage(run).mark_stale(3, ["logprob"])
@@ -51,8 +57,6 @@ def test_stale_entry_recomputes(run):
 
 
 def test_injected_fault_fires_before_compute_and_records_nothing(run, monkeypatch):
-    from tasks.stage import open_storage
-
     monkeypatch.setenv(FAULT_ENV, "reward@1")
     compute = Counter()
     run_stage(run, 0, "reward", {"a": "1"}, compute)  # other iteration: unaffected

@@ -1,0 +1,93 @@
+"""The algorithms, each declared once. Read a declaration as the iteration's diagram: each
+stage in order, what it reads, and the core function it calls.
+
+    GRPO: [validate] -> prompts -> generate -> reward -> logprob -> advantage -> train
+          -> checkpoint
+    PPO:  [validate] -> prompts -> generate -> reward -> logprob -> value -> advantage (GAE)
+          -> train (policy and value) -> checkpoint
+
+``validate`` runs when NeMo RL's schedule says (``val_period``, ``val_at_start``,
+``val_at_end``) on the weights the iteration starts from; an iteration past the last
+training step may hold only it (``val_at_end``) and the checkpoint bookkeeping.
+"""
+
+from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
+from nemo_rl_core.algorithms.ppo import PPOMasterConfig
+from nemo_rl_core.pipeline import stages
+from nemo_rl_core.pipeline.spec import Pipeline, Stage, register_pipeline
+
+VALIDATE = Stage(
+    "validate",
+    stages.validate,
+    versions=("policy",),
+    reported=("accuracy", "greedy_accuracy"),
+    due=lambda config, iteration, final: validation_due(config.algorithm, iteration, final),
+)
+ROLLOUT = (
+    Stage("prompts", stages.prompts, versions=("dataloader",)),
+    Stage(
+        "generate",
+        stages.generate,
+        reads=("prompts",),
+        versions=("policy",),
+        reported=("mean_gen_tokens_per_sample",),
+    ),
+    Stage("reward", stages.reward, reads=("generate",), reported=("mean_reward",)),
+    Stage("logprob", stages.logprob, reads=("reward",), versions=("policy",)),
+)
+POLICY_METRICS = ("loss", "kl_penalty", "probs_ratio_clamped_fraction", "grad_norm")
+RETENTION = Stage(
+    "checkpoint",
+    stages.retain_checkpoints,
+    optional_reads=("train", "validate"),
+    due=lambda config, iteration, final: (
+        iteration < final or validation_due(config.algorithm, iteration, final)
+    ),
+)
+
+GRPO = register_pipeline(
+    Pipeline(
+        name="grpo",
+        config_class=MasterConfig,
+        default_config="examples/configs/grpo_math_tiny.yaml",
+        identity_keys=("policy.model_name", "data", "grpo.seed"),
+        stages=(
+            VALIDATE,
+            *ROLLOUT,
+            Stage("advantage", stages.grpo_advantage, reads=("logprob",)),
+            Stage(
+                "train",
+                stages.train,
+                reads=("advantage", "prompts"),
+                versions=("policy",),
+                reported=POLICY_METRICS,
+                commits=True,
+            ),
+            RETENTION,
+        ),
+    )
+)
+
+PPO = register_pipeline(
+    Pipeline(
+        name="ppo",
+        config_class=PPOMasterConfig,
+        default_config="examples/configs/ppo_tiny.yaml",
+        identity_keys=("policy.model_name", "value.model_name", "data", "ppo.seed"),
+        stages=(
+            VALIDATE,
+            *ROLLOUT,
+            Stage("value", stages.value, reads=("logprob",), versions=("value",)),
+            Stage("advantage", stages.gae_advantage, reads=("value",)),
+            Stage(
+                "train",
+                stages.train_policy_and_value,
+                reads=("advantage", "prompts"),
+                versions=("policy", "value"),
+                reported=(*POLICY_METRICS, "value_loss"),
+                commits=True,
+            ),
+            RETENTION,
+        ),
+    )
+)

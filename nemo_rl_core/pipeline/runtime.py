@@ -1,0 +1,273 @@
+"""Warm objects of one run inside one worker process: config, tokenizer, policy, value
+model, generation engine, environments and dataloader.
+
+Loading a model per stage would dominate an iteration's time, so each process keeps
+one of each and tracks which weights version it holds. A generation engine is refit in
+place from the newest weights (from the warm policy's memory when it holds them, else
+from the checkpoint on storage) instead of being restarted.
+"""
+
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from nemo_rl_core.algorithms.grpo import (
+    digest_json,
+    make_dataloader,
+    make_task_to_env,
+    planned_steps,
+)
+from nemo_rl_core.data.dataloader import StatefulDataLoader
+from nemo_rl_core.data.datasets.builder import build_dataset
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.environments.interfaces import EnvironmentInterface
+from nemo_rl_core.models.generation import configure_generation_config, make_generation
+from nemo_rl_core.models.generation.interfaces import GenerationInterface
+from nemo_rl_core.models.local_models import resolve_model
+from nemo_rl_core.models.policy import make_policy
+from nemo_rl_core.models.policy.interfaces import PolicyInterface
+from nemo_rl_core.models.value import make_value_model
+from nemo_rl_core.models.value.interfaces import ValueInterface
+from nemo_rl_core.pipeline.spec import Pipeline, Version, pipeline_for_config
+from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.run_storage import RunStorage
+from nemo_rl_core.utils.checkpoint import (
+    INITIAL_STEP,
+    MODEL_DIRS,
+    OPTIMIZER_DIR,
+    Checkpointable,
+    WeightsVersion,
+    commit_trained_checkpoint,
+    read_training_info,
+    weights_version,
+)
+
+
+class RefitSource(Protocol):
+    """A policy that can hand its weights to a generation engine in memory (HF names, in
+    the precision the engine runs), which spares a round trip through storage."""
+
+    def state_dict_for_refit(self) -> dict[str, torch.Tensor]: ...
+
+
+@dataclass
+class RunRuntime:
+    """The run's warm objects in this process, each tagged with the step it holds."""
+
+    run: RunRef
+    pipeline: Pipeline
+    config: Any
+    model_dir: Path
+    _tokenizer: Any = None
+    _policy: PolicyInterface | None = None
+    _policy_step: int | None = None
+    _value: ValueInterface | None = None
+    _value_step: int | None = None
+    _generation: GenerationInterface | None = None
+    _generation_step: int | None = None
+    _envs: dict[str, EnvironmentInterface] | None = None
+    _dataloader: StatefulDataLoader | None = None
+    _initial_dataloader_state: dict | None = None
+    _scratch: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
+
+    @property
+    def storage(self) -> RunStorage:
+        return open_storage(self.run)
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            name = self.config.policy.tokenizer.name or str(self.model_dir)
+            self._tokenizer = AutoTokenizer.from_pretrained(resolve_model(name))
+            if self.config.policy.tokenizer.chat_template:
+                self._tokenizer.chat_template = self.config.policy.tokenizer.chat_template
+        return self._tokenizer
+
+    @property
+    def config_digest(self) -> str:
+        return digest_json(self.config.model_dump(mode="json"))
+
+    # ---- versions: what a stage's output depends on besides its inputs ---------------
+
+    def version(self, kind: Version, step: int) -> str:
+        """The digest of ``kind`` at the start of iteration ``step``."""
+        if kind == "policy":
+            return self.weights(step).digest
+        if kind == "value":
+            return self.value_weights(step).digest
+        return digest_json(self.dataloader_state(step))
+
+    def weights(self, step: int) -> WeightsVersion:
+        """The policy's weights version at the start of iteration ``step``."""
+        return weights_version(self.storage, self.model_dir, step, "policy")
+
+    def value_weights(self, step: int) -> WeightsVersion:
+        return weights_version(self.storage, self.value_model_dir, step, "value")
+
+    def dataloader_state(self, step: int) -> dict:
+        """Where the dataloader stands at the start of iteration ``step``."""
+        if step == INITIAL_STEP:
+            self.dataloader  # noqa: B018 - builds it and records its initial state
+            return dict(self._initial_dataloader_state or {})
+        return read_training_info(self.storage, step).dataloader_state
+
+    # ---- warm models -----------------------------------------------------------------
+
+    def weights_dir(self, step: int) -> Path:
+        if step == INITIAL_STEP:
+            return self.model_dir
+        return self.storage.fetch_checkpoint(step, Path(self._scratch.name) / f"step_{step}")
+
+    def policy(self, step: int) -> PolicyInterface:
+        """The policy holding the weights (and optimizer state) of ``step``."""
+        if self._policy is not None and self._policy_step == step:
+            return self._policy
+        if self._policy is not None:
+            self._policy.shutdown()
+        source = self.weights_dir(step)
+        optimizer_dir = source / OPTIMIZER_DIR
+        # model_name -> the resolved local directory: the reference model is its weights.
+        policy_config = self.config.policy.model_copy(update={"model_name": str(self.model_dir)})
+        self._policy = make_policy(
+            policy_config,
+            tokenizer=self.tokenizer,
+            weights_path=str(source) if step != INITIAL_STEP else None,
+            optimizer_path=str(optimizer_dir) if optimizer_dir.is_dir() else None,
+            init_reference_model=True,
+        )
+        self._policy_step = step
+        return self._policy
+
+    def policy_for_update(self, step: int) -> PolicyInterface:
+        """The policy at ``step``, marked as changing: if the update fails half-way, the next
+        call reloads from storage instead of trusting weights of unknown version."""
+        policy = self.policy(step)
+        self._policy_step = None
+        return policy
+
+    @property
+    def value_model_dir(self) -> Path:
+        return resolve_model(self.config.value.model_name)
+
+    def value(self, step: int) -> ValueInterface:
+        """The value model holding the weights (and optimizer state) of ``step``."""
+        if self._value is not None and self._value_step == step:
+            return self._value
+        if self._value is not None:
+            self._value.shutdown()
+        source = self.weights_dir(step) / MODEL_DIRS["value"] if step != INITIAL_STEP else None
+        value_config = self.config.value.model_copy(
+            update={"model_name": str(self.value_model_dir)}
+        )
+        self._value = make_value_model(
+            value_config,
+            tokenizer=self.tokenizer,
+            weights_path=str(source) if source else None,
+            optimizer_path=str(source / OPTIMIZER_DIR) if source else None,
+        )
+        self._value_step = step
+        return self._value
+
+    def value_for_update(self, step: int) -> ValueInterface:
+        """The value model at ``step``, marked as changing (as ``policy_for_update``)."""
+        value = self.value(step)
+        self._value_step = None
+        return value
+
+    def commit_checkpoint(
+        self,
+        step: int,
+        models: dict[str, Checkpointable],
+        dataloader_state: dict,
+        metrics: dict[str, Any],
+    ) -> str:
+        """Commit the updated ``models`` as checkpoint ``step``; they now hold that step."""
+        url = commit_trained_checkpoint(self.storage, step, models, dataloader_state, metrics)
+        if "policy" in models:
+            self._policy_step = step
+        if "value" in models:
+            self._value_step = step
+        return url
+
+    def generation(self, step: int) -> GenerationInterface:
+        """A warm generation engine holding the weights of ``step`` (refit if older)."""
+        if self._generation is None:
+            settings = configure_generation_config(self.config.policy.generation, self.tokenizer)
+            self._generation = make_generation(
+                settings, str(self.weights_dir(step)), seed=self.config.algorithm.seed
+            )
+        elif self._generation_step != step:
+            if self._policy is not None and self._policy_step == step:
+                source: RefitSource = self._policy  # type: ignore[assignment]
+                self._generation.update_weights_from_state_dict(source.state_dict_for_refit())
+            else:
+                self._generation.update_weights_from_checkpoint(str(self.weights_dir(step)))
+        self._generation_step = step
+        return self._generation
+
+    # ---- data and environments -------------------------------------------------------
+
+    def final_step(self) -> int:
+        """The run's last training step: ``max_num_steps``, or the end of ``max_num_epochs``."""
+        return planned_steps(self.config.algorithm, len(self.dataloader))
+
+    def validation_batches(self) -> Iterator[BatchedDataDict]:
+        """The validation prompts in order, ``val_batch_size`` per batch (all in one batch when
+        it is None), as NeMo RL's unshuffled validation dataloader serves them."""
+        dataset = build_dataset(self.config.data, self.tokenizer, split="validation")
+        if len(dataset) == 0:
+            return iter(())
+        size = self.config.algorithm.val_batch_size or len(dataset)
+        loader = StatefulDataLoader(dataset, batch_size=size, shuffle=False, drop_last=False)
+        return iter([loader.next_batch() for _ in range(len(loader))])
+
+    @property
+    def dataloader(self) -> StatefulDataLoader:
+        if self._dataloader is None:
+            self._dataloader = make_dataloader(self.config, self.tokenizer)
+            self._initial_dataloader_state = self._dataloader.state_dict()
+        return self._dataloader
+
+    @property
+    def task_to_env(self) -> dict[str, EnvironmentInterface]:
+        if self._envs is None:
+            self._envs = make_task_to_env(self.config)
+        return self._envs
+
+    def close(self) -> None:
+        for env in (self._envs or {}).values():
+            env.shutdown()
+        for engine in (self._generation, self._policy, self._value):
+            if engine is not None:
+                engine.shutdown()
+        self._scratch.cleanup()
+
+
+_runtimes: dict[RunRef, RunRuntime] = {}
+
+
+def runtime_for(run: RunRef) -> RunRuntime:
+    """This process's runtime for ``run``, built from the config stored with the run."""
+    if run not in _runtimes:
+        stored = open_storage(run).read_run_config()
+        if stored is None:
+            raise FileNotFoundError(
+                f"run {run.run_id!r} under {run.storage_root} has no stored config.yaml"
+            )
+        pipeline = pipeline_for_config(stored)
+        config = pipeline.config_class.model_validate(stored)
+        model_dir = resolve_model(config.policy.model_name)  # type: ignore[attr-defined]
+        _runtimes[run] = RunRuntime(run, pipeline, config, model_dir)
+    return _runtimes[run]
+
+
+def close_runtime(run: RunRef) -> None:
+    runtime = _runtimes.pop(run, None)
+    if runtime is not None:
+        runtime.close()

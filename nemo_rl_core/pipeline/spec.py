@@ -1,0 +1,147 @@
+"""One declaration per algorithm: its config class and its stages.
+
+Everything else is derived from a :class:`Pipeline`: the flow body (each due stage in
+order, fed the outputs of the stages it reads), which stages go stale when one is rerun
+(the transitive readers), the inputs that decide whether a stored stage is still valid
+(the config, what it reads, the versions it depends on), the metrics reported per
+iteration, and which config class a stored run validates into (the section it holds).
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from nemo_rl_core.pipeline.context import StageContext, StageResult
+
+# What a stage's output depends on besides the config and the stages it reads: the weights
+# of a trained model at the start of the iteration, or where the dataloader stood.
+Version = Literal["policy", "value", "dataloader"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: ``compute`` (a core function of the stage's context) and what it depends on.
+
+    ``reads``: stages of the same iteration whose outputs it takes; ``optional_reads``:
+    stages it takes when they ran (they are not due every iteration); ``versions``: what
+    else decides its output; ``reported``: its metrics shown per iteration; ``commits``: it
+    commits the checkpoint the next iteration starts from; ``due(config, iteration,
+    final_step)``: whether it runs at an iteration (None: at every training iteration,
+    those before ``final_step``).
+    """
+
+    name: str
+    compute: "Callable[[StageContext], StageResult]"
+    reads: tuple[str, ...] = ()
+    optional_reads: tuple[str, ...] = ()
+    versions: tuple[Version, ...] = ()
+    reported: tuple[str, ...] = ()
+    commits: bool = False
+    due: Callable[[Any, int, int], bool] | None = None
+
+    def is_due(self, config: Any, iteration: int, final_step: int) -> bool:
+        if self.due is None:
+            return iteration < final_step
+        return self.due(config, iteration, final_step)
+
+    @property
+    def all_reads(self) -> tuple[str, ...]:
+        return (*self.reads, *self.optional_reads)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """An algorithm: ``name`` is its flow's name and its config's section (``grpo:``)."""
+
+    name: str
+    config_class: type[BaseModel]
+    stages: tuple[Stage, ...]
+    default_config: str
+    # Keys a continued run must keep (dotted): it must train the same model on the same data.
+    identity_keys: tuple[str, ...] = ()
+    _by_name: dict[str, Stage] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, Stage] = {}
+        for stage in self.stages:
+            if stage.name in by_name:
+                raise ValueError(f"pipeline {self.name!r} declares stage {stage.name!r} twice")
+            unknown = [r for r in stage.all_reads if r not in by_name]
+            if unknown:
+                raise ValueError(
+                    f"pipeline {self.name!r}: stage {stage.name!r} reads {unknown}, "
+                    "which are not declared before it"
+                )
+            by_name[stage.name] = stage
+        if sum(stage.commits for stage in self.stages) != 1:
+            raise ValueError(f"pipeline {self.name!r} must have exactly one committing stage")
+        object.__setattr__(self, "_by_name", by_name)
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(stage.name for stage in self.stages)
+
+    def stage(self, name: str) -> Stage:
+        if name not in self._by_name:
+            raise KeyError(
+                f"{self.name} has no stage {name!r}; its stages are {list(self.stage_names)}"
+            )
+        return self._by_name[name]
+
+    @property
+    def committing_stage(self) -> Stage:
+        return next(stage for stage in self.stages if stage.commits)
+
+    def downstream_of(self, name: str) -> list[str]:
+        """``name`` and every stage that reads it, directly or through others, in order."""
+        affected = {self.stage(name).name}
+        for stage in self.stages:
+            if affected.intersection(stage.all_reads):
+                affected.add(stage.name)
+        return [stage for stage in self.stage_names if stage in affected]
+
+    def last_iteration(self, config: Any, final_step: int) -> int:
+        """One past the last iteration with a due stage: ``final_step``, plus one when a stage
+        (validation at the end) is due for the weights of the final step."""
+        due_at_final = any(stage.is_due(config, final_step, final_step) for stage in self.stages)
+        return final_step + 1 if due_at_final else final_step
+
+    def reported_metrics(self) -> Iterator[tuple[str, str]]:
+        for stage in self.stages:
+            for metric in stage.reported:
+                yield stage.name, metric
+
+
+_PIPELINES: dict[str, Pipeline] = {}
+
+
+def register_pipeline(pipeline: Pipeline) -> Pipeline:
+    _PIPELINES[pipeline.name] = pipeline
+    return pipeline
+
+
+def pipeline_named(name: str) -> Pipeline:
+    _load_declarations()
+    if name not in _PIPELINES:
+        raise KeyError(f"no algorithm {name!r}; known: {sorted(_PIPELINES)}")
+    return _PIPELINES[name]
+
+
+def pipeline_for_config(config: dict[str, Any]) -> Pipeline:
+    """The algorithm a (stored) config belongs to: the one whose section it holds."""
+    _load_declarations()
+    found = [p for name, p in _PIPELINES.items() if name in config]
+    if len(found) != 1:
+        sections = sorted(_PIPELINES)
+        raise ValueError(
+            f"a run config must hold exactly one algorithm section of {sections}; "
+            f"found {[p.name for p in found]}"
+        )
+    return found[0]
+
+
+def _load_declarations() -> None:
+    from nemo_rl_core.pipeline import algorithms  # noqa: F401 - registers the declarations

@@ -1,0 +1,139 @@
+"""The work of each stage: read the stored inputs, call the core library, return outputs.
+
+Each function is what a declaration (:mod:`nemo_rl_core.pipeline.algorithms`) names as a
+stage's ``compute``; it holds no orchestration and no algorithm branches: where GRPO and
+PPO differ, they declare different functions.
+"""
+
+import time
+
+from nemo_rl_core.algorithms import grpo, ppo
+from nemo_rl_core.pipeline.context import StageContext, StageResult
+
+
+def validate(ctx: StageContext) -> StageResult:
+    """Accuracy, pass@k and greedy accuracy of the weights this iteration starts from, on the
+    held-out prompts; every sample's result is kept."""
+    rt = ctx.runtime
+    results, metrics = grpo.validate_batches(
+        rt.generation(ctx.iteration),
+        rt.validation_batches(),
+        rt.tokenizer,
+        rt.task_to_env,
+        ctx.config,
+        ctx.iteration,
+    )
+    return StageResult({"batch": results, "metrics": metrics}, metrics)
+
+
+def prompts(ctx: StageContext) -> StageResult:
+    """The dataloader's slice for the iteration, each prompt repeated per generation."""
+    start = ctx.runtime.dataloader_state(ctx.iteration)
+    batch, state = grpo.take_prompts(ctx.runtime.dataloader, ctx.config, start)
+    return StageResult({"batch": batch, "dataloader_state": state}, {"num_samples": batch.size})
+
+
+def generate(ctx: StageContext) -> StageResult:
+    """Responses (multi-turn tasks: whole episodes) from the engine at this iteration's weights."""
+    rt = ctx.runtime
+    rollouts, metrics = grpo.generate_rollouts(
+        rt.generation(ctx.iteration),
+        ctx.batch("prompts"),
+        rt.tokenizer,
+        rt.task_to_env,
+        ctx.config,
+        ctx.iteration,
+    )
+    return StageResult({"batch": rollouts}, metrics)
+
+
+def reward(ctx: StageContext) -> StageResult:
+    """The environments score each rollout."""
+    scored, metrics = grpo.score_rollouts(
+        ctx.batch("generate"), ctx.runtime.task_to_env, ctx.config
+    )
+    return StageResult({"batch": scored}, metrics)
+
+
+def logprob(ctx: StageContext) -> StageResult:
+    """The policy's and the reference policy's logprobs of the rollouts."""
+    rt = ctx.runtime
+    train_data = grpo.compute_logprobs(
+        rt.policy(ctx.iteration), ctx.batch("reward"), rt.tokenizer, ctx.config
+    )
+    return StageResult({"batch": train_data})
+
+
+def value(ctx: StageContext) -> StageResult:
+    """The value model's estimates V_t of every rollout token (PPO)."""
+    with_values = ppo.compute_values(ctx.runtime.value(ctx.iteration), ctx.batch("logprob"))
+    return StageResult({"batch": with_values})
+
+
+def grpo_advantage(ctx: StageContext) -> StageResult:
+    """Per-prompt baselines and each token's advantage (GRPO, Reinforce++)."""
+    with_advantages, metrics = grpo.compute_advantages(ctx.batch("logprob"), ctx.config)
+    return StageResult({"batch": with_advantages}, metrics)
+
+
+def gae_advantage(ctx: StageContext) -> StageResult:
+    """GAE advantages and value targets from the value model's estimates (PPO)."""
+    with_advantages, metrics = ppo.compute_advantages(ctx.batch("value"), ctx.config)
+    return StageResult({"batch": with_advantages}, metrics)
+
+
+def train(ctx: StageContext) -> StageResult:
+    """One policy update, committed as the checkpoint the next iteration starts from."""
+    rt, step = ctx.runtime, ctx.iteration
+    policy = rt.policy_for_update(step)
+    started = time.perf_counter()
+    metrics = grpo.train_policy(
+        policy, ctx.batch("advantage"), grpo.build_loss_fn(ctx.config), ctx.config, step
+    )
+    # The stage's own seconds also hold the checkpoint commit: keep the two apart.
+    metrics["policy_update_seconds"] = time.perf_counter() - started
+    return _committed(ctx, {"policy": policy}, metrics)
+
+
+def train_policy_and_value(ctx: StageContext) -> StageResult:
+    """The policy update and the value model's update toward the GAE returns (PPO), both in
+    one checkpoint."""
+    rt, step = ctx.runtime, ctx.iteration
+    batch = ctx.batch("advantage")
+    policy = rt.policy_for_update(step)
+    started = time.perf_counter()
+    metrics = grpo.train_policy(policy, batch, grpo.build_loss_fn(ctx.config), ctx.config, step)
+    metrics["policy_update_seconds"] = time.perf_counter() - started
+    value_model = rt.value_for_update(step)
+    metrics |= ppo.train_value(value_model, batch, ctx.config, step)
+    return _committed(ctx, {"policy": policy, "value": value_model}, metrics)
+
+
+def _committed(ctx: StageContext, models: dict, metrics: dict) -> StageResult:
+    dataloader_state = ctx.json("prompts", "dataloader_state")
+    url = ctx.runtime.commit_checkpoint(ctx.iteration + 1, models, dataloader_state, metrics)
+    return StageResult({"metrics": {**metrics, "checkpoint": url}}, metrics)
+
+
+def retain_checkpoints(ctx: StageContext) -> StageResult:
+    """Which committed checkpoints stay (``save_period``, ``keep_top_k``, ``metric_name``):
+    the committing stage wrote the new one; this decides about the older ones. Validation
+    metrics of this iteration's weights join their checkpoint's training info first, as
+    ``val:<name>``, so that ``metric_name: val:accuracy`` ranks by them."""
+    settings = ctx.config.checkpointing
+    storage = ctx.runtime.storage
+    if "validate" in ctx.upstream and ctx.iteration > 0:
+        validation = ctx.json("validate", "metrics")
+        storage.record_checkpoint_metrics(
+            ctx.iteration, {f"val:{name}": value for name, value in validation.items()}
+        )
+    deleted = storage.prune_checkpoints(
+        settings.keep_top_k,
+        metric_name=settings.metric_name,
+        higher_is_better=settings.higher_is_better,
+        save_period=settings.save_period,
+    )
+    kept = storage.committed_checkpoints()
+    return StageResult(
+        {"retention": {"kept": kept, "deleted": deleted}}, {"checkpoints_kept": len(kept)}
+    )
