@@ -1,18 +1,23 @@
-"""``python -m flows.<name> --config FILE key=value ...``: run a flow without a server
-(Prefect's ephemeral API), with NeMo RL-style overrides."""
+"""``python -m flows.<algorithm> --config FILE key=value ...``: check the config, then run the
+flow without a server (Prefect's ephemeral API), with NeMo RL-style overrides.
+
+A mistake in the config, its model or its data is reported in one line before Prefect or
+any backend starts and before anything is written; so is an error of the run itself (the
+flow run's log above it holds the details; ``--traceback`` prints Python's traceback).
+"""
 
 import argparse
+import importlib
 import json
 import sys
-from collections.abc import Callable
 
-from nemo_rl_core.pipeline.spec import Pipeline
 from nemo_rl_core.utils.config import ConfigError
 
 
-def run_flow_from_cli(flow_fn: Callable[..., dict], pipeline: Pipeline) -> None:
+def run_cli(algorithm: str) -> None:
+    """The command line of the training flow ``flows.<algorithm>.<algorithm>``."""
     parser = argparse.ArgumentParser(
-        prog=f"python -m flows.{pipeline.name}", description=flow_fn.__doc__
+        prog=f"python -m flows.{algorithm}", description=f"Train {algorithm.upper()}."
     )
     parser.add_argument("--config", required=True, help="NeMo RL-style YAML config")
     parser.add_argument("--run-id", default=None, help="continue this run (default: a new one)")
@@ -22,17 +27,35 @@ def run_flow_from_cli(flow_fn: Callable[..., dict], pipeline: Pipeline) -> None:
     parser.add_argument(
         "--steps-per-run", type=int, default=None, help="iterations this call may run"
     )
+    parser.add_argument(
+        "--traceback", action="store_true", help="print Python's traceback of an error"
+    )
     parser.add_argument("overrides", nargs="*", help="key.path=value overrides")
     args = parser.parse_args()
     try:
-        summary = flow_fn(
+        from flows.run_setup import check_run_config
+        from nemo_rl_core.pipeline.spec import pipeline_named
+
+        check_run_config(pipeline_named(algorithm), args.config, args.overrides)
+        training = getattr(importlib.import_module(f"flows.{algorithm}"), algorithm)
+        summary = training(
             config_path=args.config,
             overrides=args.overrides,
             run_id=args.run_id,
             storage_root=args.storage_root,
             steps_per_run=args.steps_per_run,
         )
-    except ConfigError as err:
+    except Exception as err:
+        if args.traceback:
+            raise
+        fail(err)
+    print(json.dumps({k: summary[k] for k in ("run_id", "storage_root", "iterations")}))
+
+
+def fail(err: Exception) -> None:
+    """One line on stderr: what was wrong (a config mistake exits 2, anything else 1)."""
+    if isinstance(err, ConfigError | FileNotFoundError):
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(json.dumps({k: summary[k] for k in ("run_id", "storage_root", "iterations")}))
+    print(f"error: {type(err).__name__}: {err} (--traceback shows where)", file=sys.stderr)
+    raise SystemExit(1) from None

@@ -9,11 +9,12 @@ Stages whose manifest entry is complete for the same inputs are skipped, so runn
 same run_id again continues where a failed run stopped.
 """
 
-from flows.cli import run_flow_from_cli
-from flows.loop import training_flow
-from nemo_rl_core.pipeline.algorithms import GRPO
+if __name__ == "__main__":  # the command line checks the config before loading the stack
+    from flows.cli import run_cli
 
-grpo = training_flow(GRPO)
+    run_cli("grpo")
+else:
+    from flows.loop import training_flow
+    from nemo_rl_core.pipeline.algorithms import GRPO
 
-if __name__ == "__main__":
-    run_flow_from_cli(grpo, GRPO)
+    grpo = training_flow(GRPO)

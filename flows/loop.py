@@ -10,9 +10,9 @@ from prefect import Flow, flow
 from flows.lease import hold_lease
 from flows.report import IterationReports
 from flows.run_setup import lease_owner, open_run, plan_iterations
-from nemo_rl_core.pipeline.context import DamagedInputError, StageRef
+from nemo_rl_core.pipeline.context import PREVIOUS, DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime
-from nemo_rl_core.pipeline.spec import Pipeline
+from nemo_rl_core.pipeline.spec import Pipeline, round_name
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.utils.logger import Logger
 from tasks.stage import stage, stage_logger
@@ -21,12 +21,28 @@ from tasks.stage import stage, stage_logger
 def run_pipeline_iteration(
     pipeline: Pipeline, config: Any, run: RunRef, iteration: int, final_step: int
 ) -> None:
-    """The iteration's due stages in declared order, each fed the outputs it reads."""
+    """The iteration's due stages in declared order, each fed the outputs it reads; the
+    refill stages run again, round after round, until their batch is complete."""
     done: dict[str, StageRef] = {}
     for spec in pipeline.stages:
-        if spec.is_due(config, iteration, final_step):
-            upstream = {name: done[name] for name in spec.all_reads if name in done}
-            done[spec.name] = stage(run, iteration, spec.name, upstream)
+        if not spec.is_due(config, iteration, final_step):
+            continue
+        upstream = {name: done[name] for name in spec.all_reads if name in done}
+        done[spec.name] = stage(run, iteration, spec.name, upstream)
+        refill = pipeline.refill
+        if pipeline.refilling(config) and refill and spec.name == refill.stages[-1]:
+            round_index = 0
+            while not batch_complete(run, done[spec.name], refill.complete_output):
+                round_index += 1
+                for name in refill.stages:
+                    reads = pipeline.stage(name).all_reads
+                    upstream = {r: done[r] for r in reads if r in done}
+                    upstream[PREVIOUS] = done[name]
+                    done[name] = stage(run, iteration, round_name(name, round_index), upstream)
+
+
+def batch_complete(run: RunRef, ref: StageRef, output: str) -> bool:
+    return bool(open_storage(run).read_json(ref.outputs[output])["complete"])
 
 
 def run_iteration(iteration_body: Callable[[], None], run: RunRef, iteration: int) -> list[str]:

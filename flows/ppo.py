@@ -9,11 +9,12 @@ Run locally without a server:
     python -m flows.ppo --config examples/configs/ppo_tiny.yaml ppo.max_num_steps=3
 """
 
-from flows.cli import run_flow_from_cli
-from flows.loop import training_flow
-from nemo_rl_core.pipeline.algorithms import PPO
+if __name__ == "__main__":  # the command line checks the config before loading the stack
+    from flows.cli import run_cli
 
-ppo = training_flow(PPO)
+    run_cli("ppo")
+else:
+    from flows.loop import training_flow
+    from nemo_rl_core.pipeline.algorithms import PPO
 
-if __name__ == "__main__":
-    run_flow_from_cli(ppo, PPO)
+    ppo = training_flow(PPO)

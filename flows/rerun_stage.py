@@ -15,6 +15,7 @@ from flows.lease import hold_lease
 from flows.run_setup import lease_owner, load_storage_block
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
+from nemo_rl_core.pipeline.spec import split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from tasks.stage import stage as stage_task
 
@@ -38,20 +39,38 @@ def rerun_stage(
             f"({pipeline.name} run {run_id!r})"
         )
     entries = storage.read_manifest(iteration).get("stages", {})
+    refilled = pipeline.refill.stages if pipeline.refill else ()
+
+    def recorded(name: str) -> str | None:
+        """A refill repeats stages as ``reward.1``, ``reward.2``: the rest of the iteration
+        read the last round; a refill stage, rerun at round 0, reads round 0."""
+        rounds = sorted((split_round(r)[1], r) for r in entries if split_round(r)[0] == name)
+        if not rounds:
+            return None
+        return rounds[0][1] if stage in refilled and name in refilled else rounds[-1][1]
+
     spec = pipeline.stage(stage)
-    missing = [name for name in spec.reads if name not in entries]
+    missing = [name for name in spec.reads if recorded(name) is None]
     if missing:
         raise ValueError(
             f"run {run_id!r} iteration {iteration}: stage {stage!r} needs the outputs of "
             f"{missing}, which were never recorded; continue the run instead"
         )
     upstream = {
-        name: StageRef.from_dict(entries[name]["outputs"])
+        name: StageRef.from_dict(entries[found]["outputs"])
         for name in spec.all_reads
-        if name in entries
+        if (found := recorded(name)) is not None
     }
+    affected = set(pipeline.downstream_of(stage))
+    # Later refill rounds depend on what this round kept, whichever stage of it reran.
+    stale = [
+        recorded
+        for recorded in entries
+        if split_round(recorded)[0] in affected
+        or (stage in refilled and split_round(recorded)[0] in refilled and split_round(recorded)[1])
+    ]
     with hold_lease(run, owner=f"{lease_owner()} rerun-stage {stage}@{iteration}"):
-        storage.mark_stale(iteration, pipeline.downstream_of(stage))
+        storage.mark_stale(iteration, [stage, *stale])
         try:
             return stage_task(run, iteration, stage, upstream).to_dict()
         finally:

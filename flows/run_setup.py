@@ -16,6 +16,7 @@ from nemo_rl_core.pipeline.spec import Pipeline
 from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
+from nemo_rl_core.utils.key_support import check_support
 
 
 def new_run_id(prefix: str) -> str:
@@ -63,6 +64,22 @@ def first_iteration(pipeline: Pipeline, storage: RunStorage) -> int:
     return latest
 
 
+def check_run_config(pipeline: Pipeline, config_path: str, overrides: list[str] | None) -> Any:
+    """The validated config of a run, or ``ConfigError`` naming the key, file or row that
+    cannot work: its schema, what this deployment cannot run (``check_support``), the model
+    and the data. Reads nothing but the config and its inputs; writes nothing."""
+    config = load_master_config(config_path, overrides, pipeline.config_class)
+    check_support(config, source=f"config {config_path}")
+    if not config.checkpointing.enabled:
+        raise ConfigError(
+            "checkpointing.enabled=false: stages hand weights to the next iteration through "
+            "checkpoints, so a staged run needs checkpointing enabled"
+        )
+    resolve_model(config.policy.model_name)
+    load_rows(config.data)
+    return config
+
+
 def open_run(
     pipeline: Pipeline,
     config_path: str,
@@ -72,16 +89,8 @@ def open_run(
     storage_block: str | None = None,
 ) -> tuple[RunRef, Any]:
     """Validate the config and name the run; nothing is written yet (no lease is held)."""
-    config = load_master_config(config_path, overrides, pipeline.config_class)
+    config = check_run_config(pipeline, config_path, overrides)
     root = storage_root or config.checkpointing.checkpoint_dir
-    if not config.checkpointing.enabled:
-        raise ConfigError(
-            "checkpointing.enabled=false: stages hand weights to the next iteration through "
-            "checkpoints, so a staged run needs checkpointing enabled"
-        )
-    # A missing model directory or a bad data row fails here, before the run is written.
-    resolve_model(config.policy.model_name)
-    load_rows(config.data)
     load_storage_block(root, storage_block)
     return RunRef(root, run_id or new_run_id(pipeline.name)), config
 

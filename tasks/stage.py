@@ -167,8 +167,8 @@ def stage_inputs(
     """What decides a stage's output: the config, every output it reads, and the versions
     (weights, dataloader position) it depends on."""
     inputs = {"config": runtime.config_digest}
-    for name in spec.reads:
-        for output, digest in upstream[name].digests().items():
+    for name, ref in sorted(upstream.items()):
+        for output, digest in ref.digests().items():
             inputs[f"{name}.{output}"] = digest
     for kind in spec.versions:
         inputs[f"{kind}_version"] = runtime.version(kind, iteration)
@@ -177,10 +177,10 @@ def stage_inputs(
 
 @task(name="stage", task_run_name="{name}@{iteration}", **STAGE_TASK_OPTIONS)
 def stage(run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]) -> StageRef:
-    """Stage ``name`` of ``iteration`` as its algorithm declares it, from ``upstream``'s
-    outputs (the stages it reads)."""
+    """Stage ``name`` of ``iteration`` as its algorithm declares it (``name`` may carry a
+    refill round: ``reward.2``), from ``upstream``'s outputs (the stages it reads)."""
     runtime = runtime_for(run)
     spec = runtime.pipeline.stage(name)
     inputs = stage_inputs(runtime, spec, iteration, upstream)
-    context = StageContext(runtime, iteration, upstream)
+    context = StageContext(runtime, iteration, upstream, name)
     return run_stage(run, iteration, name, inputs, lambda: spec.compute(context))

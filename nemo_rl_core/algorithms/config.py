@@ -6,9 +6,11 @@ key's dotted path (see :func:`validate_section`).
 """
 
 from collections.abc import Mapping
-from typing import Any, Literal, Self, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from nemo_rl_core.utils.key_support import Wired
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
@@ -142,13 +144,16 @@ class AdvEstimatorConfig(StrictConfig):
         return self
 
 
+_REWARDS = "nemo_rl_core.algorithms.grpo:process_rewards"
+
+
 class RewardShapingConfig(StrictConfig):
     """``grpo.reward_shaping:`` DAPO's soft overlong penalty."""
 
-    enabled: bool = False
-    overlong_buffer_length: int = Field(128, ge=0)
-    overlong_buffer_penalty: float = Field(1.0, ge=0.0)
-    max_response_length: int | None = Field(None, gt=0)
+    enabled: Annotated[bool, Wired(_REWARDS)] = False
+    overlong_buffer_length: Annotated[int, Field(ge=0), Wired(_REWARDS)] = 128
+    overlong_buffer_penalty: Annotated[float, Field(ge=0.0), Wired(_REWARDS)] = 1.0
+    max_response_length: Annotated[int | None, Field(gt=0), Wired(_REWARDS)] = None
 
     @model_validator(mode="after")
     def _length_when_enabled(self) -> Self:
@@ -161,11 +166,11 @@ class RewardScalingConfig(StrictConfig):
     """``grpo.reward_scaling:`` clamp rewards to [source_min, source_max], map linearly
     onto [target_min, target_max]."""
 
-    enabled: bool = False
-    source_min: float = 0.0
-    source_max: float = 1.0
-    target_min: float = 0.0
-    target_max: float = 1.0
+    enabled: Annotated[bool, Wired(_REWARDS)] = False
+    source_min: Annotated[float, Wired(_REWARDS)] = 0.0
+    source_max: Annotated[float, Wired(_REWARDS)] = 1.0
+    target_min: Annotated[float, Wired(_REWARDS)] = 0.0
+    target_max: Annotated[float, Wired(_REWARDS)] = 1.0
 
     @model_validator(mode="after")
     def _nonempty_source(self) -> Self:
@@ -185,12 +190,6 @@ class GRPOAdvantageConfig(StrictConfig):
 
     normalize_rewards: bool = True
     use_leave_one_out_baseline: bool = True
-    overlong_filtering: bool = False
-    use_dynamic_sampling: bool = False
-    dynamic_sampling_max_gen_batches: int = Field(10, ge=1)
-    batch_multiplier: int = Field(1, ge=1)
-    reward_shaping: RewardShapingConfig = RewardShapingConfig()
-    reward_scaling: RewardScalingConfig = RewardScalingConfig()
     adv_estimator: AdvEstimatorConfig = AdvEstimatorConfig()
 
     def resolved_adv_estimator(self) -> AdvEstimatorConfig:

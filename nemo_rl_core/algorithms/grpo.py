@@ -16,7 +16,20 @@ import torch
 from pydantic import Field, model_validator
 
 from nemo_rl_core.algorithms.advantage_estimator import create_advantage_estimator
-from nemo_rl_core.algorithms.config import ClippedPGLossConfig, GRPOAdvantageConfig, StrictConfig
+from nemo_rl_core.algorithms.config import (
+    ClippedPGLossConfig,
+    GRPOAdvantageConfig,
+    RewardScalingConfig,
+    RewardShapingConfig,
+    StrictConfig,
+)
+from nemo_rl_core.algorithms.filters import (
+    accumulate_dynamic_sampling_batch,
+    apply_overlong_filtering,
+    apply_reward_shaping,
+    dynamic_sampling_filter,
+    scale_rewards,
+)
 from nemo_rl_core.algorithms.loss import ClippedPGLossFn
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
 from nemo_rl_core.data.config import DataConfig
@@ -78,6 +91,24 @@ class RolloutLoopConfig(StrictConfig):
     max_env_failure_fraction: Annotated[
         float, Field(ge=0.0, le=1.0), Wired(f"{_GRPO}:score_rollouts")
     ] = 0.5
+    # What happens to rewards and samples between scoring and the advantages.
+    overlong_filtering: Annotated[bool, Wired(f"{_GRPO}:process_rewards")] = False
+    use_dynamic_sampling: Annotated[bool, Wired(f"{_GRPO}:select_prompt_groups")] = False
+    dynamic_sampling_max_gen_batches: Annotated[
+        int, Field(ge=1), Wired(f"{_GRPO}:select_prompt_groups")
+    ] = 10
+    batch_multiplier: Annotated[float, Field(gt=0), Wired(f"{_GRPO}:prompts_per_batch")] = 1.0
+    reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
+    reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
+
+    @model_validator(mode="after")
+    def _multiplier_with_dynamic_sampling(self) -> Self:
+        if self.batch_multiplier != 1 and not self.use_dynamic_sampling:
+            raise ValueError(
+                f"batch_multiplier={self.batch_multiplier} needs use_dynamic_sampling: true "
+                "(NeMo RL: it sizes the generation batches that dynamic sampling filters)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _whole_validation_batches(self) -> Self:
@@ -114,8 +145,7 @@ def planned_steps(loop: RolloutLoopConfig, batches_per_epoch: int) -> int:
 class GRPOConfig(GRPOAdvantageConfig, RolloutLoopConfig):
     """``grpo:``: NeMo RL's keys and defaults (advantage and loop keys inherited)."""
 
-    num_generations_per_prompt: int = Field(ge=1)
-    reward_scaling: dict[str, Any] = Field(default_factory=dict)
+    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:take_prompts")]
     async_grpo: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -200,11 +230,18 @@ def build_loss_fn(config: RLMasterConfig) -> ClippedPGLossFn:
     return ClippedPGLossFn(config.loss_fn)
 
 
+def prompts_per_batch(loop: Any) -> int:
+    """Prompts per generation batch: ``num_prompts_per_step``, times ``batch_multiplier``
+    under dynamic sampling (as NeMo RL sizes its dataloader)."""
+    multiplier = loop.batch_multiplier if loop.use_dynamic_sampling else 1
+    return int(loop.num_prompts_per_step * multiplier)
+
+
 def make_dataloader(config: RLMasterConfig, tokenizer: Any) -> StatefulDataLoader:
-    """The training dataloader: ``num_prompts_per_step`` prompts per iteration."""
+    """The training dataloader: one generation batch of prompts per call."""
     return StatefulDataLoader(
         build_dataset(config.data, tokenizer),
-        batch_size=config.algorithm.num_prompts_per_step,
+        batch_size=prompts_per_batch(config.algorithm),
         shuffle=config.data.shuffle,
         seed=config.data.seed,
         drop_last=config.data.drop_last,
@@ -212,16 +249,65 @@ def make_dataloader(config: RLMasterConfig, tokenizer: Any) -> StatefulDataLoade
 
 
 def take_prompts(
-    dataloader: StatefulDataLoader, config: RLMasterConfig, dataloader_state: dict
+    dataloader: StatefulDataLoader,
+    config: RLMasterConfig,
+    dataloader_state: dict,
+    first_prompt_index: int = 0,
 ) -> tuple[BatchedDataDict, dict]:
     """The prompts after ``dataloader_state``, each repeated ``num_generations_per_prompt``
-    times, and the dataloader state after taking them."""
+    times (``prompt_index`` names each group, from ``first_prompt_index``), and the
+    dataloader state after taking them."""
     dataloader.load_state_dict(dataloader_state)
     batch = dataloader.next_batch()
     generations = config.algorithm.num_generations_per_prompt
     repeated = batch.repeat_interleave(generations)
-    repeated["prompt_index"] = torch.arange(batch.size).repeat_interleave(generations)
+    indices = torch.arange(first_prompt_index, first_prompt_index + batch.size)
+    repeated["prompt_index"] = indices.repeat_interleave(generations)
     return repeated, dataloader.state_dict()
+
+
+class DynamicSamplingExhaustedError(RuntimeError):
+    """Dynamic sampling generated its maximum number of batches without filling one."""
+
+
+def select_prompt_groups(
+    batch: BatchedDataDict,
+    kept_before: BatchedDataDict | None,
+    config: RLMasterConfig,
+    round_index: int,
+) -> tuple[BatchedDataDict, bool, dict[str, Any]]:
+    """DAPO's dynamic sampling, as NeMo RL does it: keep the samples whose prompt group's
+    rewards vary (per-sample std > 0; the unshaped rewards when shaping is on), after
+    those kept in earlier rounds. Complete at ``num_prompts_per_step x
+    num_generations_per_prompt`` samples (cut to that); else another round generates more,
+    until ``dynamic_sampling_max_gen_batches`` batches were processed."""
+    loop = config.algorithm
+    key = "unshaped_total_reward" if "unshaped_total_reward" in batch else "total_reward"
+    rewards = batch[key]
+    _, std = calculate_baseline_and_std_per_prompt(
+        batch["prompt_index"], rewards, torch.ones_like(rewards), loop.use_leave_one_out_baseline
+    )
+    filtered, metrics = dynamic_sampling_filter(batch, std)
+    target = loop.num_prompts_per_step * loop.num_generations_per_prompt
+    selected, complete = accumulate_dynamic_sampling_batch(kept_before, filtered, target)
+    batches_done = round_index + 1
+    if not complete and batches_done > loop.dynamic_sampling_max_gen_batches:
+        raise DynamicSamplingExhaustedError(
+            f"dynamic sampling processed {batches_done} generation batches and kept "
+            f"{selected.size} of the {target} samples a step needs (grpo."
+            f"dynamic_sampling_max_gen_batches={loop.dynamic_sampling_max_gen_batches}); "
+            "the prompts are too easy or too hard for the policy: raise the limit, "
+            "grpo.batch_multiplier or num_generations_per_prompt"
+        )
+    metrics |= {
+        "dynamic_sampling_num_gen_batches": batches_done,
+        "dynamic_sampling_kept_total": selected.size,
+    }
+    if complete:
+        metrics["dynamic_sampling_num_discarded_valid_samples"] = (
+            filtered.size + (kept_before.size if kept_before else 0) - target
+        )
+    return selected, complete, metrics
 
 
 def generate_rollouts(
@@ -231,9 +317,12 @@ def generate_rollouts(
     task_to_env: dict[str, EnvironmentInterface],
     config: RLMasterConfig,
     iteration: int,
+    round_index: int = 0,
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
-    """Responses for every prompt; multi-turn tasks play the whole episode here."""
-    seeds = sampling_seeds(config.algorithm.seed, iteration, batch.size)
+    """Responses for every prompt; multi-turn tasks play the whole episode here. Each
+    dynamic-sampling round of an iteration samples with seeds of its own."""
+    stream = TRAIN_SEEDS + 2 * round_index  # odd streams are validation's
+    seeds = sampling_seeds(config.algorithm.seed, iteration, batch.size, stream)
     generation.prepare_for_generation()
     try:
         return play_rollouts(generation, batch, tokenizer, task_to_env, config, seeds)
@@ -267,7 +356,8 @@ def play_rollouts(
     return generate_one_turn(generation, batch, tokenizer, seeds, greedy=greedy)
 
 
-# Seed streams: training samples and validation samples never share a seed.
+# Seed streams: training samples (one stream per dynamic-sampling round) and validation
+# samples never share a seed.
 TRAIN_SEEDS, VALIDATION_SEEDS = 0, 1
 
 
@@ -415,13 +505,7 @@ def validation_metrics(table: BatchedDataDict, k: int) -> dict[str, Any]:
     prompt_ids = table["prompt_index"][~greedy]
     solved = torch.zeros(int(prompt_ids.max()) + 1, dtype=torch.bool)
     solved.index_put_((prompt_ids,), sampled_rewards > 0, accumulate=True)
-    lengths = torch.tensor(
-        [
-            sum(len(m["token_ids"]) for m in log if m["role"] == "assistant")
-            for log in table["message_log"]
-        ],
-        dtype=torch.float32,
-    )
+    lengths = response_lengths(table).float()
     return {
         "accuracy": float(sampled_rewards.mean()),
         f"pass@{k}": float(solved.float().mean()),
@@ -429,6 +513,42 @@ def validation_metrics(table: BatchedDataDict, k: int) -> dict[str, Any]:
         "avg_length": float(lengths[~greedy].mean()),
         "num_prompts": int(greedy.sum()),
     }
+
+
+def process_rewards(
+    batch: BatchedDataDict, config: RLMasterConfig
+) -> tuple[BatchedDataDict, dict[str, Any]]:
+    """What NeMo RL does to scored rollouts before the advantages, in its order: scale the
+    rewards (``reward_scaling``), add DAPO's overlong penalty (``reward_shaping``; the
+    unshaped rewards are kept for dynamic sampling), and take truncated responses out of
+    the loss (``overlong_filtering``: their ``loss_multiplier`` becomes 0)."""
+    loop = config.algorithm
+    metrics: dict[str, Any] = {}
+    batch["total_reward"] = scale_rewards(batch["total_reward"], loop.reward_scaling)
+    if loop.reward_shaping.enabled:
+        batch["unshaped_total_reward"] = batch["total_reward"].clone()
+        batch["total_reward"] = apply_reward_shaping(
+            batch["total_reward"], response_lengths(batch), loop.reward_shaping
+        )
+        metrics["mean_shaped_reward"] = float(batch["total_reward"].mean())
+    if loop.overlong_filtering:
+        multiplier = torch.as_tensor(batch["loss_multiplier"], dtype=torch.float32)
+        batch["loss_multiplier"] = apply_overlong_filtering(multiplier, batch["truncated"])
+        metrics["overlong_filtered_fraction"] = float(
+            torch.as_tensor(batch["truncated"]).float().mean()
+        )
+    return batch, metrics
+
+
+def response_lengths(batch: BatchedDataDict) -> torch.Tensor:
+    """Generated tokens of each sample (all its assistant turns)."""
+    return torch.tensor(
+        [
+            sum(len(m["token_ids"]) for m in log if m["role"] == "assistant")
+            for log in batch["message_log"]
+        ],
+        dtype=torch.long,
+    )
 
 
 def compute_logprobs(

@@ -14,9 +14,7 @@ from nemo_rl_core.algorithms.advantage_estimator import GeneralizedAdvantageEsti
 from nemo_rl_core.algorithms.config import (
     MseValueLossConfig,
     PPOAdvantageConfig,
-    RewardScalingConfig,
 )
-from nemo_rl_core.algorithms.filters import scale_rewards
 from nemo_rl_core.algorithms.grpo import RLMasterConfig, RolloutLoopConfig, train_policy
 from nemo_rl_core.algorithms.loss import MseValueLossFn
 from nemo_rl_core.algorithms.utils import masked_mean
@@ -25,10 +23,8 @@ from nemo_rl_core.models.value import ValueConfig, ValueInterface
 
 
 class PPOConfig(PPOAdvantageConfig, RolloutLoopConfig):
-    """``ppo:``: GAE keys (``gae_gamma``, ``gae_lambda``...), GRPO's loop keys, and
-    ``reward_scaling`` (as ``grpo.reward_scaling``: e.g. 0/1 correctness onto -1/+1)."""
-
-    reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
+    """``ppo:``: GAE keys (``gae_gamma``, ``gae_lambda``...) and GRPO's loop keys (with its
+    reward scaling and shaping, e.g. 0/1 correctness onto -1/+1)."""
 
 
 class PPOMasterConfig(RLMasterConfig):
@@ -60,7 +56,7 @@ def compute_advantages(
     estimator = GeneralizedAdvantageEstimator(config.ppo, config.loss_fn)
     mask = train_data["token_mask"]
     advantages, returns = estimator.compute_advantages_and_returns(
-        rewards=scale_rewards(train_data["total_reward"], config.ppo.reward_scaling),
+        rewards=train_data["total_reward"],
         mask=mask,
         values=train_data["values"],
         logprobs_policy=train_data["prev_logprobs"],

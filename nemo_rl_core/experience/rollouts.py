@@ -35,8 +35,9 @@ def generate_responses(
 ) -> tuple[BatchedDataDict[DatumSpec], list[torch.Tensor], dict[str, float | int]]:
     """Generate one assistant turn per sample and append it to the sample's message log.
 
-    Returns the batch (message logs extended in place), the generated token ids of each
-    sample, and generation metrics (mean/max/total generated tokens).
+    Returns the batch (message logs extended in place; ``truncated`` set where a response
+    hit its token budget without a stop), the generated token ids of each sample, and
+    generation metrics (mean/max/total generated tokens).
     """
     if "stop_strings" not in generation_input_data:
         stop_strings = batch.get("stop_strings")
@@ -54,6 +55,8 @@ def generate_responses(
             start, end = int(input_lengths[i]), int(total_lengths[i])
             message["generation_logprobs"] = outputs["logprobs"][i, start:end]
         batch["message_log"][i].append(message)
+    if "truncated" in outputs:
+        batch["truncated"] = outputs["truncated"].clone()
     lengths = torch.tensor([len(ids) for ids in generated_ids], dtype=torch.float32)
     metrics = {
         "mean_generation_length": lengths.mean().item() if len(lengths) else 0.0,
@@ -128,7 +131,8 @@ def run_multi_turn_rollout(
     turns = torch.zeros(size, dtype=torch.long)
     gen_tokens = torch.zeros(size, dtype=torch.long)
     env_tokens = torch.zeros(size, dtype=torch.long)
-    truncated = torch.zeros(size, dtype=torch.bool)
+    truncated = torch.zeros(size, dtype=torch.bool)  # no room left: the episode ends
+    hit_budget = torch.zeros(size, dtype=torch.bool)  # a turn's response hit max_new_tokens
     terminated = torch.zeros(size, dtype=torch.bool)
     turn_gen_lengths: list[int] = []
     env_time = generation_time = 0.0
@@ -169,6 +173,8 @@ def run_multi_turn_rollout(
                 _cut_last_turn(active_batch["message_log"][i], room, tokenizer)
                 generated_ids[i] = generated_ids[i][:room]
                 truncated[global_idx] = True
+            if "truncated" in active_batch and bool(active_batch["truncated"][i]):
+                hit_budget[global_idx] = True  # the response hit its budget without a stop
             gen_tokens[global_idx] += len(generated_ids[i])
             turn_gen_lengths.append(len(generated_ids[i]))
 
@@ -203,10 +209,14 @@ def run_multi_turn_rollout(
 
     batch["total_reward"] = total_rewards
     batch["num_turns"] = turns
+    # Episodes still going when the turns ran out (neither ended by the env nor out of room).
+    max_turns_reached = (turns >= max_rollout_turns) & ~terminated & ~truncated
+    # As NeMo RL's: out of room, or a response cut by its token budget (the episode goes on).
+    truncated |= hit_budget
     batch["truncated"] = truncated
     batch["terminated"] = terminated
     metrics = _rollout_metrics(
-        turns, terminated, truncated, gen_tokens, env_tokens, turn_gen_lengths, max_rollout_turns
+        turns, terminated, truncated, max_turns_reached, gen_tokens, env_tokens, turn_gen_lengths
     )
     metrics.update({"env_time_s": env_time, "generation_time_s": generation_time})
     return batch, metrics
@@ -242,10 +252,10 @@ def _rollout_metrics(
     turns: torch.Tensor,
     terminated: torch.Tensor,
     truncated: torch.Tensor,
+    max_turns_reached: torch.Tensor,
     gen_tokens: torch.Tensor,
     env_tokens: torch.Tensor,
     turn_gen_lengths: list[int],
-    max_rollout_turns: int,
 ) -> dict[str, Any]:
     size = max(len(turns), 1)
     gen_lengths = torch.tensor(turn_gen_lengths or [0], dtype=torch.float32)
@@ -255,10 +265,7 @@ def _rollout_metrics(
         "max_turns_per_sample": int(turns.max()) if len(turns) else 0,
         "natural_termination_rate": terminated.sum().item() / size,
         "truncation_rate": truncated.sum().item() / size,
-        "max_turns_reached_rate": ((turns >= max_rollout_turns) & ~terminated & ~truncated)
-        .sum()
-        .item()
-        / size,
+        "max_turns_reached_rate": max_turns_reached.sum().item() / size,
         "mean_generation_length": gen_lengths.mean().item(),
         "max_generation_length": int(gen_lengths.max()),
         "mean_gen_tokens_per_sample": gen_tokens.sum().item() / size,

@@ -14,7 +14,7 @@ training step may hold only it (``val_at_end``) and the checkpoint bookkeeping.
 from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.pipeline import stages
-from nemo_rl_core.pipeline.spec import Pipeline, Stage, register_pipeline
+from nemo_rl_core.pipeline.spec import Pipeline, Refill, Stage, register_pipeline
 
 VALIDATE = Stage(
     "validate",
@@ -36,6 +36,11 @@ ROLLOUT = (
     Stage("logprob", stages.logprob, reads=("reward",), versions=("policy",)),
 )
 POLICY_METRICS = ("loss", "kl_penalty", "probs_ratio_clamped_fraction", "grad_norm")
+# DAPO's dynamic sampling: generate and score more prompts until a step's batch is full.
+DYNAMIC_SAMPLING = Refill(
+    stages=("prompts", "generate", "reward"),
+    enabled=lambda config: config.algorithm.use_dynamic_sampling,
+)
 RETENTION = Stage(
     "checkpoint",
     stages.retain_checkpoints,
@@ -51,6 +56,7 @@ GRPO = register_pipeline(
         config_class=MasterConfig,
         default_config="examples/configs/grpo_math_tiny.yaml",
         identity_keys=("policy.model_name", "data", "grpo.seed"),
+        refill=DYNAMIC_SAMPLING,
         stages=(
             VALIDATE,
             *ROLLOUT,
@@ -74,6 +80,7 @@ PPO = register_pipeline(
         config_class=PPOMasterConfig,
         default_config="examples/configs/ppo_tiny.yaml",
         identity_keys=("policy.model_name", "value.model_name", "data", "ppo.seed"),
+        refill=DYNAMIC_SAMPLING,
         stages=(
             VALIDATE,
             *ROLLOUT,

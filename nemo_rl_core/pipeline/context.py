@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.pipeline.spec import split_round
 from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 BATCH = "batch"  # the output name of a stage's main batch
+PREVIOUS = "previous"  # what a refill round reads of its own previous round
 
 
 @dataclass(frozen=True)
@@ -79,10 +81,16 @@ class StageContext:
     runtime: "RunRuntime"
     iteration: int
     upstream: Mapping[str, StageRef]
+    name: str = ""
 
     @property
     def config(self) -> Any:
         return self.runtime.config
+
+    @property
+    def round_index(self) -> int:
+        """Which refill round this is (0: the iteration's first, or no refill)."""
+        return split_round(self.name)[1]
 
     def batch(self, stage: str, name: str = BATCH) -> BatchedDataDict:
         """An upstream stage's batch; ``DamagedInputError`` if it no longer matches its entry."""

@@ -19,6 +19,30 @@ if TYPE_CHECKING:
 # What a stage's output depends on besides the config and the stages it reads: the weights
 # of a trained model at the start of the iteration, or where the dataloader stood.
 Version = Literal["policy", "value", "dataloader"]
+# Refill round r > 0 of stage "reward" is recorded as "reward.r" in the manifest.
+_ROUND = "."
+
+
+def round_name(name: str, round_index: int) -> str:
+    return name if round_index == 0 else f"{name}{_ROUND}{round_index}"
+
+
+def split_round(recorded: str) -> tuple[str, int]:
+    """``("reward", 2)`` for ``"reward.2"``; ``("reward", 0)`` for ``"reward"``."""
+    name, _, suffix = recorded.partition(_ROUND)
+    return (name, int(suffix)) if suffix.isdigit() else (recorded, 0)
+
+
+@dataclass(frozen=True)
+class Refill:
+    """Consecutive stages that run again, round after round, until the last of them says in
+    its ``complete_output`` JSON (``{"complete": bool}``) that its batch is complete: DAPO's
+    dynamic sampling refills a batch from more generation. Round r of each stage reads its
+    own round r-1 as ``previous`` (the dataloader position, the samples kept so far)."""
+
+    stages: tuple[str, ...]
+    enabled: Callable[[Any], bool]
+    complete_output: str = "selection"
 
 
 @dataclass(frozen=True)
@@ -62,6 +86,7 @@ class Pipeline:
     default_config: str
     # Keys a continued run must keep (dotted): it must train the same model on the same data.
     identity_keys: tuple[str, ...] = ()
+    refill: Refill | None = None
     _by_name: dict[str, Stage] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +103,14 @@ class Pipeline:
             by_name[stage.name] = stage
         if sum(stage.commits for stage in self.stages) != 1:
             raise ValueError(f"pipeline {self.name!r} must have exactly one committing stage")
+        names = [stage.name for stage in self.stages]
+        if self.refill is not None:
+            first = names.index(self.refill.stages[0]) if self.refill.stages[0] in names else -1
+            if names[first : first + len(self.refill.stages)] != list(self.refill.stages):
+                raise ValueError(
+                    f"pipeline {self.name!r}: refill stages {self.refill.stages} must be "
+                    "consecutive declared stages"
+                )
         object.__setattr__(self, "_by_name", by_name)
 
     @property
@@ -85,6 +118,8 @@ class Pipeline:
         return tuple(stage.name for stage in self.stages)
 
     def stage(self, name: str) -> Stage:
+        """The stage of a name as declared or as recorded (``reward.2``: refill round 2)."""
+        name = split_round(name)[0]
         if name not in self._by_name:
             raise KeyError(
                 f"{self.name} has no stage {name!r}; its stages are {list(self.stage_names)}"
@@ -102,6 +137,9 @@ class Pipeline:
             if affected.intersection(stage.all_reads):
                 affected.add(stage.name)
         return [stage for stage in self.stage_names if stage in affected]
+
+    def refilling(self, config: Any) -> bool:
+        return self.refill is not None and self.refill.enabled(config)
 
     def last_iteration(self, config: Any, final_step: int) -> int:
         """One past the last iteration with a due stage: ``final_step``, plus one when a stage

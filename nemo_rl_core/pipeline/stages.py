@@ -8,7 +8,7 @@ PPO differ, they declare different functions.
 import time
 
 from nemo_rl_core.algorithms import grpo, ppo
-from nemo_rl_core.pipeline.context import StageContext, StageResult
+from nemo_rl_core.pipeline.context import PREVIOUS, StageContext, StageResult
 
 
 def validate(ctx: StageContext) -> StageResult:
@@ -27,9 +27,14 @@ def validate(ctx: StageContext) -> StageResult:
 
 
 def prompts(ctx: StageContext) -> StageResult:
-    """The dataloader's slice for the iteration, each prompt repeated per generation."""
-    start = ctx.runtime.dataloader_state(ctx.iteration)
-    batch, state = grpo.take_prompts(ctx.runtime.dataloader, ctx.config, start)
+    """The dataloader's next batch, each prompt repeated per generation (a refill round
+    continues where its previous round left the dataloader)."""
+    if PREVIOUS in ctx.upstream:
+        start = ctx.json(PREVIOUS, "dataloader_state")
+    else:
+        start = ctx.runtime.dataloader_state(ctx.iteration)
+    first = ctx.round_index * grpo.prompts_per_batch(ctx.config.algorithm)
+    batch, state = grpo.take_prompts(ctx.runtime.dataloader, ctx.config, start, first)
     return StageResult({"batch": batch, "dataloader_state": state}, {"num_samples": batch.size})
 
 
@@ -43,16 +48,28 @@ def generate(ctx: StageContext) -> StageResult:
         rt.task_to_env,
         ctx.config,
         ctx.iteration,
+        ctx.round_index,
     )
     return StageResult({"batch": rollouts}, metrics)
 
 
 def reward(ctx: StageContext) -> StageResult:
-    """The environments score each rollout."""
-    scored, metrics = grpo.score_rollouts(
-        ctx.batch("generate"), ctx.runtime.task_to_env, ctx.config
+    """The environments score each rollout; the rewards are scaled and shaped, truncated
+    responses filtered, and under dynamic sampling the informative groups kept (with
+    those of earlier rounds) until a step's batch is complete."""
+    config = ctx.config
+    scored, metrics = grpo.score_rollouts(ctx.batch("generate"), ctx.runtime.task_to_env, config)
+    scored, processing = grpo.process_rewards(scored, config)
+    metrics |= processing
+    if not config.algorithm.use_dynamic_sampling:
+        return StageResult({"batch": scored}, metrics)
+    kept_before = ctx.batch(PREVIOUS) if PREVIOUS in ctx.upstream else None
+    selected, complete, selection = grpo.select_prompt_groups(
+        scored, kept_before, config, ctx.round_index
     )
-    return StageResult({"batch": scored}, metrics)
+    return StageResult(
+        {"batch": selected, "selection": {"complete": complete}}, metrics | selection
+    )
 
 
 def logprob(ctx: StageContext) -> StageResult:

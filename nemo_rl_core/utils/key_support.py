@@ -26,6 +26,8 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
+from nemo_rl_core.utils.config import ConfigError
+
 
 @dataclass(frozen=True)
 class Machine:
@@ -151,7 +153,7 @@ class Refusal:
 
 
 @dataclass
-class UnsupportedConfigError(ValueError):
+class UnsupportedConfigError(ConfigError):
     """Keys whose values this deployment cannot run; raised before any work."""
 
     source: str

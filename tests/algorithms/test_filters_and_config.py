@@ -8,7 +8,6 @@ import yaml
 
 from nemo_rl_core.algorithms.config import (
     ClippedPGLossConfig,
-    GRPOAdvantageConfig,
     PPOAdvantageConfig,
     RewardScalingConfig,
     RewardShapingConfig,
@@ -21,6 +20,7 @@ from nemo_rl_core.algorithms.filters import (
     dynamic_sampling_filter,
     scale_rewards,
 )
+from nemo_rl_core.algorithms.grpo import GRPOConfig
 from nemo_rl_core.algorithms.loss import (
     ClippedPGLossFn,
     MetricNormalizer,
@@ -31,6 +31,9 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 NEMO_RL_GRPO_YAML = """
 grpo:
+  num_prompts_per_step: 32
+  num_generations_per_prompt: 16
+  max_num_steps: 100
   normalize_rewards: true
   use_leave_one_out_baseline: true
   overlong_filtering: false
@@ -131,19 +134,23 @@ def test_nemo_rl_yaml_sections_validate_unchanged():
     raw = yaml.safe_load(NEMO_RL_GRPO_YAML)
     loss_cfg = validate_section(ClippedPGLossConfig, raw["loss_fn"], "loss_fn")
     assert loss_cfg == ClippedPGLossConfig()  # the YAML spells out NeMo RL's defaults
-    grpo = validate_section(GRPOAdvantageConfig, raw["grpo"], "grpo")
+    grpo = validate_section(GRPOConfig, raw["grpo"], "grpo")
     assert grpo.reward_shaping.max_response_length == 512
     assert grpo.resolved_adv_estimator().use_leave_one_out_baseline is True
     assert ClippedPGLossFn(raw["loss_fn"]).cfg == loss_cfg
+
+
+class RewardsOnly(GRPOConfig):
+    num_prompts_per_step: int = 1
+    num_generations_per_prompt: int = 1
+    max_num_steps: int = 1
 
 
 def test_config_errors_name_nested_paths():
     with pytest.raises(
         ValueError, match=r"grpo\.reward_shaping\.overlong_bufer_length: Extra inputs"
     ):
-        validate_section(
-            GRPOAdvantageConfig, {"reward_shaping": {"overlong_bufer_length": 3}}, "grpo"
-        )
+        validate_section(RewardsOnly, {"reward_shaping": {"overlong_bufer_length": 3}}, "grpo")
     with pytest.raises(ValueError, match=r"ppo\.gae_lambda: .*less than or equal to 1.*got 1.5"):
         validate_section(PPOAdvantageConfig, {"gae_lambda": 1.5}, "ppo")
     with pytest.raises(ValueError, match="expected a mapping"):

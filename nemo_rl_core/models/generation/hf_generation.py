@@ -166,13 +166,16 @@ class HFGeneration(GenerationInterface):
             attention_mask[row, width - len(prompt) :] = 1
         return input_ids.to(self.model.device), attention_mask.to(self.model.device)
 
-    def _response_length(self, tokens: list[int], budget: int, stopped_after: int | None) -> int:
-        """First of: a stop token (kept), a completed stop string, the budget."""
+    def _response_length(
+        self, tokens: list[int], budget: int, stopped_after: int | None
+    ) -> tuple[int, bool]:
+        """First of: a stop token (kept), a completed stop string, the budget; and whether
+        the budget ended it (truncated)."""
         length = min(budget, stopped_after or budget, len(tokens))
         for position, token in enumerate(tokens[:length]):
             if token in self.stop_token_ids:
-                return position + 1
-        return length
+                return position + 1, False
+        return length, stopped_after is None and length >= budget
 
     @torch.inference_mode()
     def generate(
@@ -201,14 +204,17 @@ class HFGeneration(GenerationInterface):
         self._calls += 1
         generated = out.sequences[:, input_ids.shape[1] :].cpu()
         logprobs = recorder.finish(generated[:, -1].to(self.model.device)).cpu()
-        responses, response_logprobs = [], []
+        responses, response_logprobs, truncated = [], [], []
         for row, tokens in enumerate(generated.tolist()):
-            length = self._response_length(
+            length, hit_budget = self._response_length(
                 tokens, requests.max_tokens[row], stop_strings.stopped_after[row]
             )
             responses.append(tokens[:length])
             response_logprobs.append(logprobs[row, :length].tolist())
-        return pack_generation_outputs(data, responses, response_logprobs, self.cfg.pad_token_id)
+            truncated.append(hit_budget)
+        return pack_generation_outputs(
+            data, responses, response_logprobs, self.cfg.pad_token_id, truncated
+        )
 
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
         return True

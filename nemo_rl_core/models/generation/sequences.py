@@ -88,8 +88,10 @@ def pack_generation_outputs(
     responses: list[list[int]],
     response_logprobs: list[list[float]],
     pad_token_id: int,
+    truncated: list[bool],
 ) -> BatchedDataDict[GenerationOutputSpec]:
-    """Right-padded prompt+response rows with generation logprobs aligned to them."""
+    """Right-padded prompt+response rows with generation logprobs aligned to them;
+    ``truncated`` marks responses that hit their token budget without a stop."""
     input_ids, lengths = data["input_ids"], data["input_lengths"].tolist()
     width = input_ids.shape[1] + max((len(r) for r in responses), default=0)
     output_ids = torch.full((len(responses), width), pad_token_id, dtype=input_ids.dtype)
@@ -109,6 +111,7 @@ def pack_generation_outputs(
             "generation_lengths": generation_lengths,
             "unpadded_sequence_lengths": torch.tensor(lengths, dtype=torch.long)
             + generation_lengths,
+            "truncated": torch.tensor(truncated, dtype=torch.bool),
         }
     )
 

@@ -194,16 +194,17 @@ class VllmGeneration(GenerationInterface):
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in requests.prompts], params, use_tqdm=False
         )
-        responses, logprobs = [], []
+        responses, logprobs, truncated = [], [], []
         for output in outputs:
             completion = output.outputs[0]
+            truncated.append(completion.finish_reason == "length")
             tokens = list(completion.token_ids)
             # logprobs=0: exactly the sampled token's logprob at each position
             if completion.logprobs.token_ids != tokens:
                 raise RuntimeError("vLLM returned logprobs for other tokens than it sampled")
             responses.append(tokens)
             logprobs.append(list(completion.logprobs.logprobs))
-        return pack_generation_outputs(data, responses, logprobs, self.cfg.pad_token_id)
+        return pack_generation_outputs(data, responses, logprobs, self.cfg.pad_token_id, truncated)
 
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
         """Wake a sleeping GPU engine (weights first, as NeMo RL's refit does); no-op on CPU."""

@@ -81,7 +81,9 @@ def test_prompts_are_checked_and_budgets_cut():
 
 def test_outputs_are_prompt_then_response_right_padded():
     data = batch([[1, 2, 3], [4]], pad=9)
-    out = pack_generation_outputs(data, [[5], [6, 7, 8]], [[-0.5], [-1.0, -2.0, -3.0]], 9)
+    out = pack_generation_outputs(
+        data, [[5], [6, 7, 8]], [[-0.5], [-1.0, -2.0, -3.0]], 9, [False, True]
+    )
     assert out["output_ids"].tolist() == [[1, 2, 3, 5, 9, 9], [4, 6, 7, 8, 9, 9]]
     assert out["logprobs"].tolist() == [[0, 0, 0, -0.5, 0, 0], [0, -1.0, -2.0, -3.0, 0, 0]]
     assert out["generation_lengths"].tolist() == [1, 3]
