@@ -35,7 +35,13 @@ def run_cli(algorithm: str) -> None:
     try:
         from flows.run_setup import check_run_config
         from nemo_rl_core.pipeline.spec import pipeline_named
+        from nemo_rl_core.storage.run_storage import validate_name
 
+        if args.run_id is not None:
+            try:
+                validate_name("--run-id", args.run_id)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         check_run_config(pipeline_named(algorithm), args.config, args.overrides)
         training = getattr(importlib.import_module(f"flows.{algorithm}"), algorithm)
         summary = training(

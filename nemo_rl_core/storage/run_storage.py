@@ -24,6 +24,7 @@ process manifest updates are serialised by a lock. Credentials in ``storage_opti
 are handed to fsspec and never logged, stored or put in an error message.
 """
 
+import contextlib
 import hashlib
 import json
 import math
@@ -88,8 +89,19 @@ class ConfigConflictError(ValueError):
     """The run already has a different config; names the keys that differ."""
 
 
+# A run id, stage or object name is one path segment: local file systems take 255 bytes a
+# component; the rest of a key (root, iter_/step_ folders, file names) needs room too.
+MAX_NAME_LENGTH = 128
+
+
 def validate_name(kind: str, value: str) -> str:
-    """Check a run id, stage or object name: one path segment of [A-Za-z0-9._-], no '..'."""
+    """Check a run id, stage or object name: one path segment of [A-Za-z0-9._-] of at most
+    ``MAX_NAME_LENGTH`` characters, no '..'."""
+    if isinstance(value, str) and len(value) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"invalid {kind} {value[:40]!r}...: {len(value)} characters, at most "
+            f"{MAX_NAME_LENGTH} (every store must accept it as one path segment)"
+        )
     if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or value in (".", ".."):
         raise ValueError(
             f"invalid {kind} {value!r}: use only letters, digits, '.', '_' and '-' "
@@ -315,6 +327,7 @@ class RunStorage:
         if self._is_staged_here(local_dir):
             for stray in (COMMITTED, TRAINING_INFO):
                 (local_dir / stray).unlink(missing_ok=True)
+            _give_default_modes(local_dir)
             self._call(ckpt, lambda: local_dir.rename(self._path(ckpt)), reading=False)
         else:
             for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
@@ -647,6 +660,25 @@ def _temporary_sibling(path: str) -> Iterator[Path]:
         yield tmp
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _give_default_modes(root: Path) -> None:
+    """The modes the process's umask gives new files and folders, for everything under
+    ``root``: a staging folder is private (mkdtemp) and some writers create files 0600,
+    which a committed checkpoint must not keep."""
+    umask = _process_umask()
+    root.chmod(0o777 & ~umask)
+    for path in root.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def _process_umask() -> int:
+    """The umask, read without setting it (``os.umask`` would change it for every thread)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
 
 
 def _local_atomic_write(path: str, data: bytes) -> None:

@@ -2,6 +2,7 @@
 atomic commit, checkpoints and the lease. Every test runs on both backends."""
 
 import json
+import os
 import shutil
 import socket
 import time
@@ -380,3 +381,24 @@ def test_errors_never_show_credentials(s3_server) -> None:  # type: ignore[no-un
     with pytest.raises(StorageError) as info:
         storage.write_json(0, "train", "metrics", {})
     assert secret not in str(info.value)
+
+
+def test_a_committed_checkpoint_gets_the_umask_modes(tmp_path: Path) -> None:
+    storage = RunStorage(str(tmp_path), "modes")
+    with storage.staged_checkpoint(1) as local:
+        (local / "model.safetensors").write_bytes(b"w")
+        (local / "model.safetensors").chmod(0o600)  # as some writers leave it
+        (local / "optimizer").mkdir()
+        storage.write_checkpoint(1, local, {})
+    step = tmp_path / "runs" / "modes" / "checkpoints" / "step_000001"
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (step / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert step.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (step / "optimizer").stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_names_longer_than_every_store_takes_are_refused_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="300 characters, at most 128"):
+        RunStorage(str(tmp_path), "r" * 300)
+    assert not (tmp_path / "runs").exists()
