@@ -70,7 +70,9 @@ def run_iteration(iteration_body: Callable[[], None], run: RunRef, iteration: in
                 err.stage,
                 iteration,
             )
-            open_storage(run).mark_stale(iteration, [err.stage])
+            storage = open_storage(run)
+            storage.record_repair(iteration, err.key, err.detail)
+            storage.mark_stale(iteration, [err.stage])
             remade.append(err.key)
 
 

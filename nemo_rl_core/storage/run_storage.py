@@ -282,6 +282,15 @@ class RunStorage:
             if changed:
                 self._write_manifest(iteration, manifest)
 
+    def record_repair(self, iteration: int, key: str, damage: str) -> None:
+        """Note in the iteration's manifest that ``key`` was found damaged (``damage`` says how)
+        and its producing stage re-made it."""
+        with _MANIFEST_LOCK:
+            manifest = self.read_manifest(iteration)
+            repair = {"key": key, "damage": damage, "at": datetime.now(UTC).isoformat()}
+            manifest.setdefault("repairs", []).append(repair)
+            self._write_manifest(iteration, manifest)
+
     def iterations(self) -> list[int]:
         """Iterations that have a directory (any stage output or manifest)."""
         return sorted(_numbered(self._list_names(""), _ITER_RE))
@@ -525,20 +534,49 @@ class RunStorage:
         ``mapped`` lets ``decode`` take a memory map of a local file instead of bytes."""
         self._check_key(ref.key)
         data = self._get_mapped(ref.key) if mapped else self._get_optional(ref.key)
-        url = self._url(ref.key)
-        if data is None:
-            raise IntegrityError(f"{url} is missing (expected {ref.size} bytes)")
-        if len(data) != ref.size:
-            raise IntegrityError(f"{url} has {len(data)} bytes, its reference says {ref.size}")
+        if data is None or len(data) != ref.size:
+            raise IntegrityError(self._mismatch(ref, data, None))
         digest = _HASHER.submit(_sha256, data)
         try:
             value = decode(data)
         finally:
             if digest.result() != ref.sha256:
-                raise IntegrityError(
-                    f"{url} has sha256 {digest.result()}, its reference says {ref.sha256}"
-                )
+                raise IntegrityError(self._mismatch(ref, data, digest.result()))
         return value
+
+    def _mismatch(self, ref: ObjectRef, data: Any, sha256: str | None) -> str:
+        url = self._url(ref.key)
+        if data is None:
+            return f"{url} is missing (expected {ref.size} bytes)"
+        if len(data) != ref.size:
+            return f"{url} has {len(data)} bytes, its reference says {ref.size}"
+        return f"{url} has sha256 {sha256}, its reference says {ref.sha256}"
+
+    # ---- verification ----------------------------------------------------------------
+
+    def verify(self) -> list[str]:
+        """Every object the run recorded, checked against its recorded size and sha256: the
+        outputs of each complete stage and every file of each committed checkpoint. Returns
+        one line per damaged object (its URL, what was expected, what was found)."""
+        damaged = []
+        for iteration in self.iterations():
+            for entry in self.read_manifest(iteration)["stages"].values():
+                if entry.get("status") == "complete":
+                    refs = [ObjectRef.from_dict(r) for r in entry.get("outputs", {}).values()]
+                    damaged += [p for ref in refs if (p := self._problem(ref)) is not None]
+        for step in self.committed_checkpoints():
+            info = self.read_checkpoint_info(step)
+            for relative, recorded in sorted(info.get("files", {}).items()):
+                ref = ObjectRef(f"{_step_dir(step)}/{relative}", **recorded)
+                damaged += [p for p in [self._problem(ref)] if p is not None]
+        return damaged
+
+    def _problem(self, ref: ObjectRef) -> str | None:
+        data = self._get_mapped(ref.key)
+        if data is None or len(data) != ref.size:
+            return self._mismatch(ref, data, None)
+        sha256 = _sha256(data)
+        return None if sha256 == ref.sha256 else self._mismatch(ref, data, sha256)
 
     def _size_optional(self, key: str) -> int | None:
         try:

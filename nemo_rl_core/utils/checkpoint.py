@@ -14,6 +14,7 @@ digest of every model's weights, the dataloader position and the step's metrics 
 
 import hashlib
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -60,9 +61,15 @@ class WeightsVersion:
     digest: str
 
 
+class RecordedFile(BaseModel):
+    size: int
+    sha256: str
+
+
 class TrainingInfo(BaseModel):
     """``training_info.json`` of a checkpoint (NeMo RL's save-state keys, plus the digests and
-    the dataloader position that resume and the stage inputs read)."""
+    the dataloader position that resume and the stage inputs read, and every file's size
+    and sha256 for ``RunStorage.verify``)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -70,6 +77,7 @@ class TrainingInfo(BaseModel):
     total_steps: int
     model_sha256: dict[str, str]
     dataloader_state: dict[str, Any]
+    files: dict[str, RecordedFile]
 
     def metric(self, name: str) -> float | None:
         value = (self.model_extra or {}).get(name)
@@ -106,18 +114,21 @@ def commit_trained_checkpoint(
     """Save every trained model of ``models`` (keys of :data:`MODEL_DIRS`) with its optimizer
     state into checkpoint ``step``, record its training info and commit it; returns its URL."""
     with storage.staged_checkpoint(step) as local:
-        digests = {}
         for role, model in models.items():
             folder = local / MODEL_DIRS[role]
             model.save_checkpoint(
                 weights_path=str(folder), optimizer_path=str(folder / OPTIMIZER_DIR)
             )
-            digests[role] = file_digest(folder / WEIGHTS_FILE)
+        files = recorded_files(local)
         info = TrainingInfo(
             current_step=step,
             total_steps=step,
-            model_sha256=digests,
+            model_sha256={
+                role: files[(Path(MODEL_DIRS[role]) / WEIGHTS_FILE).as_posix()].sha256
+                for role in models
+            },
             dataloader_state=dataloader_state,
+            files=files,
             **{
                 f"train:{name}": value
                 for name, value in train_metrics.items()
@@ -125,6 +136,18 @@ def commit_trained_checkpoint(
             },
         )
         return storage.write_checkpoint(step, local, info.model_dump(mode="json"))
+
+
+def recorded_files(folder: Path) -> dict[str, RecordedFile]:
+    """Size and sha256 of every file under ``folder``, hashed two at a time (sha256 releases
+    the GIL, so the files are read and hashed side by side)."""
+    paths = sorted(p for p in folder.rglob("*") if p.is_file())
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        digests = list(pool.map(file_digest, paths))
+    return {
+        path.relative_to(folder).as_posix(): RecordedFile(size=path.stat().st_size, sha256=digest)
+        for path, digest in zip(paths, digests, strict=True)
+    }
 
 
 def read_training_info(storage: RunStorage, step: int) -> TrainingInfo:

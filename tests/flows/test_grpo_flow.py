@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,20 @@ def test_rerun_one_stage_is_bit_identical_and_marks_later_stale(uninterrupted, t
     after = final_weights(root, "clean")
     for name in before:
         assert before[name].equal(after[name]), name
+
+
+def test_verify_finds_damage_a_continue_would_not_look_at(uninterrupted, tmp_path):
+    from flows.verify import verify_run
+
+    root, _ = uninterrupted
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    assert verify_run(run_id="clean", storage_root=str(copy)) == []
+    weights = (
+        copy / "runs" / "clean" / "checkpoints" / f"step_{ITERATIONS:06d}" / "model.safetensors"
+    )
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+    [problem] = verify_run(run_id="clean", storage_root=str(copy))
+    assert f"step_{ITERATIONS:06d}/model.safetensors has sha256" in problem

@@ -402,3 +402,30 @@ def test_names_longer_than_every_store_takes_are_refused_before_writing(tmp_path
     with pytest.raises(ValueError, match="300 characters, at most 128"):
         RunStorage(str(tmp_path), "r" * 300)
     assert not (tmp_path / "runs").exists()
+
+
+def test_verify_names_damaged_outputs_and_checkpoint_files(tmp_path: Path) -> None:
+    from nemo_rl_core.utils.checkpoint import recorded_files
+
+    storage = RunStorage(str(tmp_path), "verify")
+    batch = BatchedDataDict({"x": torch.arange(8, dtype=torch.float32)})
+    ref = storage.write_batch(0, "reward", batch)
+    storage.record_stage(0, "reward", {}, {"batch": ref})
+    with storage.staged_checkpoint(1) as local:
+        (local / "model.safetensors").write_bytes(b"weights")
+        (local / "optimizer").mkdir()
+        (local / "optimizer" / "state.pt").write_bytes(b"moments")
+        files = {k: v.model_dump() for k, v in recorded_files(local).items()}
+        storage.write_checkpoint(1, local, {"files": files})
+    assert storage.verify() == []
+
+    run_dir = tmp_path / "runs" / "verify"
+    output = run_dir / ref.key
+    data = bytearray(output.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    output.write_bytes(bytes(data))
+    (run_dir / "checkpoints" / "step_000001" / "optimizer" / "state.pt").unlink()
+    problems = storage.verify()
+    assert len(problems) == 2
+    assert f"{ref.key} has sha256" in problems[0] and ref.sha256 in problems[0]
+    assert "optimizer/state.pt is missing (expected 7 bytes)" in problems[1]
