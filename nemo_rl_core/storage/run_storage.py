@@ -34,7 +34,6 @@ import re
 import shutil
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +50,13 @@ from fsspec.implementations.local import LocalFileSystem
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.storage.codec import batch_from_bytes, batch_to_bytes
 from nemo_rl_core.storage.containers import ARROW, SUFFIXES, BatchFormat, check_format, map_file
+from nemo_rl_core.storage.lease import (
+    LEASE_KEY,
+    ConditionalObject,
+    Lease,
+    LocalObject,
+    S3Object,
+)
 
 T = TypeVar("T")
 
@@ -79,10 +85,6 @@ class StorageError(RuntimeError):
 
 class IntegrityError(StorageError):
     """An object does not match its manifest entry (size or sha256) or is corrupt."""
-
-
-class LeaseHeldError(RuntimeError):
-    """Another owner holds the run's lease; says who and until when."""
 
 
 class ConfigConflictError(ValueError):
@@ -160,6 +162,7 @@ class RunStorage:
         self._local = isinstance(self.fs, LocalFileSystem)
         self._run_path = posixpath.join(root_path.rstrip("/"), "runs", self.run_id)
         self.run_url = f"{self.root}/runs/{self.run_id}"
+        self.lease: Lease | None = None
 
     def __repr__(self) -> str:
         return f"RunStorage({self.run_url!r})"
@@ -168,6 +171,7 @@ class RunStorage:
 
     def write_run_config(self, config: dict, allow_change: bool = False) -> ObjectRef:
         """Write ``config.yaml`` once; a different existing config needs ``allow_change``."""
+        self._check_lease()
         existing = self.read_run_config()
         if existing is not None and existing != config and not allow_change:
             changed = sorted(_diff_keys(existing, config))
@@ -238,6 +242,7 @@ class RunStorage:
         metrics: dict | None = None,
     ) -> dict:
         """Commit a finished stage: its entry goes into ``MANIFEST.json`` (read-modify-write)."""
+        self._check_lease()
         validate_name("stage", stage)
         for ref in outputs.values():
             self._check_key(ref.key)
@@ -271,6 +276,7 @@ class RunStorage:
 
     def mark_stale(self, iteration: int, stages: list[str]) -> None:
         """Mark stages to be redone (e.g. everything downstream of a rerun stage)."""
+        self._check_lease()
         with _MANIFEST_LOCK:
             manifest = self.read_manifest(iteration)
             changed = False
@@ -285,6 +291,7 @@ class RunStorage:
     def record_repair(self, iteration: int, key: str, damage: str) -> None:
         """Note in the iteration's manifest that ``key`` was found damaged (``damage`` says how)
         and its producing stage re-made it."""
+        self._check_lease()
         with _MANIFEST_LOCK:
             manifest = self.read_manifest(iteration)
             repair = {"key": key, "damage": damage, "at": datetime.now(UTC).isoformat()}
@@ -328,6 +335,7 @@ class RunStorage:
         A directory from ``staged_checkpoint`` on local storage is renamed into place (its
         files are already on the right disk); any other is copied or uploaded file by file.
         """
+        self._check_lease()
         local_dir = Path(local_dir)
         if not local_dir.is_dir():
             raise FileNotFoundError(f"checkpoint directory {local_dir} does not exist")
@@ -391,6 +399,7 @@ class RunStorage:
     def record_checkpoint_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """Add metrics measured after the commit (validation of these weights) to a committed
         checkpoint's training info, replacing the file whole."""
+        self._check_lease()
         info = {**self.read_checkpoint_info(step), **metrics}
         self._put(
             f"{_step_dir(step)}/{TRAINING_INFO}",
@@ -412,6 +421,7 @@ class RunStorage:
         Every iteration commits a checkpoint (it is how weights reach the next one); those
         whose step is not a multiple of ``save_period`` are dropped once a newer one exists,
         as NeMo RL saves only every ``save_period`` steps."""
+        self._check_lease()
         self._delete_staging_leftovers()
         committed = self.committed_checkpoints()
         if not committed:
@@ -450,15 +460,34 @@ class RunStorage:
 
     # ---- lease -----------------------------------------------------------------------
 
-    def acquire_lease(self, owner: str, ttl_s: float = 3600) -> "Lease":
-        """Take the run's lease for ``ttl_s`` seconds; an expired lease is taken over."""
+    def acquire_lease(self, owner: str, ttl_s: float = 3600) -> Lease:
+        """Take the run's lease for ``ttl_s`` seconds (an expired one is taken over); while
+        this handle holds it, its commits stop once a renewal finds the lease lost."""
         lease = Lease(self, owner, ttl_s)
-        lease.renew()
+        lease.acquire()
+        self.lease = lease
         return lease
 
+    def lease_object(self) -> ConditionalObject:
+        """``LEASE.json`` as an object written only if unchanged (the store's own CAS)."""
+        path = self._path(LEASE_KEY)
+        if self._local:
+            return LocalObject(path)
+        if self.fs.protocol in ("s3", ("s3", "s3a")) or "s3" in self.fs.protocol:
+            return S3Object(self.fs, path)
+        raise StorageError(
+            f"{self.root}: an exclusive run lease needs file:// or s3:// storage "
+            f"(the store's conditional writes), not {self.fs.protocol}"
+        )
+
     def _read_lease(self) -> dict | None:
-        data = self._get_optional("LEASE.json")
-        return None if data is None else json.loads(data)
+        current = self.lease_object().read()
+        return None if current is None else json.loads(current.data)
+
+    def _check_lease(self) -> None:
+        """Refuse a commit once this handle's lease was found taken by another run."""
+        if self.lease is not None:
+            self.lease.check()
 
     # ---- primitives ------------------------------------------------------------------
 
@@ -603,55 +632,6 @@ class RunStorage:
                 self._call(key, lambda: self.fs.rm(path, recursive=True))
         except FileNotFoundError:
             pass
-
-
-class Lease:
-    """The right to drive a run until ``expires_at``; renew it before it runs out."""
-
-    def __init__(self, storage: RunStorage, owner: str, ttl_s: float) -> None:
-        if ttl_s <= 0:
-            raise ValueError(f"lease ttl_s must be positive, got {ttl_s}")
-        self.storage = storage
-        self.owner = owner
-        self.ttl_s = ttl_s
-        self.token = uuid.uuid4().hex
-        self.expires_at = 0.0
-
-    def renew(self) -> None:
-        """Extend the lease by ``ttl_s``; raises ``LeaseHeldError`` if someone else has it."""
-        current = self.storage._read_lease()
-        now = time.time()
-        if (
-            current is not None
-            and current.get("token") != self.token
-            and current.get("expires_at", 0) > now
-        ):
-            until = datetime.fromtimestamp(current["expires_at"], UTC).isoformat()
-            raise LeaseHeldError(
-                f"run {self.storage.run_url} is leased by {current.get('owner')!r} until "
-                f"{until}; wait, or stop that owner"
-            )
-        record = {"owner": self.owner, "token": self.token, "expires_at": now + self.ttl_s}
-        self.storage._put("LEASE.json", json.dumps(record).encode())
-        written = self.storage._read_lease()
-        if written is None or written.get("token") != self.token:
-            holder = None if written is None else written.get("owner")
-            raise LeaseHeldError(f"run {self.storage.run_url} was taken by {holder!r} just now")
-        self.expires_at = record["expires_at"]
-
-    def release(self) -> None:
-        """Give the lease up (only if it is still ours)."""
-        current = self.storage._read_lease()
-        if current is not None and current.get("token") == self.token:
-            key = "LEASE.json"
-            self.storage._call(key, lambda: self.storage.fs.rm_file(self.storage._path(key)))
-        self.expires_at = 0.0
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
 
 
 def _sha256(data: bytes) -> str:

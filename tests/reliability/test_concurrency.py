@@ -11,7 +11,7 @@ from reliability_helpers import CONFIG
 from flows.grpo import grpo
 from flows.lease import hold_lease
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from nemo_rl_core.storage.run_storage import LeaseHeldError
+from nemo_rl_core.storage.lease import LeaseHeldError
 
 
 def test_second_run_of_one_experiment_is_refused(prefect_api, tmp_path: Path) -> None:
@@ -40,3 +40,22 @@ def test_stale_lease_of_a_killed_run_expires_and_is_taken_over(
         assert open_storage(run)._read_lease()["owner"] == "next night"
         assert lease.expires_at > time.time() + 20
     assert open_storage(run)._read_lease() is None, "released at the end of the run"
+
+
+def test_a_failed_release_never_replaces_the_runs_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from nemo_rl_core.storage.lease import Lease
+    from nemo_rl_core.storage.run_storage import StorageError
+
+    def store_down(self):
+        raise StorageError("LEASE.json: connection refused")
+
+    monkeypatch.setattr(Lease, "release", store_down)
+    # the run's own error surfaces, not the release's
+    with (
+        pytest.raises(ValueError, match="the generate stage failed"),
+        hold_lease(RunRef(str(tmp_path), "down"), owner="a run"),
+    ):
+        raise ValueError("the generate stage failed")
+    assert "releasing the lease failed too: LEASE.json: connection refused" in caplog.text

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -12,10 +13,10 @@ import pytest
 import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.storage.lease import LeaseHeldError, LeaseLostError, LocalObject, S3Object
 from nemo_rl_core.storage.run_storage import (
     ConfigConflictError,
     IntegrityError,
-    LeaseHeldError,
     ObjectRef,
     RunStorage,
     StorageError,
@@ -429,3 +430,56 @@ def test_verify_names_damaged_outputs_and_checkpoint_files(tmp_path: Path) -> No
     assert len(problems) == 2
     assert f"{ref.key} has sha256" in problems[0] and ref.sha256 in problems[0]
     assert "optimizer/state.pt is missing (expected 7 bytes)" in problems[1]
+
+
+@pytest.mark.parametrize("racers", [2, 8])
+def test_exactly_one_of_racing_runs_takes_the_lease(
+    storage_root: tuple[str, dict | None], racers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each racer reads the lease, finds it free and writes: with a slow store every racer
+    reads before any writes, so only the store's conditional write can pick one."""
+    root, options = storage_root
+    for cls in (LocalObject, S3Object):
+        read = cls.read
+
+        def slow_read(self, read=read):
+            found = read(self)
+            time.sleep(0.2)  # storage latency between the read and the write
+            return found
+
+        monkeypatch.setattr(cls, "read", slow_read)
+    start = threading.Barrier(racers)
+    winners, refused = [], []
+
+    def race(racer: int) -> None:
+        storage = RunStorage(root, "raced", storage_options=options)
+        start.wait()
+        try:
+            storage.acquire_lease(f"run-{racer}", ttl_s=60)
+            winners.append(racer)
+        except LeaseHeldError as err:
+            refused.append(str(err))
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(winners) == 1, winners
+    assert len(refused) == racers - 1
+    assert all(f"leased by 'run-{winners[0]}'" in message for message in refused)
+
+
+def test_a_holder_whose_lease_was_taken_commits_nothing_more(
+    storage_root: tuple[str, dict | None],
+) -> None:
+    root, options = storage_root
+    storage = RunStorage(root, "taken", storage_options=options)
+    lease = storage.acquire_lease("first", ttl_s=0.2)
+    time.sleep(0.3)
+    RunStorage(root, "taken", storage_options=options).acquire_lease("second", ttl_s=60)
+    with pytest.raises(LeaseLostError, match="lost its lease to 'second'"):
+        lease.renew()
+    with pytest.raises(LeaseLostError, match="'second'"):
+        storage.record_stage(0, "reward", {}, {})
+    assert storage.read_manifest(0)["stages"] == {}

@@ -1,0 +1,246 @@
+"""The run's lease: the right to drive a run, exclusive even when runs race for it.
+
+Taking, renewing and giving up the lease are compare-and-swap operations on ``LEASE.json``
+with the store's own conditional writes: on S3, ``If-None-Match: *`` to create it and
+``If-Match: <etag>`` to replace or delete it; on a local disk, the same checks under an
+exclusive ``flock`` of the run's folder. Of N runs racing for one experiment exactly one
+wins; the others get ``LeaseHeldError`` naming the holder. A holder whose renewal finds the
+lease taken learns it (``lost_to``) and must not commit anything more (``check``).
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol, Self
+
+if TYPE_CHECKING:
+    from nemo_rl_core.storage.run_storage import RunStorage
+
+LEASE_KEY = "LEASE.json"
+
+
+class LeaseHeldError(RuntimeError):
+    """Another live run holds the lease."""
+
+
+class LeaseLostError(LeaseHeldError):
+    """This run's lease was taken by another run: it must stop before its next commit."""
+
+
+class VersionConflict(Exception):
+    """A conditional write lost its race: the object changed (or appeared) meanwhile."""
+
+
+@dataclass(frozen=True)
+class Versioned:
+    data: bytes
+    version: str
+
+
+class ConditionalObject(Protocol):
+    """One object that is read with its version and written only if that version holds."""
+
+    def read(self) -> Versioned | None: ...
+
+    def create(self, data: bytes) -> None: ...
+
+    def replace(self, data: bytes, version: str) -> None: ...
+
+    def delete(self, version: str) -> None: ...
+
+
+class LocalObject:
+    """A file whose reads and writes happen under an exclusive ``flock`` of its folder; its
+    version is the sha256 of its bytes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        folder = os.path.dirname(self.path)
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _read_unlocked(self) -> Versioned | None:
+        try:
+            with open(self.path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            return None
+        return Versioned(data, hashlib.sha256(data).hexdigest())
+
+    def read(self) -> Versioned | None:
+        with self._locked():
+            return self._read_unlocked()
+
+    def create(self, data: bytes) -> None:
+        with self._locked():
+            if self._read_unlocked() is not None:
+                raise VersionConflict(self.path)
+            self._write(data)
+
+    def replace(self, data: bytes, version: str) -> None:
+        with self._locked():
+            current = self._read_unlocked()
+            if current is None or current.version != version:
+                raise VersionConflict(self.path)
+            self._write(data)
+
+    def delete(self, version: str) -> None:
+        with self._locked():
+            current = self._read_unlocked()
+            if current is None or current.version != version:
+                raise VersionConflict(self.path)
+            os.unlink(self.path)
+
+    def _write(self, data: bytes) -> None:
+        tmp = f"{self.path}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, self.path)
+
+
+class S3Object:
+    """An S3 object written with S3's conditional requests; its version is its ETag."""
+
+    def __init__(self, fs: Any, path: str) -> None:
+        self.fs = fs
+        self.bucket, _, self.key = path.partition("/")
+
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        try:
+            return self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:  # s3fs turns botocore's errors into OSError, the cause kept
+            text = f"{exc} {exc.__cause__}"
+            if "PreconditionFailed" in text or "ConditionalRequestConflict" in text:
+                raise VersionConflict(f"s3://{self.bucket}/{self.key}") from exc
+            raise
+
+    def read(self) -> Versioned | None:
+        """The object's bytes and ETag from one GET, so the two always belong together."""
+        try:
+            response = self._call("get_object")
+        except FileNotFoundError:
+            return None
+        return Versioned(_read_body(self.fs, response["Body"]), response["ETag"])
+
+    def create(self, data: bytes) -> None:
+        self._call("put_object", Body=data, IfNoneMatch="*")
+
+    def replace(self, data: bytes, version: str) -> None:
+        self._call("put_object", Body=data, IfMatch=version)
+
+    def delete(self, version: str) -> None:
+        self._call("delete_object", IfMatch=version)
+
+
+def _read_body(fs: Any, body: Any) -> bytes:
+    """The bytes of an aiobotocore streaming body, read on s3fs's event loop."""
+    from fsspec.asyn import sync
+
+    async def read() -> bytes:
+        async with body as stream:
+            return await stream.read()
+
+    return sync(fs.loop, read)
+
+
+class Lease:
+    """The right to drive a run until ``expires_at``; renew it before it runs out."""
+
+    def __init__(self, storage: "RunStorage", owner: str, ttl_s: float) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"lease ttl_s must be positive, got {ttl_s}")
+        self.storage = storage
+        self.owner = owner
+        self.ttl_s = ttl_s
+        self.token = uuid.uuid4().hex
+        self.expires_at = 0.0
+        self.lost_to: str | None = None
+        self._object = storage.lease_object()
+
+    def acquire(self) -> None:
+        """Take the lease: create it, or take over an expired one (``LeaseHeldError`` if
+        another live run holds it). A lost race re-reads and decides again."""
+        while True:
+            current = self._object.read()
+            record = _record(current)
+            held = record is not None and record.get("token") != self.token
+            if held and record["expires_at"] > time.time():
+                until = datetime.fromtimestamp(record["expires_at"], UTC).isoformat()
+                raise LeaseHeldError(
+                    f"run {self.storage.run_url} is leased by {record.get('owner')!r} until "
+                    f"{until}; wait, or stop that owner"
+                )
+            with contextlib.suppress(VersionConflict):
+                self._write(current)
+                return
+
+    def renew(self) -> None:
+        """Extend the lease by ``ttl_s``; ``LeaseLostError`` naming the new holder if another
+        run took it (``lost_to`` then says who, and ``check`` refuses further commits)."""
+        current = self._object.read()
+        record = _record(current)
+        if record is None or record.get("token") != self.token:
+            self._lose(record)
+        try:
+            self._write(current)
+        except VersionConflict:
+            self._lose(_record(self._object.read()))
+
+    def check(self) -> None:
+        """Raise ``LeaseLostError`` if a renewal found the lease taken: commit nothing more."""
+        if self.lost_to is not None:
+            raise LeaseLostError(
+                f"run {self.storage.run_url}: this run ({self.owner!r}) lost its lease to "
+                f"{self.lost_to!r}; it stops before committing more"
+            )
+
+    def release(self) -> None:
+        """Give the lease up (only if it is still ours)."""
+        current = self._object.read()
+        record = _record(current)
+        if current is not None and record is not None and record.get("token") == self.token:
+            with contextlib.suppress(VersionConflict):  # taken meanwhile: not ours to delete
+                self._object.delete(current.version)
+        self.expires_at = 0.0
+        if self.storage.lease is self:
+            self.storage.lease = None
+
+    def _write(self, current: Versioned | None) -> None:
+        expires_at = time.time() + self.ttl_s
+        data = json.dumps({"owner": self.owner, "token": self.token, "expires_at": expires_at})
+        if current is None:
+            self._object.create(data.encode())
+        else:
+            self._object.replace(data.encode(), current.version)
+        self.expires_at = expires_at
+
+    def _lose(self, holder: dict | None) -> None:
+        self.lost_to = "nobody (the lease was deleted)" if holder is None else holder.get("owner")
+        self.check()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def _record(current: Versioned | None) -> dict | None:
+    return None if current is None else json.loads(current.data)
