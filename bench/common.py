@@ -122,6 +122,8 @@ def flow_iteration_times(manifests: list[dict]) -> list[dict]:
         last = _committed_at(previous["checkpoint"])
         timing = {"total": _committed_at(stages["checkpoint"]) - last}
         for stage in GRPO.stage_names:
+            if stage not in stages:  # not due this iteration (validation)
+                continue
             committed = _committed_at(stages[stage])
             timing[stage] = committed - last
             timing[f"{stage}_compute"] = stages[stage]["metrics"]["seconds"]

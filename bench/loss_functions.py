@@ -74,7 +74,12 @@ def main() -> None:
     def pg(loss_fn: ClippedPGLossFn) -> Callable[[], None]:
         def run() -> None:
             curr.grad = None
-            loss_fn(data, seqs, toks, next_token_logprobs=curr)[0].backward()
+            loss_fn(
+                next_token_logprobs=curr,
+                data=data,
+                global_valid_seqs=seqs,
+                global_valid_toks=toks,
+            )[0].backward()
 
         return run
 
@@ -84,10 +89,11 @@ def main() -> None:
         f"dual-clip+TIS+on-policy-KL {t_knobs * 1e3:.1f} ms, ratio {t_knobs / t_plain:.2f}"
     )
 
-    gae = GeneralizedAdvantageEstimator({})
+    gae = GeneralizedAdvantageEstimator({"gae_lambda": 0.95, "gae_gamma": 1.0})
     values, rewards = torch.randn(big_b, big_s), torch.randn(big_b)
+    prompt_ids = torch.arange(big_b)
     t_gae = best_of(
-        lambda: gae.compute_advantages_and_returns(rewards, data["token_mask"], values), 3
+        lambda: gae.compute_advantage(prompt_ids, rewards, data["token_mask"], values=values), 3
     )
     print(f"GAE [{big_b}x{big_s}]: {t_gae * 1e3:.1f} ms ({t_gae / t_plain:.2f}x the PG loss step)")
     print(

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from nemo_rl_core.utils.key_support import Wired
+from nemo_rl_core.utils.key_support import Only, Wired
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
@@ -48,100 +48,93 @@ def validate_section(
 
 # ---------------------------------------------------------------- loss_fn: sections
 
+_PG = "nemo_rl_core.algorithms.loss.clipped_pg:ClippedPGLossFn"
+_DPO = "nemo_rl_core.algorithms.loss.preference:DPOLossFn"
+_DISTILL = "nemo_rl_core.algorithms.loss.distillation:DistillationLossFn"
+_VALUE = "nemo_rl_core.algorithms.loss.value:MseValueLossFn"
+
 
 class ClippedPGLossConfig(StrictConfig):
-    """``loss_fn:`` of GRPO/PPO (see :class:`~nemo_rl_core.algorithms.loss.ClippedPGLossFn`)."""
+    """``loss_fn:`` of GRPO/PPO (see :class:`~nemo_rl_core.algorithms.loss.ClippedPGLossFn`).
 
-    reference_policy_kl_penalty: float = Field(0.01, ge=0.0)
-    reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"
-    kl_input_clamp_value: float | None = Field(20.0, gt=0.0)
-    kl_output_clamp_value: float | None = Field(10.0, gt=0.0)
-    ratio_clip_min: float = Field(0.2, ge=0.0)
-    ratio_clip_max: float = Field(0.2, ge=0.0)
-    ratio_clip_c: float | None = Field(None, gt=1.0)
-    use_on_policy_kl_approximation: bool = False
-    use_importance_sampling_correction: bool = False
-    truncated_importance_sampling_ratio: float | None = Field(None, gt=0.0)
-    truncated_importance_sampling_ratio_min: float | None = Field(None, ge=0.0)
-    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] = "tis"
-    sequence_level_importance_ratios: bool = False
-    token_level_loss: bool = True
-    force_on_policy_ratio: bool = False
-    disable_ppo_ratio: bool = False
-    use_cispo: bool = False
-    use_kl_in_reward: bool = False
-    positive_example_nll_weight: float = Field(0.0, ge=0.0)
+    Combinations NeMo RL refuses are checked by the loss
+    (``clipped_pg_config_problems``) and, key by key, when a run's config is validated.
+    """
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Self:
-        if self.sequence_level_importance_ratios and self.token_level_loss:
-            raise ValueError(
-                "sequence_level_importance_ratios (GSPO) needs token_level_loss: false"
-            )
-        ratio_modes = [
-            name
-            for name in ("force_on_policy_ratio", "disable_ppo_ratio", "use_cispo")
-            if getattr(self, name)
-        ]
-        if len(ratio_modes) > 1:
-            raise ValueError(f"{' and '.join(ratio_modes)} are exclusive; set at most one")
-        needs_min = self.truncated_importance_sampling_type in ("icepop", "seq-mask-tis")
-        if (
-            self.truncated_importance_sampling_ratio is not None
-            and needs_min
-            and self.truncated_importance_sampling_ratio_min is None
-        ):
-            raise ValueError(
-                f"truncated_importance_sampling_type {self.truncated_importance_sampling_type!r}"
-                " needs truncated_importance_sampling_ratio_min"
-            )
-        return self
+    reference_policy_kl_penalty: Annotated[float, Field(ge=0.0), Wired(_PG)] = 0.01
+    reference_policy_kl_type: Annotated[Literal["k1", "k2", "k3"], Wired(_PG)] = "k3"
+    kl_input_clamp_value: Annotated[float | None, Field(gt=0.0), Wired(_PG)] = 20.0
+    kl_output_clamp_value: Annotated[float | None, Field(gt=0.0), Wired(_PG)] = 10.0
+    ratio_clip_min: Annotated[float, Field(ge=0.0), Wired(_PG)] = 0.2
+    ratio_clip_max: Annotated[float, Field(ge=0.0), Wired(_PG)] = 0.2
+    ratio_clip_c: Annotated[float | None, Wired(_PG)] = None
+    use_on_policy_kl_approximation: Annotated[bool, Wired(_PG)] = False
+    use_importance_sampling_correction: Annotated[bool, Wired(_PG)] = False
+    truncated_importance_sampling_ratio: Annotated[float | None, Wired(_PG)] = None
+    truncated_importance_sampling_ratio_min: Annotated[float | None, Wired(_PG)] = None
+    truncated_importance_sampling_type: Annotated[
+        Literal["tis", "icepop", "seq-mask-tis"] | None, Wired(_PG)
+    ] = None
+    sequence_level_importance_ratios: Annotated[bool, Wired(_PG)] = False
+    token_level_loss: Annotated[bool, Wired(_PG)] = True
+    force_on_policy_ratio: Annotated[bool, Wired(_PG)] = False
+    disable_ppo_ratio: Annotated[bool, Wired(_PG)] = False
+    use_cispo: Annotated[bool, Wired(_PG)] = False
+    use_kl_in_reward: Annotated[bool, Wired(_PG)] = False
+    positive_example_nll_weight: Annotated[float, Field(ge=0.0), Wired(_PG)] = 0.0
 
 
 class DPOLossConfig(StrictConfig):
-    """``dpo:`` loss keys of NeMo RL's DPO recipe."""
+    """The loss keys of NeMo RL's ``dpo:`` section (``DPOLossFn``)."""
 
-    reference_policy_kl_penalty: float = Field(0.05, gt=0.0)
-    preference_loss_weight: float = Field(1.0, ge=0.0)
-    sft_loss_weight: float = Field(0.0, ge=0.0)
-    preference_average_log_probs: bool = False
-    sft_average_log_probs: bool = False
+    reference_policy_kl_penalty: Annotated[float, Field(ge=0.0), Wired(_DPO)] = 0.05
+    preference_loss_weight: Annotated[float, Field(ge=0.0), Wired(_DPO)] = 1.0
+    sft_loss_weight: Annotated[float, Field(ge=0.0), Wired(_DPO)] = 0.0
+    preference_average_log_probs: Annotated[bool, Wired(_DPO)] = False
+    sft_average_log_probs: Annotated[bool, Wired(_DPO)] = False
 
 
 class DistillationLossConfig(StrictConfig):
     """``loss_fn:`` of on-policy distillation (top-k teacher logits)."""
 
-    kl_type: Literal["forward", "reverse", "mixed"] = "mixed"
-    mixed_kl_weight: float = Field(0.5, ge=0.0, le=1.0)
-    zero_outside_topk: bool = False
+    kl_type: Annotated[Literal["forward", "reverse", "mixed"], Wired(_DISTILL)] = "mixed"
+    mixed_kl_weight: Annotated[float, Field(ge=0.0, le=1.0), Wired(_DISTILL)] = 0.5
+    zero_outside_topk: Annotated[bool, Wired(_DISTILL)] = False
 
 
 class MseValueLossConfig(StrictConfig):
-    """``loss_fn:`` of the PPO value model."""
+    """``value_loss_fn:`` of PPO's value model: 0.5 * ``scale`` * MSE to the returns, the
+    prediction clipped to ``cliprange`` around the old values when set."""
 
-    value_clip_range: float | None = Field(0.2, gt=0.0)
-    token_level_loss: bool = True
+    scale: Annotated[float, Wired(_VALUE)] = 1.0
+    cliprange: Annotated[float | None, Wired(_VALUE)] = None
 
 
 # --------------------------------------------------------- advantage part of grpo:/ppo:
 
 
+_ESTIMATOR = "nemo_rl_core.algorithms.advantage_estimator"
+
+
 class AdvEstimatorConfig(StrictConfig):
     """``grpo.adv_estimator:``. Unset GRPO keys fall back to the top-level ``grpo:`` ones."""
 
-    name: Literal["grpo", "reinforce_plus_plus"] = "grpo"
-    normalize_rewards: bool | None = None
-    use_leave_one_out_baseline: bool | None = None
-    minus_baseline: bool = True
-    advantage_clip_low: float | None = None
-    advantage_clip_high: float | None = None
-
-    @model_validator(mode="after")
-    def _ordered_clip(self) -> Self:
-        low, high = self.advantage_clip_low, self.advantage_clip_high
-        if low is not None and high is not None and low > high:
-            raise ValueError(f"advantage_clip_low ({low}) must be <= advantage_clip_high ({high})")
-        return self
+    name: Annotated[
+        Literal["grpo", "reinforce_plus_plus", "gdpo"],
+        Only(
+            "grpo",
+            "reinforce_plus_plus",
+            reason="GDPO (one advantage per reward component) needs environments that "
+            "return several rewards, which this deployment's environments do not",
+        ),
+    ] = "grpo"
+    normalize_rewards: Annotated[bool | None, Wired(f"{_ESTIMATOR}:GRPOAdvantageEstimator")] = None
+    use_leave_one_out_baseline: Annotated[
+        bool | None, Wired(f"{_ESTIMATOR}:GRPOAdvantageEstimator")
+    ] = None
+    minus_baseline: Annotated[bool, Wired(f"{_ESTIMATOR}:ReinforcePlusPlusAdvantageEstimator")] = (
+        True
+    )
 
 
 _REWARDS = "nemo_rl_core.algorithms.grpo:process_rewards"
@@ -182,36 +175,52 @@ class RewardScalingConfig(StrictConfig):
 
 
 class GRPOAdvantageConfig(StrictConfig):
-    """The advantage/filtering keys of ``grpo:``.
+    """The advantage keys of ``grpo:``; the full section (``GRPOConfig``) subclasses it."""
 
-    The full ``grpo:`` section has more keys (steps, batch sizes...); its model should
-    subclass this one so these keys keep one definition.
-    """
+    normalize_rewards: Annotated[bool, Wired(f"{_ESTIMATOR}:GRPOAdvantageEstimator")] = True
+    use_leave_one_out_baseline: Annotated[bool, Wired(f"{_ESTIMATOR}:GRPOAdvantageEstimator")] = (
+        True
+    )
+    advantage_clip_low: Annotated[
+        float | None, Wired("nemo_rl_core.algorithms.grpo:clip_advantages")
+    ] = None
+    advantage_clip_high: Annotated[
+        float | None, Wired("nemo_rl_core.algorithms.grpo:clip_advantages")
+    ] = None
+    adv_estimator: AdvEstimatorConfig = Field(default_factory=AdvEstimatorConfig)
 
-    normalize_rewards: bool = True
-    use_leave_one_out_baseline: bool = True
-    adv_estimator: AdvEstimatorConfig = AdvEstimatorConfig()
+    @model_validator(mode="after")
+    def _ordered_clip(self) -> Self:
+        low, high = self.advantage_clip_low, self.advantage_clip_high
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"advantage_clip_low ({low}) must be <= advantage_clip_high ({high})")
+        return self
 
     def resolved_adv_estimator(self) -> AdvEstimatorConfig:
         """``adv_estimator`` with unset GRPO keys taken from the top-level ``grpo:`` keys."""
         est = self.adv_estimator
-        return est.model_copy(
-            update={
-                "normalize_rewards": self.normalize_rewards
-                if est.normalize_rewards is None
-                else est.normalize_rewards,
-                "use_leave_one_out_baseline": self.use_leave_one_out_baseline
-                if est.use_leave_one_out_baseline is None
-                else est.use_leave_one_out_baseline,
-            }
-        )
+        updates = {
+            key: getattr(self, key)
+            for key in ("normalize_rewards", "use_leave_one_out_baseline")
+            if getattr(est, key) is None
+        }
+        return est.model_copy(update=updates)
 
 
-class PPOAdvantageConfig(StrictConfig):
-    """The advantage keys of ``ppo:`` (GAE). Subclass for the full section."""
+_GAE = "nemo_rl_core.algorithms.advantage_estimator:GeneralizedAdvantageEstimator"
 
-    gae_gamma: float = Field(1.0, ge=0.0, le=1.0)
-    gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
-    normalize_advantages: bool = True
-    advantage_clip_low: float | None = None
-    advantage_clip_high: float | None = None
+
+class PPOAdvEstimatorConfig(StrictConfig):
+    """``ppo.adv_estimator:``: GAE (with VAPO's decoupled and length-adaptive lambdas) or
+    the raw reward as the advantage."""
+
+    name: Annotated[
+        Literal["gae", "raw_reward"],
+        Wired("nemo_rl_core.algorithms.advantage_estimator:create_advantage_estimator"),
+    ] = "gae"
+    gae_lambda: Annotated[float, Field(ge=0.0, le=1.0), Wired(_GAE)] = 0.95
+    gae_gamma: Annotated[float, Field(ge=0.0, le=1.0), Wired(_GAE)] = 1.0
+    normalize_advantages: Annotated[bool, Wired(_GAE)] = True
+    gae_lambda_value: Annotated[float | None, Field(ge=0.0, le=1.0), Wired(_GAE)] = None
+    gae_lambda_policy: Annotated[float | None, Field(ge=0.0, le=1.0), Wired(_GAE)] = None
+    length_adaptive_alpha: Annotated[float, Field(ge=0.0), Wired(_GAE)] = 0.0

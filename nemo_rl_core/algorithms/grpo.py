@@ -31,6 +31,7 @@ from nemo_rl_core.algorithms.filters import (
     scale_rewards,
 )
 from nemo_rl_core.algorithms.loss import ClippedPGLossFn
+from nemo_rl_core.algorithms.loss.clipped_pg import clipped_pg_config_problems
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
 from nemo_rl_core.data.config import DataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
@@ -42,7 +43,7 @@ from nemo_rl_core.data.llm_message_utils import (
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
-from nemo_rl_core.environments.utils import create_env
+from nemo_rl_core.environments.utils import check_env_config, create_env
 from nemo_rl_core.experience.rollouts import (
     calculate_rewards,
     generate_responses,
@@ -53,7 +54,7 @@ from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_with_overrides, validate_config
-from nemo_rl_core.utils.key_support import Wired
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 from nemo_rl_core.utils.logger import LoggerConfig
 
 # ``reward_reason`` prefixes of a check that did not finish (the worker pool's outcome kinds).
@@ -65,6 +66,12 @@ class EnvironmentFailureError(RuntimeError):
 
 
 _GRPO = "nemo_rl_core.algorithms.grpo"
+
+
+def _needs_cuda(value: bool, context: SupportContext) -> str | None:
+    if value and context.machine.cuda_devices == 0:
+        return "computing advantages on the GPU needs a CUDA device; this machine has none"
+    return None
 
 
 class RolloutLoopConfig(StrictConfig):
@@ -98,6 +105,9 @@ class RolloutLoopConfig(StrictConfig):
         int, Field(ge=1), Wired(f"{_GRPO}:select_prompt_groups")
     ] = 10
     batch_multiplier: Annotated[float, Field(gt=0), Wired(f"{_GRPO}:prompts_per_batch")] = 1.0
+    calculate_advantages_on_gpu: Annotated[
+        bool, Check(_needs_cuda, "the advantages are computed on the GPU, which must be there")
+    ] = False
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
 
@@ -142,11 +152,68 @@ def planned_steps(loop: RolloutLoopConfig, batches_per_epoch: int) -> int:
     return min(loop.max_num_steps, loop.max_num_epochs * batches_per_epoch)
 
 
+class AsyncGRPOConfig(StrictConfig):
+    """``grpo.async_grpo:`` generation of later steps overlapping this step's training."""
+
+    enabled: Annotated[
+        bool,
+        Only(
+            False,
+            reason="asynchronous GRPO (generation overlapping training, from weights at "
+            "most max_trajectory_age_steps old) is not built in this deployment yet; "
+            "the stages run one after the other",
+        ),
+    ] = False
+    max_trajectory_age_steps: Annotated[int, Field(ge=1), PartOf("grpo.async_grpo.enabled")] = 1
+    in_flight_weight_updates: Annotated[bool, PartOf("grpo.async_grpo.enabled")] = False
+    recompute_kv_cache_after_weight_updates: Annotated[bool, PartOf("grpo.async_grpo.enabled")] = (
+        False
+    )
+
+
+_NO_TOOL_PARSING = (
+    "this deployment's environments do not parse tool calls or <think> tags, so there are no "
+    "such tokens to give an advantage to"
+)
+
+
 class GRPOConfig(GRPOAdvantageConfig, RolloutLoopConfig):
     """``grpo:``: NeMo RL's keys and defaults (advantage and loop keys inherited)."""
 
     num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:take_prompts")]
-    async_grpo: dict[str, Any] = Field(default_factory=dict)
+    async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig)
+    seq_logprob_error_threshold: Annotated[
+        float | None, Field(gt=0), Wired(f"{_GRPO}:mask_by_sequence_logprob_error")
+    ] = None
+    invalid_tool_call_advantage: Annotated[float | None, Only(None, reason=_NO_TOOL_PARSING)] = None
+    malformed_thinking_advantage: Annotated[float | None, Only(None, reason=_NO_TOOL_PARSING)] = (
+        None
+    )
+
+
+_DATA_PLANE = "data_plane.enabled"
+
+
+class DataPlaneConfig(StrictConfig):
+    """NeMo RL's ``data_plane:`` (a TransferQueue between Ray actors). Here object storage
+    is the data plane: every stage's outputs are stored batches the next stage reads."""
+
+    enabled: Annotated[
+        bool,
+        Only(
+            False,
+            reason="the TransferQueue data plane moves batches between Ray actors; in this "
+            "deployment the stages hand batches over through the run's object storage",
+        ),
+    ] = False
+    impl: Annotated[str, PartOf(_DATA_PLANE)] = "transfer_queue"
+    backend: Annotated[str, PartOf(_DATA_PLANE)] = "simple"
+    storage_capacity: Annotated[int, PartOf(_DATA_PLANE)] = 1_000_000
+    num_storage_units: Annotated[int, PartOf(_DATA_PLANE)] = 2
+    claim_meta_poll_interval_s: Annotated[float, PartOf(_DATA_PLANE)] = 0.5
+    global_segment_size: Annotated[int, PartOf(_DATA_PLANE)] = 0
+    local_buffer_size: Annotated[int, PartOf(_DATA_PLANE)] = 0
+    observability: Annotated[dict[str, Any] | None, PartOf(_DATA_PLANE)] = None
 
 
 class RLMasterConfig(StrictConfig):
@@ -156,14 +223,61 @@ class RLMasterConfig(StrictConfig):
     loss_fn: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig)
     policy: PolicyConfig
     data: DataConfig
-    env: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    env: Annotated[
+        dict[str, dict[str, Any]], Wired("nemo_rl_core.environments.utils:create_env")
+    ] = Field(default_factory=dict)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    data_plane: DataPlaneConfig | None = None
+    on_policy_distillation: Annotated[
+        dict[str, Any] | None,
+        Only(
+            None,
+            reason="multi-teacher on-policy distillation through NeMo-Gym teachers is not "
+            "built in this deployment",
+        ),
+    ] = None
 
     @property
     @abstractmethod
     def algorithm(self) -> RolloutLoopConfig: ...
+
+    @model_validator(mode="after")
+    def _loss_knobs_fit_together(self) -> Self:
+        """NeMo RL's checks of ``loss_fn:`` combinations, reported by key before any work."""
+        loss = self.loss_fn
+        problems = [(f"loss_fn.{key}", why) for key, why in clipped_pg_config_problems(loss)]
+        if loss.truncated_importance_sampling_ratio is not None and (
+            loss.truncated_importance_sampling_type is None
+        ):
+            problems.append(
+                (
+                    "loss_fn.truncated_importance_sampling_type",
+                    "is null while truncated_importance_sampling_ratio is set: name the "
+                    "truncation (tis, icepop or seq-mask-tis)",
+                )
+            )
+        threshold = getattr(self.algorithm, "seq_logprob_error_threshold", None)
+        if loss.force_on_policy_ratio and threshold is not None:
+            problems.append(
+                (
+                    "loss_fn.force_on_policy_ratio",
+                    "skips the prev_logprobs that seq_logprob_error_threshold masks by; "
+                    "unset one of them",
+                )
+            )
+        if problems:
+            raise ValueError("; ".join(f"{key}: {why}" for key, why in problems))
+        return self
+
+    @model_validator(mode="after")
+    def _environments_are_known(self) -> Self:
+        """Each ``env.<name>`` section validates into its environment's own config now,
+        not when the first rollout reaches the environment."""
+        for name, settings in self.env.items():
+            check_env_config(name, settings)
+        return self
 
     @model_validator(mode="after")
     def _skipped_forwards_are_unused(self) -> Self:
@@ -588,23 +702,75 @@ def compute_advantages(
 ) -> tuple[BatchedDataDict, dict]:
     """Per-prompt baselines and the advantage of every token (GRPO / Reinforce++)."""
     estimator = create_advantage_estimator(config.grpo.resolved_adv_estimator(), config.loss_fn)
+    device = "cuda" if config.grpo.calculate_advantages_on_gpu else "cpu"
     advantages = estimator.compute_advantage(
-        prompt_ids=train_data["prompt_index"],
-        rewards=train_data["total_reward"],
-        mask=train_data["token_mask"],
-        logprobs_policy=train_data["prev_logprobs"],
-        logprobs_reference=train_data["reference_policy_logprobs"],
+        prompt_ids=train_data["prompt_index"].to(device),
+        rewards=train_data["total_reward"].to(device),
+        mask=train_data["token_mask"].to(device),
+        logprobs_policy=train_data["prev_logprobs"].to(device),
+        logprobs_reference=train_data["reference_policy_logprobs"].to(device),
     )
-    train_data["advantages"] = advantages
+    train_data["advantages"] = clip_advantages(advantages.cpu(), config.grpo)
+    metrics = mask_by_sequence_logprob_error(train_data, config.grpo.seq_logprob_error_threshold)
     baseline, std = calculate_baseline_and_std_per_prompt(
         train_data["prompt_index"],
         train_data["total_reward"],
         torch.ones_like(train_data["total_reward"]),
     )
     return train_data, {
+        **metrics,
         "mean_baseline": float(baseline.mean()),
         "mean_reward_std": float(std.mean()),
     }
+
+
+def mask_by_sequence_logprob_error(
+    train_data: BatchedDataDict, threshold: float | None
+) -> dict[str, float]:
+    """How far the trainer's probabilities of each sampled sequence are from the generator's
+    (NeMo RL's per-sequence token_mult_prob_error: the mean over its tokens of
+    exp|log pi_gen - log pi_old|); with ``threshold``, sequences above it leave the loss
+    (their ``sample_mask`` becomes 0)."""
+    token_mask = train_data["token_mask"][:, 1:]
+    sample_mask = train_data["sample_mask"].to(torch.float32)
+    error = (train_data["generation_logprobs"] - train_data["prev_logprobs"])[:, 1:].abs()
+    mask = token_mask * sample_mask.unsqueeze(-1)
+    counts = mask.sum(-1)
+    valid = counts > 0
+    per_sequence = ((error * mask).exp() * mask).sum(-1) / counts.clamp(min=1)
+
+    def spread(values: torch.Tensor, prefix: str) -> dict[str, float]:
+        empty = values.numel() == 0
+        return {
+            f"max_{prefix}": 0.0 if empty else values.max().item(),
+            f"mean_{prefix}": 0.0 if empty else values.mean().item(),
+            f"min_{prefix}": 0.0 if empty else values.min().item(),
+        }
+
+    metrics = spread(per_sequence[valid], "seq_mult_prob_error")
+    if threshold is None:
+        return metrics
+    kept = (per_sequence <= threshold).float() * sample_mask
+    dropped = (sample_mask - kept).bool()
+    rewards = train_data["total_reward"].reshape(-1)
+    train_data["sample_mask"] = kept
+    return {
+        **metrics,
+        **spread(per_sequence[kept.bool() & valid], "seq_mult_prob_error_after_mask"),
+        "num_masked_seqs_by_logprob_error": int(dropped.sum()),
+        "masked_correct_pct": float((rewards[dropped] == 1).float().mean())
+        if dropped.any()
+        else 0.0,
+    }
+
+
+def clip_advantages(advantages: torch.Tensor, loop: GRPOAdvantageConfig) -> torch.Tensor:
+    """Clamp to [``advantage_clip_low``, ``advantage_clip_high``] (either may be None): a
+    tiny group std can blow the normalized advantages up."""
+    low, high = loop.advantage_clip_low, loop.advantage_clip_high
+    if low is None and high is None:
+        return advantages
+    return advantages.clamp(min=low, max=high)
 
 
 def train_policy(

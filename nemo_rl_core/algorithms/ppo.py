@@ -6,25 +6,43 @@ steps: the value model's estimates of the rollout, GAE advantages and returns fr
 and a value update next to the policy update.
 """
 
-from typing import Any
+from typing import Annotated, Any
 
+import torch
 from pydantic import Field
 
-from nemo_rl_core.algorithms.advantage_estimator import GeneralizedAdvantageEstimator
-from nemo_rl_core.algorithms.config import (
-    MseValueLossConfig,
-    PPOAdvantageConfig,
-)
+from nemo_rl_core.algorithms.advantage_estimator import create_advantage_estimator
+from nemo_rl_core.algorithms.config import MseValueLossConfig, PPOAdvEstimatorConfig
 from nemo_rl_core.algorithms.grpo import RLMasterConfig, RolloutLoopConfig, train_policy
 from nemo_rl_core.algorithms.loss import MseValueLossFn
 from nemo_rl_core.algorithms.utils import masked_mean
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import ValueConfig, ValueInterface
+from nemo_rl_core.utils.key_support import Check, Wired
+
+_PPO = "nemo_rl_core.algorithms.ppo"
 
 
-class PPOConfig(PPOAdvantageConfig, RolloutLoopConfig):
-    """``ppo:``: GAE keys (``gae_gamma``, ``gae_lambda``...) and GRPO's loop keys (with its
-    reward scaling and shaping, e.g. 0/1 correctness onto -1/+1)."""
+def _advantages_device(value: bool, context: Any) -> str | None:
+    if value and context.machine.cuda_devices == 0:
+        return "computing advantages on the GPU needs a CUDA device; this machine has none"
+    return None
+
+
+class PPOConfig(RolloutLoopConfig):
+    """``ppo:``: GRPO's loop keys (with its reward scaling and shaping, e.g. 0/1
+    correctness onto -1/+1), the advantage estimator (GAE), and PPO's update schedule."""
+
+    adv_estimator: PPOAdvEstimatorConfig = Field(default_factory=PPOAdvEstimatorConfig)
+    ppo_epochs: Annotated[int, Field(ge=1), Wired(f"{_PPO}:update_policy_and_value")] = 1
+    policy_training_start_step: Annotated[
+        int, Field(ge=0), Wired(f"{_PPO}:update_policy_and_value")
+    ] = 0
+    calculate_advantages_on_gpu: Annotated[
+        bool,
+        Check(_advantages_device, "the advantages move to the GPU, which must be there"),
+    ] = False
 
 
 class PPOMasterConfig(RLMasterConfig):
@@ -50,35 +68,50 @@ def compute_values(value_model: ValueInterface, train_data: BatchedDataDict) -> 
 def compute_advantages(
     train_data: BatchedDataDict, config: PPOMasterConfig
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
-    """GAE ``advantages`` and the value model's targets ``returns`` from the (scaled)
-    rewards; with ``loss_fn.use_kl_in_reward`` the per-token KL to the reference is part of
-    the reward."""
-    estimator = GeneralizedAdvantageEstimator(config.ppo, config.loss_fn)
-    mask = train_data["token_mask"]
-    advantages, returns = estimator.compute_advantages_and_returns(
-        rewards=train_data["total_reward"],
-        mask=mask,
-        values=train_data["values"],
-        logprobs_policy=train_data["prev_logprobs"],
-        logprobs_reference=train_data["reference_policy_logprobs"],
+    """``advantages`` and the value model's targets ``returns`` (GAE; the raw reward with
+    ``adv_estimator.name: raw_reward``, whose returns are the rewards); with
+    ``loss_fn.use_kl_in_reward`` the per-token KL to the reference is part of the reward."""
+    estimator = create_advantage_estimator(config.ppo.adv_estimator, config.loss_fn)
+    device = "cuda" if config.ppo.calculate_advantages_on_gpu else "cpu"
+    mask = train_data["token_mask"].to(torch.float32)
+    values = train_data["values"].to(torch.float32)
+    advantages, returns = estimator.compute_advantage(
+        prompt_ids=train_data["prompt_index"].to(device),
+        rewards=train_data["total_reward"].to(device, torch.float32),
+        mask=mask.to(device),
+        values=values.to(device),
+        logprobs=train_data["prev_logprobs"].to(device),
+        reference_logprobs=train_data["reference_policy_logprobs"].to(device),
     )
-    train_data["advantages"] = advantages
-    train_data["returns"] = returns
-    mask = mask.to(returns.dtype)
+    if returns is None:
+        returns = advantages.clone()
+    train_data["advantages"] = advantages.cpu()
+    train_data["returns"] = returns.cpu()
     return train_data, {
-        "mean_returns": float(masked_mean(returns, mask)),
-        "mean_values": float(masked_mean(train_data["values"].to(returns.dtype), mask)),
+        "mean_returns": float(masked_mean(train_data["returns"], mask)),
+        "mean_values": float(masked_mean(values, mask)),
     }
 
 
-def train_value(
+def update_policy_and_value(
+    policy: PolicyInterface,
     value_model: ValueInterface,
     train_data: BatchedDataDict,
+    policy_loss_fn: Any,
     config: PPOMasterConfig,
     iteration: int,
 ) -> dict[str, Any]:
-    """One value-model update toward the GAE returns (:class:`MseValueLossFn`); metrics are
-    prefixed ``value_`` so they sit beside the policy's in one train entry."""
-    loss_fn = MseValueLossFn(config.value_loss_fn)
-    metrics = train_policy(value_model, train_data, loss_fn, config, iteration)
-    return {f"value_{name}": value for name, value in metrics.items()}
+    """NeMo RL's PPO update: ``ppo_epochs`` passes over the batch, each training the value
+    model (critic first) and then the policy, the policy only from step
+    ``policy_training_start_step`` on (critic warm-up). Metrics are the last pass's; the
+    value model's are prefixed ``value_``."""
+    value_loss_fn = MseValueLossFn(config.value_loss_fn)
+    metrics: dict[str, Any] = {}
+    train_the_policy = iteration >= config.ppo.policy_training_start_step
+    for _ in range(config.ppo.ppo_epochs):
+        value_metrics = train_policy(value_model, train_data, value_loss_fn, config, iteration)
+        metrics = {f"value_{name}": value for name, value in value_metrics.items()}
+        if train_the_policy:
+            metrics |= train_policy(policy, train_data, policy_loss_fn, config, iteration)
+    metrics["policy_trained"] = float(train_the_policy)
+    return metrics

@@ -5,11 +5,10 @@ Every loss normalizes through :func:`masked_mean` with a *global* normalization 
 which is what makes microbatch losses sum exactly to the full-batch loss.
 """
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import torch
-
-from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 KLType = Literal["k1", "k2", "k3"]
 
@@ -32,22 +31,47 @@ def masked_mean(
     return (values * mask).sum(dim=dim) / (normalization_factor + 1e-8)
 
 
+def masked_var(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mean: torch.Tensor | float | None = None,
+    unbiased: bool = True,
+) -> torch.Tensor:
+    """Variance of the masked values around ``mean`` (their masked mean by default), with
+    Bessel's correction when ``unbiased``."""
+    if mean is None:
+        mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean).pow(2), mask)
+    if unbiased:
+        count = mask.sum()
+        variance = variance * (count / (count - 1))
+    return variance
+
+
 def calculate_kl(
     logprobs: torch.Tensor,
     logprobs_reference: torch.Tensor,
     kl_type: KLType = "k3",
     input_clamp_value: float | None = 20.0,
     output_clamp_value: float | None = 10.0,
+    importance_sampling_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token estimator of KL(pi || pi_ref) from samples of pi (Schulman 2020).
 
     With ``r = log pi_ref - log pi`` (clamped to ``+-input_clamp_value``):
-    k1 = -r, k2 = r^2 / 2, k3 = exp(r) - 1 - r; the result is clamped to
-    ``+-output_clamp_value``. Clamps keep one wild token from dominating the batch.
+    k1 = -r, k2 = r^2 / 2, k3 = exp(r) - 1 - r; times ``importance_sampling_weights``
+    when given (a weight whose token's r was clamped is detached, so the clamp stops both
+    gradients); the result is clamped to ``+-output_clamp_value``. Clamps keep one wild
+    token from dominating the batch.
     """
     logr = logprobs_reference - logprobs
     if input_clamp_value is not None:
-        logr = logr.clamp(min=-input_clamp_value, max=input_clamp_value)
+        clamped = logr.clamp(min=-input_clamp_value, max=input_clamp_value)
+        if importance_sampling_weights is not None:
+            importance_sampling_weights = torch.where(
+                clamped == logr, importance_sampling_weights, importance_sampling_weights.detach()
+            )
+        logr = clamped
     if kl_type == "k1":
         kl = -logr
     elif kl_type == "k2":
@@ -55,7 +79,9 @@ def calculate_kl(
     elif kl_type == "k3":
         kl = torch.exp(logr) - 1 - logr
     else:
-        raise ValueError(f"kl_type must be one of 'k1', 'k2', 'k3', got {kl_type!r}")
+        raise ValueError(f"Invalid KL type: {kl_type!r} (use 'k1', 'k2' or 'k3')")
+    if importance_sampling_weights is not None:
+        kl = importance_sampling_weights * kl
     if output_clamp_value is not None:
         kl = kl.clamp(min=-output_clamp_value, max=output_clamp_value)
     return kl
@@ -66,14 +92,18 @@ def calculate_baseline_and_std_per_prompt(
     rewards: torch.Tensor,
     valid_mask: torch.Tensor,
     leave_one_out_baseline: bool = True,
+    std_rewards: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample baseline and std of the rewards of the other samples of its prompt.
+    """Per-sample baseline and std of the rewards of its prompt's group.
 
     Samples with identical rows in ``prompts`` ([B, P] token ids, or [B] group ids) form a
-    group. For sample i the reference set is the group's valid samples, without i when
-    ``leave_one_out_baseline``; baseline = its mean, std = its Bessel-corrected (n-1)
-    standard deviation (0 when the set has fewer than 2 samples). A group with at most
-    one valid sample gets baseline = reward and std = 0, so its advantages are zero.
+    group with n valid samples. With leave-one-out, sample i's reference set is the group's
+    valid samples other than i, and both sums are divided by k = n - 1 (NeMo RL's choice,
+    also for an invalid sample, which is in no reference set); without it k = n. Then
+    baseline_i = sum(r) / k, std_i = sqrt((sum(s^2) / k - (sum(s) / k)^2) * k / (k - 1))
+    (0 where undefined), with s = ``std_rewards`` (DAPO: the unshaped rewards) or r. A
+    group with at most one valid sample gets baseline = reward and std = 0: its
+    advantages are zero.
     """
     if prompts.dim() == 1:
         prompts = prompts.unsqueeze(-1)
@@ -82,37 +112,50 @@ def calculate_baseline_and_std_per_prompt(
             f"prompts {tuple(prompts.shape)}, rewards {tuple(rewards.shape)} and valid_mask "
             f"{tuple(valid_mask.shape)} must share the batch dimension"
         )
+    spread = rewards if std_rewards is None else std_rewards
     _, group_ids = torch.unique(prompts, dim=0, return_inverse=True)
+    group_ids = group_ids.to(rewards.device)
     baseline = torch.zeros_like(rewards)
     std = torch.zeros_like(rewards)
-    valid = valid_mask.to(rewards.dtype)
+    valid = valid_mask.to(device=rewards.device, dtype=rewards.dtype)
     for group in group_ids.unique():
         idx = (group_ids == group).nonzero(as_tuple=True)[0]
-        group_rewards, group_valid = rewards[idx], valid[idx]
+        group_valid = valid[idx]
         if group_valid.sum() <= 1:
-            baseline[idx] = group_rewards
+            baseline[idx] = rewards[idx]
             continue
-        # weights[i, j] = 1 when sample j is in sample i's reference set
-        weights = group_valid.unsqueeze(0).expand(len(idx), len(idx)).clone()
+        size = len(idx)
+        # reference[i, j] = 1 when sample j counts toward sample i's statistics
+        reference = torch.ones(size, size, dtype=rewards.dtype, device=rewards.device)
         if leave_one_out_baseline:
-            weights.fill_diagonal_(0.0)
-        count = weights.sum(dim=1)
-        mean = weights @ group_rewards / count
-        sq_dev = weights * (group_rewards.unsqueeze(0) - mean.unsqueeze(1)).square()
-        var = sq_dev.sum(dim=1) / (count - 1).clamp(min=1)
-        baseline[idx] = mean
-        std[idx] = torch.where(count > 1, var.sqrt(), torch.zeros_like(var))
+            reference -= torch.eye(size, dtype=rewards.dtype, device=rewards.device)
+        k = group_valid.sum() - int(leave_one_out_baseline)
+        baseline[idx] = reference @ (rewards[idx] * group_valid) / k
+        spread_mean = (
+            baseline[idx] if std_rewards is None else reference @ (spread[idx] * group_valid) / k
+        )
+        spread_sq_mean = reference @ (spread[idx].square() * group_valid) / k
+        variance = (spread_sq_mean - spread_mean.square()) * (k / (k - 1))
+        std[idx] = variance.sqrt().nan_to_num(0.0)
     return baseline, std
 
 
-def calculate_global_valid_counts(data: BatchedDataDict) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(global_valid_seqs, global_valid_toks)`` of a whole global batch.
+def calculate_global_valid_counts(data: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(global_valid_seqs, global_valid_toks)`` of a whole global batch: the one loss
+    normaliser every training backend uses.
 
-    Sequences: ``sample_mask.sum()``; tokens: ``(token_mask[:, 1:] * sample_mask).sum()``,
-    the positions a next-token loss scores. Compute once per global batch and pass the
-    same values to every microbatch's loss call.
+    Sequences: ``sample_mask.sum()`` (all samples without one); tokens: the next-token
+    positions a loss scores, ``(token_mask[:, 1:] * sample_mask).sum()``, every position
+    after the first when there is no ``token_mask``. Compute once per global batch and
+    pass the same values to every microbatch's loss call.
     """
-    sample_mask = data["sample_mask"]
-    token_mask = data["token_mask"][:, 1:]
-    valid_toks = (token_mask * sample_mask.unsqueeze(-1)).sum()
-    return sample_mask.sum(), valid_toks
+    reference = data["token_mask"] if "token_mask" in data else data["input_ids"]
+    if "sample_mask" in data:
+        sample_mask = data["sample_mask"].float()
+    else:
+        sample_mask = torch.ones(reference.shape[0], device=reference.device)
+    if "token_mask" in data:
+        token_mask = data["token_mask"][:, 1:].float()
+    else:
+        token_mask = torch.ones_like(reference[:, 1:], dtype=torch.float32)
+    return sample_mask.sum(), (token_mask * sample_mask.unsqueeze(-1)).sum()

@@ -14,12 +14,13 @@ those indices puts results gathered from the shards back in the original order.
 import copy
 import math
 from collections import UserDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Generic, NotRequired, Self, TypedDict, TypeVar
 
 import torch
 import torch.distributed
 
+from nemo_rl_core.data.multimodal_utils import PackedTensor
 from nemo_rl_core.data.packing.algorithms import get_packer
 
 DictT = TypeVar("DictT")
@@ -60,33 +61,49 @@ class BatchedDataDict(UserDict, Generic[DictT]):
         self.micro_batch_lengths: list[list[int]] | None = None
         self.elem_counts_per_gb: list[int] | None = None
 
+    # Model inputs beside the tokens that some multimodal models take (Gemma 3, Qwen2.5-VL).
+    ADDITIONAL_OPTIONAL_KEY_TENSORS = ("token_type_ids", "mm_token_type_ids")
+
     @classmethod
     def from_batches(
         cls,
-        batches: Sequence[dict[str, Any]],
+        batches: Sequence[Mapping[str, Any]],
         pad_value_dict: dict[str, int | float] | None = None,
     ) -> Self:
-        """Concatenate batches key by key; ragged tensors are right-padded on dim 1.
-
-        ``pad_value_dict`` gives the pad value per key (default 0).
-        """
-        if not batches:
-            return cls()
-        pad_value_dict = pad_value_dict or {}
-        keys = list(batches[0].keys())
-        for i, batch in enumerate(batches[1:], start=1):
-            if set(batch.keys()) != set(keys):
-                raise ValueError(
-                    f"batch {i} has keys {sorted(batch.keys())}, batch 0 has {sorted(keys)}"
-                )
+        """Concatenate batches key by key; ragged tensors are right-padded on dim 1
+        (``pad_value_dict`` gives the pad value per key, default 0), lists and
+        ``PackedTensor`` samples are chained. An empty batch may lack keys; a non-empty
+        one may not (``KeyError`` naming the key and the batches)."""
         merged = cls()
+        if not batches:
+            return merged
+        pad_value_dict = pad_value_dict or {}
+        keys = sorted({key for batch in batches for key in batch})
         for key in keys:
-            values = [batch[key] for batch in batches]
-            if isinstance(values[0], torch.Tensor):
+            missing = [i for i, b in enumerate(batches) if key not in b and _mapping_len(b)]
+            if missing:
+                raise KeyError(f"Key {key!r} is missing from non-empty batches {missing}")
+            values = [batch[key] for batch in batches if key in batch]
+            if isinstance(values[0], PackedTensor):
+                merged[key] = PackedTensor.concat(values)
+            elif isinstance(values[0], torch.Tensor):
                 merged[key] = _concat_padded(key, values, pad_value_dict.get(key, 0))
             else:
                 merged[key] = [item for value in values for item in value]
         return merged
+
+    def get_multimodal_dict(
+        self, as_tensors: bool = False, device: str | torch.device | None = None
+    ) -> dict[str, Any]:
+        """The multimodal model inputs: each ``PackedTensor`` (packed into one tensor with
+        ``as_tensors``) and the optional tensors such models take."""
+        found: dict[str, Any] = {}
+        for key, value in self.data.items():
+            if isinstance(value, PackedTensor):
+                found[key] = value.as_tensor(device=device) if as_tensors else value
+            elif key in self.ADDITIONAL_OPTIONAL_KEY_TENSORS:
+                found[key] = value
+        return found
 
     @property
     def size(self) -> int:
@@ -203,21 +220,26 @@ class BatchedDataDict(UserDict, Generic[DictT]):
         ``sequence_packing_args`` sequences are packed into bins of the budget and the
         bins dealt out. Both return ``(shards, sorted_indices)``.
         """
-        if shards <= 0:
-            raise ValueError(f"shards must be positive, got {shards}")
-        if dynamic_batching_args is not None and sequence_packing_args is not None:
-            raise ValueError("pass dynamic_batching_args or sequence_packing_args, not both")
-        if allow_uneven_shards and batch_size is not None:
-            raise ValueError("batch_size must be None when allow_uneven_shards is True")
+        assert shards > 0, f"shards must be positive, got {shards}"
+        assert dynamic_batching_args is None or sequence_packing_args is None, (
+            "dynamic_batching_args and sequence_packing_args cannot be passed together"
+        )
+        assert not (allow_uneven_shards and batch_size is not None), (
+            "batch_size must be None when allow_uneven_shards is True"
+        )
+        sizes = {key: _batch_len(key, value) for key, value in self.data.items()}
+        assert len(set(sizes.values())) <= 1, (
+            f"Batch sizes are not the same across the rollout batch: {sizes}"
+        )
         total = self.size
         batch_size = total if batch_size is None else batch_size
-        if batch_size <= 0 or total % batch_size:
-            raise ValueError(f"batch size {total} is not a multiple of batch_size {batch_size}")
-        if not allow_uneven_shards and batch_size % shards:
-            raise ValueError(
-                f"batch_size {batch_size} is not a multiple of shards {shards}; "
-                f"pass allow_uneven_shards=True to allow shorter last shards"
-            )
+        assert batch_size > 0 and total % batch_size == 0, (
+            f"Total batch size ({total}) is not a multiple of batch_size ({batch_size})"
+        )
+        assert allow_uneven_shards or batch_size % shards == 0, (
+            f"Batch size ({batch_size}) is not a multiple of shards ({shards}); pass "
+            "allow_uneven_shards=True to allow shorter last shards"
+        )
         chunk_starts = list(range(0, total, batch_size))
         if dynamic_batching_args is not None:
             plan = self._plan_dynamic(shards, batch_size, chunk_starts, dynamic_batching_args)
@@ -274,9 +296,9 @@ class BatchedDataDict(UserDict, Generic[DictT]):
         return len(ranges), max(lengths, default=0)
 
     def to(self, device: str | torch.device) -> Self:
-        """Move every tensor to ``device`` (lists are left as they are), in place."""
+        """Move every tensor (and packed tensor) to ``device``, in place; lists stay."""
         for key, value in self.data.items():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor | PackedTensor):
                 self.data[key] = value.to(device)
         return self
 
@@ -292,6 +314,8 @@ class BatchedDataDict(UserDict, Generic[DictT]):
         for key, value in self.data.items():
             if isinstance(value, torch.Tensor):
                 into[key] = value[index]
+            elif isinstance(value, PackedTensor):
+                into[key] = value.slice(indices)
             else:
                 into[key] = [value[i] for i in indices]
         return into
@@ -448,7 +472,14 @@ def _ranges(sizes: list[int]) -> list[list[int]]:
     return ranges
 
 
+def _mapping_len(batch: Mapping[str, Any]) -> int:
+    """Samples in a batch (0 for an empty mapping), read off its first value."""
+    return next((_batch_len(key, value) for key, value in batch.items()), 0)
+
+
 def _batch_len(key: str, value: Any) -> int:
+    if isinstance(value, PackedTensor):
+        return len(value)
     if isinstance(value, torch.Tensor):
         if value.dim() == 0:
             raise ValueError(f"key {key!r} holds a 0-d tensor; values must be batch-first")

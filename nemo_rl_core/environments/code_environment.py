@@ -80,6 +80,8 @@ def _check(code: str, test: dict[str, str], limits: SandboxLimits) -> tuple[bool
 class CodeEnvironment(EnvironmentInterface[CodeEnvMetadata]):
     """Single-turn: reward 1.0 when the last code block passes all of the sample's tests."""
 
+    config_class = CodeEnvConfig
+
     def __init__(self, cfg: CodeEnvConfig | dict[str, Any] | None = None):
         self.cfg = CodeEnvConfig.model_validate(cfg or {})
         self._executor = ThreadPoolExecutor(self.cfg.num_workers)

@@ -8,7 +8,7 @@ reward 0 with the reason in its metadata instead of stalling the run.
 ``verifier_type: countdown`` (or ``CountdownEnvironment``) checks countdown expressions.
 """
 
-from typing import Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +19,7 @@ from nemo_rl_core.environments.interfaces import EnvironmentInterface, Environme
 from nemo_rl_core.environments.math_verifier import check_answer, warm_up
 from nemo_rl_core.environments.metrics import reward_metrics
 from nemo_rl_core.environments.worker_pool import TimedProcessPool
+from nemo_rl_core.utils.key_support import Only
 
 
 class MathEnvConfig(BaseModel):
@@ -28,7 +29,17 @@ class MathEnvConfig(BaseModel):
 
     num_workers: int = Field(8, ge=1)
     stop_strings: list[str] | None = None
-    verifier_type: Literal["math", "countdown"] = "math"
+    # None: "math" (NeMo RL's default)
+    verifier_type: Literal["math", "countdown"] | None = "math"
+    math_verify_impl: Annotated[
+        Literal["hf_math_verify", "dapo_math_verify"] | None,
+        Only(
+            "hf_math_verify",
+            None,
+            reason="only Hugging Face's math-verify checks answers here; DAPO's rule-based "
+            "verifier is not built",
+        ),
+    ] = "hf_math_verify"
     timeout_seconds: float = Field(10.0, gt=0, description="per-sample checking time limit")
 
 
@@ -40,6 +51,8 @@ class MathEnvironmentMetadata(TypedDict, total=False):
 
 class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
     """Single-turn: reward 1/0 for the final answer of the last assistant turn."""
+
+    config_class = MathEnvConfig
 
     def __init__(self, cfg: MathEnvConfig | dict[str, Any] | None = None):
         self.cfg = (

@@ -51,6 +51,8 @@ class RewardModelEnvConfig(_Strict):
 class RewardModelEnvironment(EnvironmentInterface[dict[str, Any]]):
     """Single-turn: reward = the reward model's score of the whole conversation."""
 
+    config_class = RewardModelEnvConfig
+
     def __init__(self, cfg: RewardModelEnvConfig | dict[str, Any]):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

@@ -1,23 +1,32 @@
-"""Environment registry: ``create_env(name, config)`` builds an environment from its
-``env.<name>`` config section, with NeMo RL's names.
+"""Environment registry (``nemo_rl.environments.utils``): ``create_env(name, config)`` builds
+an environment from its ``env.<name>`` section; ``register_env`` adds a user's own.
 
 Classes are imported on first use, so asking for the math environment does not load the
 reward model's transformers stack.
 """
 
 import importlib
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
 
-# name -> "module:Class"; aliases are the names NeMo RL's YAML files use.
-ENV_REGISTRY: dict[str, str] = {
-    "math": "nemo_rl_core.environments.math_environment:MathEnvironment",
-    "countdown": "nemo_rl_core.environments.math_environment:CountdownEnvironment",
-    "sliding_puzzle_game": "nemo_rl_core.environments.games.sliding_puzzle:SlidingPuzzleEnv",
-    "sliding_puzzle": "nemo_rl_core.environments.games.sliding_puzzle:SlidingPuzzleEnv",
-    "code": "nemo_rl_core.environments.code_environment:CodeEnvironment",
-    "reward_model": "nemo_rl_core.environments.reward_model_environment:RewardModelEnvironment",
+_ENVS = "nemo_rl_core.environments"
+
+
+class EnvRegistryEntry(TypedDict, total=False):
+    actor_class_fqn: str
+    default_processor: NotRequired[str]
+
+
+# name -> the environment class's fully qualified name (NeMo RL's names, and our games).
+ENV_REGISTRY: dict[str, EnvRegistryEntry] = {
+    "math_default": {"actor_class_fqn": f"{_ENVS}.math_environment.MathEnvironment"},
+    "math": {"actor_class_fqn": f"{_ENVS}.math_environment.MathEnvironment"},
+    "countdown": {"actor_class_fqn": f"{_ENVS}.math_environment.CountdownEnvironment"},
+    "code": {"actor_class_fqn": f"{_ENVS}.code_environment.CodeEnvironment"},
+    "reward_model": {"actor_class_fqn": f"{_ENVS}.reward_model_environment.RewardModelEnvironment"},
+    "sliding_puzzle_game": {"actor_class_fqn": f"{_ENVS}.games.sliding_puzzle.SlidingPuzzleEnv"},
+    "sliding_puzzle": {"actor_class_fqn": f"{_ENVS}.games.sliding_puzzle.SlidingPuzzleEnv"},
 }
 
 
@@ -28,26 +37,50 @@ class UnknownEnvironmentError(KeyError):
         return str(self.args[0])
 
 
-def register_env(name: str, target: str) -> None:
-    """Register ``target`` ("module:Class") under ``name`` (a user's own environment)."""
-    if ":" not in target:
-        raise ValueError(f"env target must be 'module:Class', got {target!r}")
-    ENV_REGISTRY[name] = target
+def register_env(env_name: str, actor_class_fqn: str) -> None:
+    """Register the class ``actor_class_fqn`` (``package.module.Class``) as ``env_name``."""
+    if env_name in ENV_REGISTRY:
+        raise ValueError(f"Env name {env_name} already registered")
+    ENV_REGISTRY[env_name] = {"actor_class_fqn": actor_class_fqn}
+
+
+def get_object(fqn: str) -> Any:
+    """The object a fully qualified name (``package.module.Name``) names."""
+    module_name, _, name = fqn.rpartition(".")
+    if not module_name:
+        raise ValueError(f"{fqn!r} is not a fully qualified name (package.module.Class)")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def environment_class(env_name: str) -> type[EnvironmentInterface]:
+    if env_name not in ENV_REGISTRY:
+        raise UnknownEnvironmentError(
+            f"unknown environment {env_name!r}; known environments: "
+            f"{', '.join(sorted(ENV_REGISTRY))} (register_env() adds your own)"
+        )
+    return get_object(ENV_REGISTRY[env_name]["actor_class_fqn"])
+
+
+def _settings(env_config: Any) -> Any:
+    """NeMo RL nests the sliding puzzle's settings under ``cfg``; both forms are taken."""
+    config = env_config if env_config is not None else {}
+    if isinstance(config, dict) and set(config) == {"cfg"}:
+        return config["cfg"]
+    return config
+
+
+def check_env_config(env_name: str, env_config: Any) -> None:
+    """Refuse an unknown environment or a wrong key of its section, naming
+    ``env.<name>.<key>``, without building the environment."""
+    from nemo_rl_core.algorithms.config import validate_section
+
+    config_class = getattr(environment_class(env_name), "config_class", None)
+    settings = _settings(env_config)
+    if config_class is not None and isinstance(settings, dict):
+        section = f"env.{env_name}" + (".cfg" if settings is not env_config else "")
+        validate_section(config_class, settings, section)
 
 
 def create_env(env_name: str, env_config: Any = None) -> EnvironmentInterface:
-    """Build the environment ``env_name`` from its config section (a dict or its pydantic model).
-
-    The sliding puzzle's section nests its settings under ``cfg`` as in NeMo RL's YAML
-    (``env.sliding_puzzle_game.cfg.max_moves``); both that and the bare settings are accepted.
-    """
-    if env_name not in ENV_REGISTRY:
-        raise UnknownEnvironmentError(
-            f"unknown environment {env_name!r}; known environments: {', '.join(sorted(ENV_REGISTRY))}"
-        )
-    module_name, class_name = ENV_REGISTRY[env_name].split(":")
-    env_class = getattr(importlib.import_module(module_name), class_name)
-    config = env_config if env_config is not None else {}
-    if isinstance(config, dict) and set(config) == {"cfg"}:
-        config = config["cfg"]
-    return env_class(config)
+    """Build the environment ``env_name`` from its config section (a dict or its model)."""
+    return environment_class(env_name)(_settings(env_config))

@@ -116,13 +116,17 @@ def train_policy_and_value(ctx: StageContext) -> StageResult:
     """The policy update and the value model's update toward the GAE returns (PPO), both in
     one checkpoint."""
     rt, step = ctx.runtime, ctx.iteration
-    batch = ctx.batch("advantage")
-    policy = rt.policy_for_update(step)
+    policy, value_model = rt.policy_for_update(step), rt.value_for_update(step)
     started = time.perf_counter()
-    metrics = grpo.train_policy(policy, batch, grpo.build_loss_fn(ctx.config), ctx.config, step)
+    metrics = ppo.update_policy_and_value(
+        policy,
+        value_model,
+        ctx.batch("advantage"),
+        grpo.build_loss_fn(ctx.config),
+        ctx.config,
+        step,
+    )
     metrics["policy_update_seconds"] = time.perf_counter() - started
-    value_model = rt.value_for_update(step)
-    metrics |= ppo.train_value(value_model, batch, ctx.config, step)
     return _committed(ctx, {"policy": policy, "value": value_model}, metrics)
 
 

@@ -12,10 +12,37 @@ from nemo_rl_core.algorithms.advantage_estimator import (
     ReinforcePlusPlusAdvantageEstimator,
     create_advantage_estimator,
 )
-from nemo_rl_core.algorithms.config import GRPOAdvantageConfig
+from nemo_rl_core.algorithms.config import GRPOAdvantageConfig, PPOAdvEstimatorConfig
+from nemo_rl_core.algorithms.grpo import clip_advantages
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
 
 REWARDS = [1.0, 2.0, 3.0, 6.0]
+
+
+def gae(**keys) -> PPOAdvEstimatorConfig:
+    return PPOAdvEstimatorConfig(**{"normalize_advantages": False, **keys})
+
+
+def test_vapo_decoupled_lambdas_and_length_adaptive_policy_lambda():
+    values = torch.tensor([[0.0, 0.5, 0.5, 0.5]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    plain = GeneralizedAdvantageEstimator(gae(gae_lambda=0.5))
+    adv_05, ret_05 = plain.compute_advantage(None, torch.tensor([1.0]), mask, values)
+    _, ret_1 = GeneralizedAdvantageEstimator(gae(gae_lambda=1.0)).compute_advantage(
+        None, torch.tensor([1.0]), mask, values
+    )
+    # VAPO: returns from lambda_value, advantages from lambda_policy
+    vapo = GeneralizedAdvantageEstimator(
+        gae(gae_lambda=0.9, gae_lambda_value=1.0, gae_lambda_policy=0.5)
+    )
+    adv, ret = vapo.compute_advantage(None, torch.tensor([1.0]), mask, values)
+    assert torch.allclose(adv, adv_05) and torch.allclose(ret[:, 1:], ret_1[:, 1:])
+    # lambda_policy = 1 - 1 / (alpha * length) per sample: lengths 3 and 8 with alpha 0.5
+    adaptive = GeneralizedAdvantageEstimator(gae(length_adaptive_alpha=0.5))
+    lengths_mask = torch.zeros(2, 10)
+    lengths_mask[0, :3], lengths_mask[1, :8] = 1, 1
+    resolved = adaptive._resolve_lambda_policy(lengths_mask)
+    assert resolved.tolist() == pytest.approx([1 - 1 / 1.5, 1 - 1 / 4.0])
 
 
 def test_leave_one_out_baseline_and_bessel_std():
@@ -45,9 +72,10 @@ def test_invalid_samples_and_singleton_groups():
     rewards = torch.tensor([1.0, 5.0, 3.0, 4.0])
     valid = torch.tensor([1.0, 0.0, 1.0, 1.0])
     baseline, std = calculate_baseline_and_std_per_prompt(prompts, rewards, valid, True)
-    # sample 1 is invalid: nobody's reference set holds it; its own set is (1, 3)
-    assert baseline.tolist() == pytest.approx([3.0, 2.0, 1.0, 4.0])
-    assert std.tolist() == pytest.approx([0.0, math.sqrt(2), 0.0, 0.0])
+    # sample 1 is invalid: nobody's reference set holds it. NeMo RL divides every sample's
+    # leave-one-out sum by (valid count - 1) = 1, its own too: (1 + 3) / 1 = 4 (we gave 2)
+    assert baseline.tolist() == pytest.approx([3.0, 4.0, 1.0, 4.0])
+    assert std.tolist() == pytest.approx([0.0, 0.0, 0.0, 0.0])
     # a group with <= 1 valid sample: baseline = reward, std = 0
     baseline, std = calculate_baseline_and_std_per_prompt(
         prompts, rewards, torch.tensor([1.0, 0.0, 0.0, 1.0]), False
@@ -62,7 +90,7 @@ def test_grpo_estimator_normalizes_only_nonzero_std():
     mask = torch.ones(6, 3)
     est = GRPOAdvantageEstimator({"use_leave_one_out_baseline": False, "normalize_rewards": True})
     adv = est.compute_advantage(prompts, rewards, mask)
-    std = statistics.stdev([1.0, 0.0, 0.0])
+    std = statistics.stdev([1.0, 0.0, 0.0]) + 1e-6  # NeMo RL's epsilon
     expected = [(1 - 1 / 3) / std, -1 / 3 / std, -1 / 3 / std, 0.0, 0.0, 0.0]
     assert adv.shape == (6, 3)
     assert adv[:, 0].tolist() == pytest.approx(expected)
@@ -73,16 +101,14 @@ def test_grpo_estimator_normalizes_only_nonzero_std():
     assert unnormalized.compute_advantage(prompts, rewards, mask)[:, 0].tolist() == pytest.approx(
         [2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0]
     )
-    clipped = GRPOAdvantageEstimator(
-        {
-            "use_leave_one_out_baseline": False,
-            "advantage_clip_low": -0.5,
-            "advantage_clip_high": 1.0,
-        }
-    )
-    assert clipped.compute_advantage(prompts, rewards, mask)[:, 0].tolist() == pytest.approx(
-        [1.0, -0.5, -0.5, 0.0, 0.0, 0.0]
-    )
+
+
+def test_grpo_advantage_clipping_at_the_sections_keys():
+    loop = GRPOAdvantageConfig(advantage_clip_low=-0.5, advantage_clip_high=1.0)
+    clipped = clip_advantages(torch.tensor([1.7, -0.4, -0.9, 0.0]), loop)
+    assert clipped.tolist() == pytest.approx([1.0, -0.4, -0.5, 0.0])
+    with pytest.raises(ValueError, match="advantage_clip_low"):
+        GRPOAdvantageConfig(advantage_clip_low=-1.0, advantage_clip_high=-2.0)
 
 
 def test_grpo_section_fallbacks_and_factory():
@@ -90,25 +116,21 @@ def test_grpo_section_fallbacks_and_factory():
     resolved = cfg.resolved_adv_estimator()
     assert resolved.use_leave_one_out_baseline is False and resolved.normalize_rewards is True
     assert isinstance(create_advantage_estimator(resolved), GRPOAdvantageEstimator)
-    est = create_advantage_estimator({"name": "reinforce_plus_plus"})
+    est = create_advantage_estimator({"name": "reinforce_plus_plus", "minus_baseline": True})
     assert isinstance(est, ReinforcePlusPlusAdvantageEstimator)
-    with pytest.raises(ValueError, match=r"grpo\.adv_estimator\.name"):
+    with pytest.raises(ValueError, match="adv_estimator.name 'ppo' is not one of"):
         create_advantage_estimator({"name": "ppo"})
-    with pytest.raises(ValueError, match=r"grpo\.adv_estimator: .*advantage_clip_low"):
-        create_advantage_estimator({"advantage_clip_low": -1.0, "advantage_clip_high": -2.0})
 
 
 def test_reinforce_plus_plus_hand_values():
     prompts = torch.tensor([0, 0])
     rewards = torch.tensor([1.0, 0.0])
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
-    est = ReinforcePlusPlusAdvantageEstimator({"name": "reinforce_plus_plus"}, {})
-    # minus group mean -> (0.5, -0.5) on every response token; whitened: mean 0, std 0.5
+    est = ReinforcePlusPlusAdvantageEstimator({"minus_baseline": True}, {})
+    # minus group mean -> (0.5, -0.5) on every token; whitened over the response tokens:
+    # mean 0, std 0.5 (positions outside the mask are whitened too; the loss masks them)
     adv = est.compute_advantage(prompts, rewards, mask)
-    assert adv.tolist() == [
-        [0.0, pytest.approx(1.0), pytest.approx(1.0)],
-        [0.0, pytest.approx(-1.0), pytest.approx(-1.0)],
-    ]
+    assert adv.tolist() == [pytest.approx([1.0] * 3), pytest.approx([-1.0] * 3)]
 
 
 def test_reinforce_plus_plus_kl_in_reward():
@@ -128,47 +150,41 @@ def test_reinforce_plus_plus_kl_in_reward():
     adv = est.compute_advantage(
         prompts, rewards, mask, logprobs_policy=policy, logprobs_reference=reference
     )
-    # token rewards row0: (-0.5, 1 - 0.5) -> returns (0, 0.5); row1: (0, 1) -> returns (1, 1)
-    returns = torch.tensor([0.0, 0.5, 1.0, 1.0])
-    expected = (returns - returns.mean()) / (returns.var(unbiased=False).sqrt() + 1e-8)
-    assert adv[:, 1:].flatten().tolist() == pytest.approx(expected.tolist())
-    with pytest.raises(ValueError, match="logprobs_reference"):
-        est.compute_advantage(prompts, rewards, mask)
+    # per token R - beta k1: row 0 (0.5, 0.5), row 1 (1, 1) -> whitened (-1, -1, 1, 1)
+    assert adv[:, 1:].flatten().tolist() == pytest.approx([-1.0, -1.0, 1.0, 1.0])
+    # without the logprobs there is no KL to add (NeMo RL's behaviour)
+    assert est.compute_advantage(prompts, rewards, mask)[:, 1:].abs().sum() == 0
 
 
 def test_gae_four_step_episode_by_hand():
     # prompt token, then 4 response tokens; gamma 0.9, lambda 0.8, terminal reward 1
     values = torch.tensor([[9.0, 0.2, 0.4, 0.6, 0.8]])
     mask = torch.tensor([[0.0, 1.0, 1.0, 1.0, 1.0]])
-    est = GeneralizedAdvantageEstimator(
-        {"gae_gamma": 0.9, "gae_lambda": 0.8, "normalize_advantages": False}
-    )
-    adv, ret = est.compute_advantages_and_returns(torch.tensor([1.0]), mask, values)
+    est = GeneralizedAdvantageEstimator(gae(gae_gamma=0.9, gae_lambda=0.8))
+    adv, ret = est.compute_advantage(None, torch.tensor([1.0]), mask, values)
     # delta_4 = 1 - 0.8 = 0.2                       A_4 = 0.2
     # delta_3 = 0.9*0.8 - 0.6 = 0.12                A_3 = 0.12 + 0.72*0.2    = 0.264
     # delta_2 = 0.9*0.6 - 0.4 = 0.14                A_2 = 0.14 + 0.72*0.264  = 0.33008
     # delta_1 = 0.9*0.4 - 0.2 = 0.16                A_1 = 0.16 + 0.72*0.33008 = 0.3976576
     assert adv[0].tolist() == pytest.approx([0.0, 0.3976576, 0.33008, 0.264, 0.2])
-    assert ret[0].tolist() == pytest.approx([0.0, 0.5976576, 0.73008, 0.864, 1.0])
+    assert ret[0, 1:].tolist() == pytest.approx([0.5976576, 0.73008, 0.864, 1.0])
 
 
 def test_gae_skips_masked_tokens_and_normalizes():
     # an environment token (masked) between two policy tokens is skipped, not a step
     values = torch.tensor([[0.0, 0.5, 7.0, 0.5]])
     mask = torch.tensor([[0.0, 1.0, 0.0, 1.0]])
-    est = GeneralizedAdvantageEstimator(
-        {"gae_gamma": 1.0, "gae_lambda": 1.0, "normalize_advantages": False}
-    )
-    adv, _ = est.compute_advantages_and_returns(torch.tensor([2.0]), mask, values)
+    est = GeneralizedAdvantageEstimator(gae(gae_gamma=1.0, gae_lambda=1.0))
+    adv, _ = est.compute_advantage(None, torch.tensor([2.0]), mask, values)
     assert adv[0].tolist() == pytest.approx([0.0, 1.5, 0.0, 1.5])
-    normalized = GeneralizedAdvantageEstimator({})
+    normalized = GeneralizedAdvantageEstimator(gae(normalize_advantages=True))
     values = torch.tensor([[0.0, 0.1, 0.3], [0.0, 0.2, 0.9]])
-    adv = normalized.compute_advantage(
+    adv, _ = normalized.compute_advantage(
         None, torch.tensor([1.0, 0.0]), torch.tensor([[0, 1.0, 1], [0, 1, 1]]), values=values
     )
     valid = adv[:, 1:]
     assert valid.mean().item() == pytest.approx(0.0, abs=1e-6)
-    assert valid.var(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
+    assert valid.var(unbiased=True).item() == pytest.approx(1.0, abs=1e-5)  # NeMo RL: unbiased
     assert adv[:, 0].tolist() == [0.0, 0.0]
 
 
@@ -176,15 +192,20 @@ def test_gae_kl_in_reward():
     values = torch.zeros(1, 3)
     mask = torch.tensor([[0.0, 1.0, 1.0]])
     est = GeneralizedAdvantageEstimator(
-        {"gae_gamma": 1.0, "gae_lambda": 1.0, "normalize_advantages": False},
+        gae(gae_gamma=1.0, gae_lambda=1.0),
         {
             "use_kl_in_reward": True,
             "reference_policy_kl_penalty": 0.1,
             "reference_policy_kl_type": "k1",
         },
     )
-    adv, _ = est.compute_advantages_and_returns(
-        torch.tensor([1.0]), mask, values, torch.zeros(1, 3), torch.full((1, 3), -2.0)
+    adv, _ = est.compute_advantage(
+        None,
+        torch.tensor([1.0]),
+        mask,
+        values,
+        logprobs=torch.zeros(1, 3),
+        reference_logprobs=torch.full((1, 3), -2.0),
     )
     # token rewards: -0.2, 1 - 0.2
     assert adv[0].tolist() == pytest.approx([0.0, 0.6, 0.8])

@@ -15,7 +15,9 @@ NO_KL = {"reference_policy_kl_penalty": 0.0}
 def run(cfg: dict, data, logprobs):
     loss_fn = ClippedPGLossFn(cfg)
     seqs, toks = calculate_global_valid_counts(data)
-    return loss_fn(data, seqs, toks, next_token_logprobs=logprobs)
+    return loss_fn(
+        next_token_logprobs=logprobs, data=data, global_valid_seqs=seqs, global_valid_toks=toks
+    )
 
 
 def test_ratio_clipping_hand_values(pg_data):
@@ -26,13 +28,15 @@ def test_ratio_clipping_hand_values(pg_data):
     assert loss.item() == pytest.approx((-0.5 - 1.0 - 1.2) / 3)
     assert metrics["probs_ratio"] == pytest.approx(1.0)
     assert metrics["probs_ratio_clamped"] == pytest.approx((0.8 + 1.0 + 1.2) / 3)
-    assert metrics["clipped_fraction"] == pytest.approx(1 / 3)
+    assert (metrics["probs_ratio_min"], metrics["probs_ratio_max"]) == pytest.approx((0.5, 1.5))
+    assert (metrics["probs_ratio_clamped_min"], metrics["probs_ratio_clamped_max"]) == (
+        pytest.approx((0.8, 1.2))
+    )
 
     data, lp = pg_data([[LOG_HALF] * 3], [[-1.0] * 3], ratios=[[0.5, 1.0, 1.5]])
     loss, metrics = run(NO_KL, data, lp)
     # max(r, clamp(r)) = 0.8, 1.0, 1.5
     assert loss.item() == pytest.approx((0.8 + 1.0 + 1.5) / 3)
-    assert metrics["clipped_fraction"] == pytest.approx(1 / 3)
 
 
 def test_asymmetric_clip(pg_data):
@@ -44,10 +48,9 @@ def test_asymmetric_clip(pg_data):
 
 def test_dual_clip(pg_data):
     data, lp = pg_data([[LOG_HALF] * 3], [[-1.0, -1.0, 1.0]], ratios=[[5.0, 2.0, 5.0]])
-    loss, metrics = run({**NO_KL, "ratio_clip_c": 3.0}, data, lp)
+    loss, _ = run({**NO_KL, "ratio_clip_c": 3.0}, data, lp)
     # A<0, r=5: min(max(5, 1.2), 3) = 3; A<0, r=2: min(2, 3) = 2; A>0: max(-5, -1.2) = -1.2
     assert loss.item() == pytest.approx((3.0 + 2.0 - 1.2) / 3)
-    assert metrics["dual_clipped_fraction"] == pytest.approx(1 / 3)
     loss_off, _ = run(NO_KL, data, lp)
     assert loss_off.item() == pytest.approx((5.0 + 2.0 - 1.2) / 3)
 
@@ -105,9 +108,20 @@ def test_kl_in_reward_removes_kl_term(pg_data):
         (
             {
                 "use_importance_sampling_correction": True,
+                "truncated_importance_sampling_type": "tis",
                 "truncated_importance_sampling_ratio": 2.0,
             },
             [0.5, 1.0, 2.0],
+        ),
+        # NeMo RL's lower TIS bound: weights below it are raised to it
+        (
+            {
+                "use_importance_sampling_correction": True,
+                "truncated_importance_sampling_type": "tis",
+                "truncated_importance_sampling_ratio": 2.0,
+                "truncated_importance_sampling_ratio_min": 0.8,
+            },
+            [0.8, 1.0, 2.0],
         ),
         (
             {
@@ -162,6 +176,21 @@ def test_gspo_sequence_ratio(pg_data):
     assert loss.item() == pytest.approx((-1.05 + 1.0) / 2)
 
 
+def test_gspo_importance_weight_is_the_sequences_product(pg_data):
+    # pi_old / pi_gen = 2 and 3 on the two tokens: GSPO weighs the whole sequence by their
+    # product exp(sum log ratio) = 6 (a mean of the logs, sqrt(6), was ours before)
+    data, lp = pg_data([[LOG_HALF] * 2], [[1.0] * 2], is_ratios=[[2.0, 3.0]])
+    cfg = {
+        **NO_KL,
+        "sequence_level_importance_ratios": True,
+        "token_level_loss": False,
+        "use_importance_sampling_correction": True,
+    }
+    loss, metrics = run(cfg, data, lp)
+    assert loss.item() == pytest.approx(-6.0)  # ratio 1, A = 1: -w on every token
+    assert metrics["sampling_importance_ratio"] == pytest.approx(6.0)
+
+
 def test_disable_ppo_ratio_is_reinforce(pg_data):
     data, lp = pg_data([[LOG_HALF, math.log(0.25)]], [[2.0, -1.0]], ratios=[[3.0, 3.0]])
     loss, _ = run({**NO_KL, "disable_ppo_ratio": True}, data, lp)
@@ -180,20 +209,21 @@ def test_force_on_policy_ratio(pg_data):
 
 def test_cispo_detached_clipped_weight(pg_data):
     data, lp = pg_data([[LOG_HALF, LOG_HALF]], [[1.0, 1.0]], ratios=[[1.5, 1.0]])
-    loss, metrics = run({**NO_KL, "use_cispo": True}, data, lp)
+    loss, _ = run({**NO_KL, "use_cispo": True}, data, lp)
     assert loss.item() == pytest.approx(-(1.2 * LOG_HALF + 1.0 * LOG_HALF) / 2)
     loss.backward()
     assert lp.grad[0].tolist() == pytest.approx([-0.6, -0.5])  # -A sg(clip(r)) / N
-    assert metrics["clipped_fraction"] == pytest.approx(0.5)
 
 
-def test_positive_example_nll(pg_data):
-    data, lp = pg_data([[LOG_HALF, math.log(0.25)]], [[1.0, -1.0]])
+def test_positive_example_nll_is_over_correct_samples(pg_data):
+    # VAPO: the NLL of samples whose reward is positive, averaged over their own tokens
+    data, lp = pg_data([[LOG_HALF, math.log(0.25)], [LOG_HALF, LOG_HALF]], [[1.0, -1.0]] * 2)
+    data["rewards"] = torch.tensor([1.0, 0.0])
     base, _ = run(NO_KL, data, lp)
     loss, metrics = run({**NO_KL, "positive_example_nll_weight": 0.5}, data, lp)
-    # NLL over the A > 0 token only, normalized by all valid tokens
-    assert metrics["positive_example_nll"] == pytest.approx(-LOG_HALF / 2)
-    assert loss.item() == pytest.approx(base.item() + 0.5 * -LOG_HALF / 2)
+    nll = -(LOG_HALF + math.log(0.25)) / 2
+    assert metrics["positive_nll_loss"] == pytest.approx(nll)
+    assert loss.item() == pytest.approx(base.item() + 0.5 * nll)
 
 
 def test_token_vs_sequence_level_and_masks(pg_data):
@@ -219,25 +249,23 @@ def test_metrics_entropy_and_prob_error(pg_data):
     assert metrics["token_mult_prob_error"] == pytest.approx(2.0)
 
 
-def test_misaligned_logprobs_named(pg_data):
-    data, lp = pg_data([[LOG_HALF] * 3], [[1.0] * 3])
-    with pytest.raises(ValueError, match="next_token_logprobs"):
-        run(NO_KL, data, lp[:, :2])
-
-
-def test_config_errors_name_the_key():
-    with pytest.raises(ValueError, match=r"loss_fn\.ratio_clip_mn"):
-        ClippedPGLossFn({"ratio_clip_mn": 0.2})
-    with pytest.raises(ValueError, match=r"loss_fn\.ratio_clip_c"):
+def test_incompatible_knobs_assert_as_in_nemo_rl():
+    with pytest.raises(AssertionError, match="ratio_clip_c must exceed 1"):
         ClippedPGLossFn({"ratio_clip_c": 0.5})
-    with pytest.raises(ValueError, match=r"loss_fn\.reference_policy_kl_type"):
-        ClippedPGLossFn({"reference_policy_kl_type": "k4"})
-    with pytest.raises(ValueError, match="token_level_loss"):
+    with pytest.raises(AssertionError, match="token_level_loss"):
         ClippedPGLossFn({"sequence_level_importance_ratios": True})
-    with pytest.raises(ValueError, match="truncated_importance_sampling_ratio_min"):
+    with pytest.raises(AssertionError, match="truncated_importance_sampling_ratio_min"):
         ClippedPGLossFn(
             {
+                "use_importance_sampling_correction": True,
                 "truncated_importance_sampling_type": "icepop",
                 "truncated_importance_sampling_ratio": 2.0,
             }
         )
+
+
+def test_unknown_or_mistyped_keys_are_named():
+    with pytest.raises(ValueError, match="ratio_clip_mn"):
+        ClippedPGLossFn({"ratio_clip_mn": 0.2})
+    with pytest.raises(ValueError, match="reference_policy_kl_type"):
+        ClippedPGLossFn({"reference_policy_kl_type": "k4"})

@@ -33,17 +33,19 @@ class Case:
     name: str
     make: Callable[[], LossFunction]
     grad_key: str = "_logits"  # the model output the loss differentiates
-    # stop-gradient knobs (CISPO, on-policy KL weights) make the gradient differ from the
-    # finite difference of the loss value by design; their gradients are hand-checked
+    # stop-gradient knobs (CISPO, the KL term's score-function weight exp(lp - sg(lp)),
+    # which is 1 in value) make the gradient differ from the finite difference of the loss
+    # value by design; their gradients are hand-checked in test_clipped_pg / test_filters
     gradcheck: bool = True
 
     @property
     def pairwise(self) -> bool:
-        return getattr(self.make(), "samples_per_example", 1) == 2
+        return isinstance(self.make(), PreferenceLossFn)
 
 
 CASES = [
-    Case("pg_default", lambda: ClippedPGLossFn({})),
+    Case("pg_default", lambda: ClippedPGLossFn({}), gradcheck=False),
+    Case("pg_no_kl", lambda: ClippedPGLossFn({"reference_policy_kl_penalty": 0.0})),
     Case(
         "pg_all_token_knobs",
         lambda: ClippedPGLossFn(
@@ -51,15 +53,21 @@ CASES = [
                 "reference_policy_kl_type": "k2",
                 "ratio_clip_c": 3.0,
                 "use_importance_sampling_correction": True,
+                "truncated_importance_sampling_type": "tis",
                 "truncated_importance_sampling_ratio": 1.1,
                 "positive_example_nll_weight": 0.3,
             }
         ),
+        gradcheck=False,
     ),
     Case(
         "pg_gspo_sequence",
         lambda: ClippedPGLossFn(
-            {"sequence_level_importance_ratios": True, "token_level_loss": False}
+            {
+                "sequence_level_importance_ratios": True,
+                "token_level_loss": False,
+                "reference_policy_kl_penalty": 0.0,
+            }
         ),
     ),
     Case(
@@ -73,21 +81,27 @@ CASES = [
         ),
         gradcheck=False,
     ),
-    Case("pg_reinforce", lambda: ClippedPGLossFn({"disable_ppo_ratio": True})),
+    Case(
+        "pg_reinforce",
+        lambda: ClippedPGLossFn({"disable_ppo_ratio": True, "reference_policy_kl_penalty": 0.0}),
+    ),
     Case("nll", NLLLossFn),
     Case("dpo", lambda: DPOLossFn({"sft_loss_weight": 0.5, "preference_average_log_probs": True})),
     Case("preference", PreferenceLossFn, grad_key="_score"),
-    Case("distill_mixed", lambda: DistillationLossFn({"kl_type": "mixed", "mixed_kl_weight": 0.3})),
+    Case(
+        "distill_mixed",
+        lambda: DistillationLossFn(
+            {"kl_type": "mixed", "mixed_kl_weight": 0.3, "zero_outside_topk": False}
+        ),
+    ),
     Case(
         "distill_reverse_zero_outside",
-        lambda: DistillationLossFn({"kl_type": "reverse", "zero_outside_topk": True}),
+        lambda: DistillationLossFn(
+            {"kl_type": "reverse", "mixed_kl_weight": 0.5, "zero_outside_topk": True}
+        ),
     ),
-    Case("value_token", lambda: MseValueLossFn({"value_clip_range": 0.5}), grad_key="_value_head"),
-    Case(
-        "value_sequence",
-        lambda: MseValueLossFn({"value_clip_range": None, "token_level_loss": False}),
-        grad_key="_value_head",
-    ),
+    Case("value_clipped", lambda: MseValueLossFn({"cliprange": 0.5}), grad_key="_value_head"),
+    Case("value_scaled", lambda: MseValueLossFn({"scale": 0.4}), grad_key="_value_head"),
     Case("draft", DraftCrossEntropyLossFn, grad_key="_draft_logits"),
 ]
 IDS = [case.name for case in CASES]
@@ -97,8 +111,8 @@ def model_output(loss_fn: LossFunction, batch: BatchedDataDict) -> torch.Tensor:
     """What the model would hand to prepare_loss_input for this loss."""
     if isinstance(loss_fn, MseValueLossFn):
         return batch["_value_head"]
-    if isinstance(loss_fn, PreferenceLossFn):
-        return batch["_value_head"][:, -1:]  # one score per sequence
+    if isinstance(loss_fn, PreferenceLossFn) and loss_fn.input_type == LossInputType.LOGIT:
+        return batch["_value_head"][:, -1:]  # one score per sequence (a reward model)
     return batch["_logits"]
 
 
@@ -108,8 +122,9 @@ def compute(loss_fn: LossFunction, batch: BatchedDataDict, seqs: torch.Tensor, t
         if loss_fn.input_type == LossInputType.DRAFT
         else {}
     )
-    loss_input = prepare_loss_input(model_output(loss_fn, batch), batch, loss_fn, **extra)
-    return loss_fn(batch, seqs, toks, **loss_input)
+    loss_input, batch = prepare_loss_input(model_output(loss_fn, batch), batch, loss_fn, **extra)
+    result = loss_fn(data=batch, global_valid_seqs=seqs, global_valid_toks=toks, **loss_input)
+    return result if isinstance(result, tuple) else (result, {})  # the draft loss: a scalar
 
 
 @pytest.mark.parametrize(
@@ -190,7 +205,7 @@ def test_packed_equals_unpacked(case: Case, make_batch, pad_to: int):
 
     wrapper = SequencePackingLossWrapper(loss_fn, cu, cu_padded)
     assert wrapper.loss_type == loss_fn.loss_type
-    if isinstance(loss_fn, PreferenceLossFn):
+    if type(loss_fn) is PreferenceLossFn:
         # a per-sequence score is not a token stream: only its pairing matters
         packed_output = torch.zeros(1, int(cu_padded[-1]), dtype=torch.float64)
         for row, start in enumerate(cu_padded[:-1].tolist()):
@@ -204,21 +219,26 @@ def test_packed_equals_unpacked(case: Case, make_batch, pad_to: int):
         else {}
     )
     loss, metrics = wrapper(packed_output, batch, seqs, toks, **extra)
+    if loss_fn.input_type == LossInputType.DRAFT:
+        expected_metrics = {}
     assert loss.item() == pytest.approx(expected.item(), abs=1e-10)
     for key, value in expected_metrics.items():
         assert metrics[key] == pytest.approx(value, abs=1e-10), key
 
 
-class _FirstScore:
+class _FirstScore(PreferenceLossFn):
     """A scalar-head model scores a packed sequence at its first position."""
 
     def __init__(self, loss_fn: PreferenceLossFn):
         self.inner = loss_fn
-        self.loss_type, self.input_type = loss_fn.loss_type, loss_fn.input_type
-        self.samples_per_example = loss_fn.samples_per_example
 
-    def __call__(self, data, global_valid_seqs, global_valid_toks, logits):
-        return self.inner(data, global_valid_seqs, global_valid_toks, logits=logits[:, :1])
+    def __call__(self, logits, data, global_valid_seqs, global_valid_toks):
+        return self.inner(
+            logits=logits[:, :1],
+            data=data,
+            global_valid_seqs=global_valid_seqs,
+            global_valid_toks=global_valid_toks,
+        )
 
 
 def test_loss_types_declared():

@@ -49,7 +49,7 @@ class LastTokenParityEnvironment(EnvironmentInterface):
         return batch, {}
 
 
-register_env("last_token_parity", f"{__name__}:LastTokenParityEnvironment")
+register_env("last_token_parity", f"{__name__}.LastTokenParityEnvironment")
 OVERRIDES = [
     f"grpo.max_num_steps={ITERATIONS}",
     "grpo.use_dynamic_sampling=true",

@@ -5,83 +5,72 @@ from typing import Any
 
 import torch
 
-from nemo_rl_core.algorithms.config import DistillationLossConfig, validate_section
 from nemo_rl_core.algorithms.loss.interfaces import LossInputType, LossType
-from nemo_rl_core.algorithms.loss.utils import check_aligned
 from nemo_rl_core.algorithms.utils import masked_mean
-from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+
+# log q assumed for the student outside the teacher's top-k under zero_outside_topk
+LOG_INFINITESIMAL = -100.0
 
 
 class DistillationLossFn:
     r"""Token-level KL between teacher p and student q on the teacher's top-k tokens K.
 
-    p = ``teacher_topk_logprobs`` (the teacher renormalized over K). For q:
-    with ``zero_outside_topk`` false, q is the student renormalized over K, and
+    p = ``teacher_topk_logprobs`` (the teacher renormalized over K); q =
+    ``student_topk_logprobs``, renormalized over K unless ``zero_outside_topk``, then the
+    student's full-vocabulary log-probs at K:
 
-        forward = sum_{v in K} p (log p - log q),   reverse = sum_{v in K} q (log q - log p);
+        forward = sum_{v in K} p (log p - log q),   reverse = sum_{v in K} q (log q - log p)
+        kl      = forward | reverse | w forward + (1 - w) reverse      (``kl_type``;
+                  w = ``mixed_kl_weight``)
 
-    with ``zero_outside_topk`` true, q is the student's full-vocabulary distribution and
-    the teacher is taken as zero outside K, so terms in log p vanish there:
+    With ``zero_outside_topk`` and a reverse term, the student mass outside K counts too:
+    + (H_rest - log(eps) P_rest) (times 1 - w for "mixed"), H_rest = H_all - sum_K q log q,
+    P_rest = 1 - sum_K q, log(eps) = -100.
 
-        forward = sum_{v in K} p (log p - log q),
-        reverse = H_all - sum_{v in K} q log p,     H_all = sum_{all v} q log q.
-
-        kl   = forward | reverse | w forward + (1 - w) reverse      (``kl_type``;
-               w = ``mixed_kl_weight`` for "mixed")
         loss = sum_t m_t kl_t / global_valid_toks,   m = token_mask[:, 1:] * sample_mask
     """
 
     loss_type = LossType.TOKEN_LEVEL
     input_type = LossInputType.DISTILLATION
 
-    def __init__(self, cfg: DistillationLossConfig | Mapping[str, Any]):
-        self.cfg = validate_section(DistillationLossConfig, cfg, "loss_fn")
+    def __init__(self, cfg: Mapping[str, Any] | Any):
+        values = cfg if isinstance(cfg, Mapping) else cfg.model_dump()
+        self.kl_type = values["kl_type"]
+        self.mixed_kl_weight = values["mixed_kl_weight"]
+        self.zero_outside_topk = values["zero_outside_topk"]
+        assert self.kl_type in ("forward", "reverse", "mixed"), (
+            f"Invalid KL type {self.kl_type!r}: use forward, reverse or mixed"
+        )
+        assert 0 <= self.mixed_kl_weight <= 1, "Invalid mixed KL weight: must be in [0, 1]"
 
     def __call__(
         self,
-        data: BatchedDataDict,
-        global_valid_seqs: torch.Tensor,
-        global_valid_toks: torch.Tensor,
         student_topk_logprobs: torch.Tensor,
         teacher_topk_logprobs: torch.Tensor,
-        H_all: torch.Tensor | None = None,  # noqa: N803 - NeMo RL's keyword name
+        H_all: torch.Tensor | None,  # noqa: N803 - NeMo RL's keyword
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        cfg = self.cfg
-        student = student_topk_logprobs
-        teacher = teacher_topk_logprobs.to(student.dtype)
-        token_mask = data["token_mask"][:, 1:].to(student.dtype)
-        check_aligned("student_topk_logprobs", student, token_mask)
-        check_aligned("teacher_topk_logprobs", teacher, token_mask)
-        mask = token_mask * data["sample_mask"].to(student.dtype).unsqueeze(-1)
-        if not cfg.zero_outside_topk:
-            student = student - torch.logsumexp(student, dim=-1, keepdim=True)
-        teacher_probs, student_probs = teacher.exp(), student.exp()
-
-        forward = (teacher_probs * (teacher - student)).sum(-1)
-        if cfg.zero_outside_topk:
-            if H_all is None and cfg.kl_type != "forward":
-                raise ValueError(
-                    "loss_fn.zero_outside_topk with a reverse/mixed kl_type needs H_all "
-                    "(the student's sum_v q log q over the full vocabulary)"
-                )
-            reverse = None if H_all is None else H_all - (student_probs * teacher).sum(-1)
+        q_log, p_log = student_topk_logprobs, teacher_topk_logprobs
+        q, p = q_log.exp(), p_log.exp()
+        forward = (p * (p_log - q_log)).sum(-1)
+        reverse = (q * (q_log - p_log)).sum(-1)
+        w = self.mixed_kl_weight
+        per_token = {"forward": forward, "reverse": reverse}.get(
+            self.kl_type, w * forward + (1.0 - w) * reverse
+        )
+        if self.zero_outside_topk and self.kl_type != "forward":
+            rest_entropy = H_all - (q * q_log).sum(-1)
+            rest_mass = 1 - q.sum(-1)
+            correction = rest_entropy - LOG_INFINITESIMAL * rest_mass
+            per_token = per_token + (
+                correction * (1.0 - w) if self.kl_type == "mixed" else correction
+            )
+        if "token_mask" in data and "sample_mask" in data:
+            token_mask = data["token_mask"][:, 1:][:, : per_token.shape[1]]
+            mask = token_mask * data["sample_mask"].unsqueeze(-1)
+            loss = masked_mean(per_token, mask, global_normalization_factor=global_valid_toks)
         else:
-            reverse = (student_probs * (student - teacher)).sum(-1)
-
-        if cfg.kl_type == "forward":
-            kl = forward
-        elif cfg.kl_type == "reverse":
-            kl = reverse
-        else:
-            kl = cfg.mixed_kl_weight * forward + (1 - cfg.mixed_kl_weight) * reverse
-
-        def token_mean(values: torch.Tensor) -> torch.Tensor:
-            return masked_mean(values, mask, global_normalization_factor=global_valid_toks)
-
-        loss = token_mean(kl)
-        with torch.no_grad():
-            metrics = {"loss": loss.item(), "forward_kl": token_mean(forward).item()}
-            if reverse is not None:
-                metrics["reverse_kl"] = token_mean(reverse).item()
-            metrics["num_valid_samples"] = data["sample_mask"].sum().item()
-        return loss, metrics
+            loss = per_token.mean()
+        return loss, {"loss": loss.item(), "num_valid_samples": data["input_ids"].shape[0]}

@@ -1,52 +1,46 @@
 """Draft-model training for speculative decoding."""
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from nemo_rl_core.algorithms.loss.interfaces import LossInputType, LossType
 from nemo_rl_core.algorithms.utils import masked_mean
-from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
 class DraftCrossEntropyLossFn:
-    r"""Soft cross-entropy of the draft model against the target (teacher) model.
+    r"""Soft cross-entropy of the draft model against the policy (its teacher).
 
-        loss = sum_t mask_t ( -sum_v softmax(z^teacher_t)_v log_softmax(z^draft_t)_v )
-               / global_valid_toks
+        loss = sum_t m_t ( -sum_v softmax(z^teacher_t)_v log_softmax(z^draft_t)_v )
+               / global_valid_toks,    m = token_mask * sample_mask
 
     Teaching the full next-token distribution (not just the sampled token) is what
-    maximizes the draft's acceptance rate. No knobs; ``mask`` selects the positions.
+    maximizes the draft's acceptance rate. Returns the scalar loss only, as NeMo RL's does
+    (the policy adds it to its own loss, weighted by ``policy.draft.loss_weight``).
     """
 
     loss_type = LossType.TOKEN_LEVEL
     input_type = LossInputType.DRAFT
 
+    def __init__(self, vocab_parallel_group: Any = None):
+        if vocab_parallel_group is not None:
+            raise NotImplementedError(
+                "a vocabulary-parallel draft loss needs tensor parallelism, which this "
+                "deployment's draft training does not use"
+            )
+        self.vocab_parallel_group = vocab_parallel_group
+
     def __call__(
         self,
-        data: BatchedDataDict,
-        global_valid_seqs: torch.Tensor,
-        global_valid_toks: torch.Tensor,
         teacher_logits: torch.Tensor,
         student_logits: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        if teacher_logits.shape != student_logits.shape or student_logits.shape[:2] != mask.shape:
-            raise ValueError(
-                f"teacher_logits {tuple(teacher_logits.shape)} and student_logits "
-                f"{tuple(student_logits.shape)} must both be [B, T, V] with mask "
-                f"{tuple(mask.shape)} = [B, T]"
-            )
+        token_mask: torch.Tensor,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+    ) -> torch.Tensor:
         teacher_probs = torch.softmax(teacher_logits.detach().to(student_logits.dtype), dim=-1)
-        student_logprobs = torch.log_softmax(student_logits, dim=-1)
-        cross_entropy = -(teacher_probs * student_logprobs).sum(-1)
-        mask = mask.to(student_logits.dtype)
-        loss = masked_mean(cross_entropy, mask, global_normalization_factor=global_valid_toks)
-        with torch.no_grad():
-            agree = (teacher_logits.argmax(-1) == student_logits.argmax(-1)).to(mask.dtype)
-            metrics = {
-                "loss": loss.item(),
-                "top1_agreement": masked_mean(agree, mask, None, global_valid_toks).item(),
-                "num_unmasked_tokens": mask.sum().item(),
-            }
-        return loss, metrics
+        per_token = -(teacher_probs * torch.log_softmax(student_logits, dim=-1)).sum(-1)
+        mask = token_mask * data["sample_mask"].unsqueeze(-1)
+        return masked_mean(per_token, mask, global_normalization_factor=global_valid_toks)

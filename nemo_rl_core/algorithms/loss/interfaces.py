@@ -69,15 +69,26 @@ class MetricNormalizer(enum.Enum):
         return float(max(values) if self is MetricNormalizer.MAX else min(values))
 
 
+def default_normalizer(key: str) -> MetricNormalizer:
+    """How a metric combines unless told otherwise: ``*_min`` by MIN, ``*_max`` by MAX,
+    every other one (a share of a global count, or a count) by SUM."""
+    if key.endswith("_min"):
+        return MetricNormalizer.MIN
+    if key.endswith("_max"):
+        return MetricNormalizer.MAX
+    return MetricNormalizer.SUM
+
+
 def aggregate_microbatch_metrics(
     metrics: Sequence[Mapping[str, float]],
     normalizers: Mapping[str, MetricNormalizer] | None = None,
 ) -> dict[str, float]:
-    """Combine the metric dicts of a global batch's microbatches (default: SUM)."""
+    """Combine the metric dicts of a global batch's microbatches (see
+    :func:`default_normalizer`)."""
     normalizers = normalizers or {}
     keys = dict.fromkeys(key for entry in metrics for key in entry)
     return {
-        key: normalizers.get(key, MetricNormalizer.SUM).reduce(
+        key: normalizers.get(key, default_normalizer(key)).reduce(
             [entry[key] for entry in metrics if key in entry]
         )
         for key in keys

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from nemo_rl_core.algorithms.loss.interfaces import LossFunction
+from nemo_rl_core.algorithms.loss.interfaces import LossFunction, aggregate_microbatch_metrics
+from nemo_rl_core.algorithms.loss.preference import PreferenceLossFn
 from nemo_rl_core.algorithms.loss.utils import prepare_loss_input
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
@@ -49,9 +50,10 @@ class SequencePackingLossWrapper:
         num_seqs = len(self.cu_seqlens_q) - 1
         if num_seqs != data.size:
             raise ValueError(f"cu_seqlens_q describes {num_seqs} sequences, data holds {data.size}")
-        group = getattr(self.loss_fn, "samples_per_example", 1)
+        # a preference loss scores chosen/rejected pairs: keep each pair together
+        group = 2 if isinstance(self.loss_fn, PreferenceLossFn) else 1
         total_loss: torch.Tensor | None = None
-        metrics: dict[str, Any] = {}
+        shares: list[dict[str, Any]] = []
         for start in range(0, num_seqs, group):
             indices = list(range(start, min(start + group, num_seqs)))
             lengths = [self.cu_seqlens_q[i + 1] - self.cu_seqlens_q[i] for i in indices]
@@ -67,16 +69,22 @@ class SequencePackingLossWrapper:
                 key: self._slice_extra(value, indices, width)
                 for key, value in prepare_kwargs.items()
             }
-            loss_input = prepare_loss_input(group_logits, group_data, self.loss_fn, **extra)
-            loss, group_metrics = self.loss_fn(
-                group_data, global_valid_seqs, global_valid_toks, **loss_input
+            loss_input, group_data = prepare_loss_input(
+                group_logits, group_data, self.loss_fn, **extra
             )
+            result = self.loss_fn(
+                data=group_data,
+                global_valid_seqs=global_valid_seqs,
+                global_valid_toks=global_valid_toks,
+                **loss_input,
+            )
+            # the draft loss returns its scalar alone, as NeMo RL's does
+            loss, group_metrics = result if isinstance(result, tuple) else (result, {})
             total_loss = loss if total_loss is None else total_loss + loss
-            for key, value in group_metrics.items():
-                metrics[key] = metrics.get(key, 0) + value
+            shares.append(group_metrics)
         if total_loss is None:
             raise ValueError("cannot compute a loss over an empty packed batch")
-        return total_loss, metrics
+        return total_loss, aggregate_microbatch_metrics(shares)
 
     def _unpack(self, packed: torch.Tensor, index: int, length: int, width: int) -> torch.Tensor:
         """Sequence ``index`` of a [1, T, ...] packed tensor as [1, width, ...] (zero-padded)."""

@@ -1,16 +1,20 @@
-"""Glue between a model's logits and a loss: input preparation and global reduction.
+"""Glue between a model's logits and a loss: the inputs a loss declares, and one reduction.
 
 Training backends call :func:`prepare_loss_input` with the microbatch logits and pass the
-result as keyword arguments to the loss, so a loss never needs to know the backend.
+returned inputs as keyword arguments to the loss, so a loss never needs to know the
+backend. :func:`reduce_token_loss` is the one place that turns per-token values into a
+microbatch's share of the global loss; every loss and backend goes through it.
 """
 
-from typing import Any
+from collections.abc import MutableMapping
+from typing import Any, TypeVar
 
 import torch
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction, LossInputType, LossType
 from nemo_rl_core.algorithms.utils import masked_mean
-from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+
+DataT = TypeVar("DataT", bound=MutableMapping[str, Any])
 
 
 def next_token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -25,57 +29,104 @@ def next_token_logprobs_from_logits(logits: torch.Tensor, input_ids: torch.Tenso
             f"logits {tuple(logits.shape)} must be [B, S, V] with [B, S] = input_ids "
             f"{tuple(input_ids.shape)}"
         )
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    logits = logits[:, :-1]
+    logits = _upcast(logits)[:, :-1]
     targets = input_ids[:, 1:].unsqueeze(-1).long()
     return logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def distillation_topk_logprobs(
+    student_logits: torch.Tensor,
+    teacher_topk_logits: torch.Tensor,
+    teacher_topk_indices: torch.Tensor,
+    zero_outside_topk: bool,
+    calculate_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The student's and teacher's log-probs at the teacher's top-k tokens, positions < S-1.
+
+    With ``zero_outside_topk`` the student's are its full-vocabulary log-probs at those
+    tokens (the mass outside the top-k is accounted for by the loss, with ``H_all`` =
+    sum_v p log p when ``calculate_entropy``); otherwise both distributions are
+    renormalized over the top-k. The teacher's are always renormalized over its top-k.
+    """
+    k = teacher_topk_indices.shape[-1]
+    if k <= 0:
+        raise ValueError(
+            f"topk must be positive, got {k}: distillation needs at least one teacher token "
+            "per position (distillation.topk_logits_k)"
+        )
+    student_logits = _upcast(student_logits)
+    indices = teacher_topk_indices.to(student_logits.device).long()
+    entropy = None
+    if zero_outside_topk:
+        full = torch.log_softmax(student_logits, dim=-1)
+        student = full.gather(-1, indices)
+        if calculate_entropy:
+            entropy = (full.exp() * full).sum(-1)[:, :-1]
+    else:
+        student = torch.log_softmax(student_logits.gather(-1, indices), dim=-1)
+    teacher = torch.log_softmax(teacher_topk_logits.to(student.device, student.dtype), dim=-1)
+    return student[:, :-1], teacher[:, :-1], entropy
+
+
 def prepare_loss_input(
     logits: torch.Tensor,
-    data: BatchedDataDict,
+    data: DataT,
     loss_fn: LossFunction,
     draft_logits: torch.Tensor | None = None,
-) -> dict[str, Any]:
-    """The keyword inputs ``loss_fn`` declares through ``loss_fn.input_type``.
+) -> tuple[dict[str, Any], DataT]:
+    """``(loss_input, data)``: the keyword inputs ``loss_fn`` declares through its
+    ``input_type``, and the microbatch (returned as NeMo RL's callers expect).
 
-    LOGPROB: ``next_token_logprobs`` [B, S-1] from ``data["input_ids"]``.
-    LOGIT: ``logits`` as given, under the loss's ``logit_input_key`` when it declares one
-    (the value loss takes the value model's output as ``values``).
-    DISTILLATION: from ``data["teacher_topk_logits"]``/``["teacher_topk_indices"]`` [B, S, k]:
-    ``student_topk_logprobs`` (the student's full-vocabulary log-probs at the teacher's
-    top-k ids), ``teacher_topk_logprobs`` (teacher renormalized over its top-k) and
-    ``H_all`` = sum_v p_s log p_s (the student's negative entropy), all for positions < S-1.
-    DRAFT: ``teacher_logits`` (these logits, detached), ``student_logits`` (``draft_logits``)
-    and ``mask`` = token_mask[:, 1:] * sample_mask, for positions < S-1.
+    LOGPROB: ``next_token_logprobs`` [B, S-1] of ``data["input_ids"]``.
+    LOGIT: ``logits`` as given.
+    DISTILLATION: ``student_topk_logprobs``, ``teacher_topk_logprobs`` [B, S-1, k] and
+    ``H_all`` (see :func:`distillation_topk_logprobs`), from ``data["teacher_topk_logits"]``
+    / ``["teacher_topk_indices"]`` [B, S, k].
+    DRAFT: ``teacher_logits`` (these logits shifted one position left, detached; the last
+    position zero), ``token_mask`` shifted the same way and ``student_logits`` (the draft
+    model's, ``draft_logits`` or ``data["student_logits"]``).
     """
     input_type = loss_fn.input_type
     if input_type == LossInputType.LOGIT:
-        return {getattr(loss_fn, "logit_input_key", "logits"): logits}
+        return {"logits": logits}, data
     if input_type == LossInputType.LOGPROB:
-        return {"next_token_logprobs": next_token_logprobs_from_logits(logits, data["input_ids"])}
+        logprobs = next_token_logprobs_from_logits(logits, data["input_ids"])
+        return {"next_token_logprobs": logprobs}, data
     if input_type == LossInputType.DISTILLATION:
-        student_logprobs = torch.log_softmax(_upcast(logits[:, :-1]), dim=-1)
-        indices = data["teacher_topk_indices"][:, :-1].long()
-        teacher_topk_logits = _upcast(data["teacher_topk_logits"][:, :-1])
+        forward_only = getattr(loss_fn, "kl_type", "forward") == "forward"
+        zero_outside = bool(getattr(loss_fn, "zero_outside_topk", False))
+        student, teacher, entropy = distillation_topk_logprobs(
+            logits,
+            data["teacher_topk_logits"],
+            data["teacher_topk_indices"],
+            zero_outside_topk=zero_outside,
+            calculate_entropy=zero_outside and not forward_only,
+        )
         return {
-            "student_topk_logprobs": student_logprobs.gather(-1, indices),
-            "teacher_topk_logprobs": torch.log_softmax(teacher_topk_logits, dim=-1),
-            "H_all": (student_logprobs.exp() * student_logprobs).sum(-1),
-        }
+            "student_topk_logprobs": student,
+            "teacher_topk_logprobs": teacher,
+            "H_all": entropy,
+        }, data
     if input_type == LossInputType.DRAFT:
-        if draft_logits is None:
+        student = draft_logits if draft_logits is not None else data.get("student_logits")
+        if student is None:
             raise ValueError(
-                "loss input type DRAFT needs draft_logits= (the draft model's logits, [B, S, V])"
+                "a DRAFT loss needs the draft model's logits: draft_logits= or "
+                "data['student_logits'] ([B, S, V])"
             )
-        mask = data["token_mask"][:, 1:] * data["sample_mask"].unsqueeze(-1)
         return {
-            "teacher_logits": logits[:, :-1].detach(),
-            "student_logits": draft_logits[:, :-1],
-            "mask": mask,
-        }
-    raise ValueError(f"unsupported loss input_type {input_type!r}")
+            "teacher_logits": shift_left(logits.detach()),
+            "student_logits": student,
+            "token_mask": shift_left(data["token_mask"]),
+        }, data
+    raise ValueError(f"unknown loss input_type {input_type!r}")
+
+
+def shift_left(tensor: torch.Tensor) -> torch.Tensor:
+    """Position t takes position t+1's value along dim 1; the last position is zero."""
+    shifted = torch.zeros_like(tensor)
+    shifted[:, :-1] = tensor[:, 1:]
+    return shifted
 
 
 def reduce_token_loss(
@@ -83,8 +134,8 @@ def reduce_token_loss(
     token_mask: torch.Tensor,
     sample_mask: torch.Tensor,
     loss_type: LossType,
-    global_valid_seqs: torch.Tensor,
-    global_valid_toks: torch.Tensor,
+    global_valid_seqs: torch.Tensor | float,
+    global_valid_toks: torch.Tensor | float,
 ) -> torch.Tensor:
     """Reduce a [B, T] per-token loss to this microbatch's share of the global loss.
 
@@ -97,15 +148,6 @@ def reduce_token_loss(
         return masked_mean(per_token, mask, global_normalization_factor=global_valid_toks)
     per_seq = masked_mean(per_token, token_mask, dim=-1)
     return masked_mean(per_seq, sample_mask, global_normalization_factor=global_valid_seqs)
-
-
-def check_aligned(name: str, tensor: torch.Tensor, reference: torch.Tensor) -> None:
-    """Fail early, naming the input, when a loss input is not aligned with the masks."""
-    if tensor.shape[:2] != reference.shape[:2]:
-        raise ValueError(
-            f"{name} has shape {tuple(tensor.shape)}; expected [B, S-1] = "
-            f"{tuple(reference.shape[:2])} (data tensors are [B, S] and lose position 0)"
-        )
 
 
 def _upcast(tensor: torch.Tensor) -> torch.Tensor:

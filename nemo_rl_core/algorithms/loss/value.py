@@ -5,68 +5,68 @@ from typing import Any
 
 import torch
 
-from nemo_rl_core.algorithms.config import MseValueLossConfig, validate_section
+from nemo_rl_core.algorithms.config import MseValueLossConfig
 from nemo_rl_core.algorithms.loss.interfaces import LossInputType, LossType
-from nemo_rl_core.algorithms.loss.utils import check_aligned, reduce_token_loss
 from nemo_rl_core.algorithms.utils import masked_mean
-from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
 class MseValueLossFn:
-    r"""Clipped squared error of the value model against the GAE returns.
+    r"""Squared error of the value model against the GAE returns, optionally clipped.
 
-        V^clip_t = V^old_t + clip(V_t - V^old_t, -c, c)           (c = ``value_clip_range``)
-        L_t      = 1/2 max((V_t - R_t)^2, (V^clip_t - R_t)^2)      (c = None: 1/2 (V_t - R_t)^2)
-        loss     = reduce(L)   (``token_level_loss``: over global_valid_toks, else per
-                               sequence mean over global_valid_seqs)
+        V^clip_t = clip(V_t, V^old_t - c, V^old_t + c)                       (c = ``cliprange``)
+        L_t      = max((V_t - R_t)^2, (V^clip_t - R_t)^2)          (c = None or 0: (V_t - R_t)^2)
+        loss     = 0.5 * ``scale`` * sum_t m_t L_t / global_valid_toks,  m = token_mask * sample_mask
 
-    All [B, S] aligned with input_ids, position 0 dropped: ``values`` (keyword, the
-    current model's V_t = estimate of the return from the state before token t, as
-    ``ValueInterface.get_values`` returns it; [B, S, 1] is accepted), data ``returns``
-    (R_t) and data ``values`` (V^old_t from the rollout's value pass, read only when clipping).
+    ``logits`` is the value model's output V_t, [B, S] (or [B, S, 1]), aligned with the
+    tokens like ``token_mask``, data ``returns`` (R_t) and data ``values`` (V^old_t from the
+    rollout's value pass, read only when clipping).
     """
 
     input_type = LossInputType.LOGIT
-    logit_input_key = "values"  # prepare_loss_input passes the model output under this name
+    loss_type = LossType.TOKEN_LEVEL
 
     def __init__(self, cfg: MseValueLossConfig | Mapping[str, Any]):
-        self.cfg = validate_section(MseValueLossConfig, cfg, "loss_fn")
-        self.loss_type = (
-            LossType.TOKEN_LEVEL if self.cfg.token_level_loss else LossType.SEQUENCE_LEVEL
-        )
+        if not isinstance(cfg, MseValueLossConfig):
+            cfg = MseValueLossConfig.model_validate(dict(cfg))
+        self.scale = cfg.scale
+        self.cliprange = cfg.cliprange
 
     def __call__(
         self,
-        data: BatchedDataDict,
+        logits: torch.Tensor,
+        data: Mapping[str, Any],
         global_valid_seqs: torch.Tensor,
         global_valid_toks: torch.Tensor,
-        values: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        predicted = (values.squeeze(-1) if values.dim() == 3 else values)[:, 1:]
-        token_mask = data["token_mask"][:, 1:].to(predicted.dtype)
-        check_aligned("values[:, 1:]", predicted, token_mask)
-        sample_mask = data["sample_mask"].to(predicted.dtype)
-        returns = data["returns"][:, 1:].to(predicted.dtype)
-        per_token = (predicted - returns).square()
-        clipped = torch.zeros_like(per_token)
-        if self.cfg.value_clip_range is not None:
-            old = data["values"][:, 1:].to(predicted.dtype)
-            c = self.cfg.value_clip_range
-            predicted_clipped = old + (predicted - old).clamp(-c, c)
-            per_token_clipped = (predicted_clipped - returns).square()
-            clipped = (per_token_clipped > per_token).to(predicted.dtype)
-            per_token = torch.maximum(per_token, per_token_clipped)
-        loss = 0.5 * reduce_token_loss(
-            per_token, token_mask, sample_mask, self.loss_type, global_valid_seqs, global_valid_toks
-        )
-        mask = token_mask * sample_mask.unsqueeze(-1)
+        values = logits.squeeze(-1) if logits.dim() > 2 and logits.shape[-1] == 1 else logits
+        returns = data["returns"]
+        mask = data["token_mask"] * data["sample_mask"].unsqueeze(-1)
+
+        def mean(per_token: torch.Tensor) -> torch.Tensor:
+            return masked_mean(per_token, mask, global_normalization_factor=global_valid_toks)
+
+        squared = (values - returns) ** 2
+        clip_fraction = 0.0
+        if self.cliprange:
+            old = data["values"]
+            clipped = torch.clamp(values, old - self.cliprange, old + self.cliprange)
+            clipped_squared = (clipped - returns) ** 2
+            clip_fraction = mean((clipped_squared > squared).float()).item()
+            squared = torch.max(squared, clipped_squared)
+        loss = 0.5 * self.scale * mean(squared)
         with torch.no_grad():
+            kept = values[mask.bool()]
             metrics = {
                 "loss": loss.item(),
-                "value_clipped_fraction": masked_mean(
-                    clipped, mask, None, global_valid_toks
-                ).item(),
-                "values_mean": masked_mean(predicted, mask, None, global_valid_toks).item(),
-                "num_valid_samples": sample_mask.sum().item(),
+                "vf_clipfrac": clip_fraction,
+                "returns_mean": mean(returns).item(),
+                "values_mean": mean(values).item(),
+                # no valid token: the neutral elements of min and max, as ClippedPG reports
+                # its ratio bounds, so that microbatch values combine exactly
+                "values_min": kept.min().item() if kept.numel() else float("inf"),
+                "values_max": kept.max().item() if kept.numel() else float("-inf"),
+                "returns_sq_mean": mean(returns**2).item(),
+                "residual_sq_mean": mean((returns - values) ** 2).item(),
+                "num_valid_samples": int(values.shape[0]),
             }
         return loss, metrics

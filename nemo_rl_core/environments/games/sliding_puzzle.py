@@ -179,6 +179,8 @@ def parse_action(text: str) -> str | None:
 class SlidingPuzzleEnv(EnvironmentInterface[SlidingPuzzleMetadata]):
     """Answers each sample's last assistant turn with the board after its action."""
 
+    config_class = SlidingPuzzleEnvConfig
+
     def __init__(self, cfg: SlidingPuzzleEnvConfig | dict[str, Any] | None = None):
         self.cfg = SlidingPuzzleEnvConfig.model_validate(cfg or {})
 

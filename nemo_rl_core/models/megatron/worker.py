@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction
 from nemo_rl_core.algorithms.loss.utils import next_token_logprobs_from_logits, prepare_loss_input
+from nemo_rl_core.algorithms.utils import calculate_global_valid_counts
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.megatron.config import MegatronConfig
 from nemo_rl_core.models.megatron.converters import GPTLayout, hf_to_megatron, megatron_to_hf
@@ -79,14 +80,6 @@ class ValueHead(torch.nn.Module):
 
 def _as_metric(value: Any) -> Any:
     return value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
-
-
-def global_valid_counts(batch: BatchedDataDict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Valid sequences, and valid next-token positions of them, in the whole global batch."""
-    sample_mask = batch["sample_mask"].float()
-    if "token_mask" not in batch:
-        return sample_mask.sum(), sample_mask.sum() * (batch["input_ids"].shape[1] - 1)
-    return sample_mask.sum(), (batch["token_mask"][:, 1:].float() * sample_mask[:, None]).sum()
 
 
 class MegatronWorker:
@@ -397,13 +390,16 @@ class MegatronWorker:
         """Megatron's schedule over this rank's microbatches; returns the summed local loss."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        seqs, toks = global_valid_counts(batch)
+        seqs, toks = calculate_global_valid_counts(batch)
         share = self._dp_share(batch)
         num_mb = share.size // mbs
         mb_losses: list[torch.Tensor] = []
 
         def loss_func(mb: BatchedDataDict, output: torch.Tensor) -> tuple[torch.Tensor, dict]:
-            loss, metrics = loss_fn(mb, seqs, toks, **prepare_loss_input(output, mb, loss_fn))
+            loss_input, mb = prepare_loss_input(output, mb, loss_fn)
+            loss, metrics = loss_fn(
+                data=mb, global_valid_seqs=seqs, global_valid_toks=toks, **loss_input
+            )
             mb_losses.append(loss.detach())
             metrics = {k: _as_metric(v) for k, v in metrics.items()}
             metrics.update(

@@ -151,9 +151,10 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         """The loss's inputs: logprobs of the trained tokens only (``token_mask``) for a
         logprob loss, else per-sample ``[b, S, V]`` logits (unpacked if packed)."""
         if loss_fn.input_type == LossInputType.LOGPROB:
-            wanted = mb["token_mask"][:, 1:]
+            # the positions a loss reads: its token_mask's, every real token's without one
+            wanted = mb["token_mask"][:, 1:] if "token_mask" in mb else layout.valid[:, 1:]
             return {"next_token_logprobs": self._next_token_logprobs(layout, self.model, wanted)}
-        return prepare_loss_input(layout.unpack(self._logits(self.model, layout)), mb, loss_fn)
+        return prepare_loss_input(layout.unpack(self._logits(self.model, layout)), mb, loss_fn)[0]
 
     def calibrate_qkv_fp8_scales(
         self,

@@ -20,6 +20,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction
+from nemo_rl_core.algorithms.utils import calculate_global_valid_counts
 from nemo_rl_core.distributed.batched_data_dict import (
     BatchedDataDict,
     DynamicBatchingArgs,
@@ -38,16 +39,6 @@ SCHEDULER_FILE = "scheduler.pt"
 
 class NonFiniteTrainingError(FloatingPointError):
     """A loss or gradient norm was NaN/Inf; the optimizer step was skipped."""
-
-
-def global_valid_counts(batch: BatchedDataDict) -> tuple[torch.Tensor, torch.Tensor]:
-    """NeMo RL's normalisers: valid sequences, and valid next-token positions of them."""
-    sample_mask = batch["sample_mask"].float()
-    seqs = sample_mask.sum()
-    if "token_mask" not in batch:
-        return seqs, seqs * batch["input_ids"].shape[1]
-    toks = (batch["token_mask"][:, 1:].float() * sample_mask.unsqueeze(-1)).sum()
-    return seqs, toks
 
 
 def _pad_seq_dim(outputs: dict[str, torch.Tensor], missing: int) -> dict[str, torch.Tensor]:
@@ -251,7 +242,7 @@ class HFTrainable(ABC):
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
         for gb_idx in range(data.size // gbs):
             batch = planned.get_batch(gb_idx, gbs)
-            seqs, toks = global_valid_counts(batch)
+            seqs, toks = calculate_global_valid_counts(batch)
             total_seqs, total_toks = total_seqs + seqs.item(), total_toks + toks.item()
             gb_loss = 0.0
             if self.optimizer is not None:
@@ -262,7 +253,9 @@ class HFTrainable(ABC):
                 mb = mb.to(self.device)
                 with torch.set_grad_enabled(not eval_mode):
                     loss_inputs = self._loss_inputs(mb, layout, loss_fn)
-                    loss, metrics = loss_fn(mb, seqs, toks, **loss_inputs)
+                    loss, metrics = loss_fn(
+                        data=mb, global_valid_seqs=seqs, global_valid_toks=toks, **loss_inputs
+                    )
                 if not torch.isfinite(loss):
                     self._abort_step(
                         f"loss is {loss.item()} at global batch {gb_idx}, microbatch {mb_idx}"

@@ -76,7 +76,7 @@ class HFValue(HFTrainable, ValueInterface):
         self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
     ) -> dict[str, torch.Tensor]:
         """The current values [b, S] (aligned as ``get_values``) under the loss's input key."""
-        return prepare_loss_input(self._values(layout), mb, loss_fn)
+        return prepare_loss_input(self._values(layout), mb, loss_fn)[0]
 
     def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
         self.model.train()

@@ -8,7 +8,8 @@ from conftest import make_batch, policy_config
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from nemo_rl_core.algorithms.loss import ClippedPGLossFn, NLLLossFn
+from nemo_rl_core.algorithms.loss import ClippedPGLossFn, LossInputType, LossType, NLLLossFn
+from nemo_rl_core.algorithms.utils import calculate_global_valid_counts
 from nemo_rl_core.models.policy import make_policy
 from nemo_rl_core.models.policy.hf_policy import HFPolicy
 from nemo_rl_core.models.policy.megatron_policy import MegatronPolicy
@@ -150,3 +151,40 @@ def test_bfloat16_trains_with_fp32_master_weights(tiny_model_dir, hf_policy, voc
         assert losses[2] < losses[0]
     finally:
         policy.shutdown()
+
+
+class _TokenMeanNLL:
+    """NLL over the next-token positions the batch marks (every real token's without a
+    ``token_mask``), normalized by the trainer's global token count: its value shows which
+    normaliser a backend used."""
+
+    loss_type = LossType.TOKEN_LEVEL
+    input_type = LossInputType.LOGPROB
+
+    def __call__(self, next_token_logprobs, data, global_valid_seqs, global_valid_toks):
+        if "token_mask" in data:
+            mask = data["token_mask"][:, 1:]
+        else:
+            positions = torch.arange(1, data["input_ids"].shape[1])
+            mask = (positions[None] < data["input_lengths"][:, None]).float()
+        loss = -(next_token_logprobs * mask).sum() / global_valid_toks
+        return loss, {"loss": loss.item()}
+
+
+@pytest.mark.parametrize("with_token_mask", [True, False], ids=["token_mask", "no_token_mask"])
+def test_backends_share_one_loss_normaliser(tiny_model_dir, vocab_size, with_token_mask) -> None:
+    data = make_batch(vocab_size, seed=5)
+    if not with_token_mask:
+        del data["token_mask"]
+    megatron = MegatronPolicy(policy_config(tiny_model_dir, "megatron"))
+    hf = HFPolicy(policy_config(tiny_model_dir, "hf"))
+    try:
+        got = megatron.train(data, _TokenMeanNLL(), eval_mode=True)
+        want = hf.train(data, _TokenMeanNLL(), eval_mode=True)
+    finally:
+        megatron.shutdown()
+    torch.testing.assert_close(got["loss"], want["loss"], atol=1e-5, rtol=1e-5)
+    seqs, toks = calculate_global_valid_counts(data)
+    # without a token mask every position after the first counts: seqs * (S - 1)
+    expected_toks = toks if with_token_mask else seqs * (data["input_ids"].shape[1] - 1)
+    assert want["global_valid_toks"] == pytest.approx(float(expected_toks))

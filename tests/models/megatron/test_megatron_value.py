@@ -16,7 +16,7 @@ pytestmark = pytest.mark.megatron
 
 def test_value_train_step_and_checkpoint_match_hf(tiny_model_dir, vocab_size, tmp_path) -> None:
     data = make_batch(vocab_size, seed=4)
-    loss_fn = MseValueLossFn({"value_clip_range": None})
+    loss_fn = MseValueLossFn({"cliprange": None})
     megatron = make_value_model(policy_config(tiny_model_dir, "megatron", ValueConfig))
     assert isinstance(megatron, MegatronValue)
     hf = HFValue(policy_config(tiny_model_dir, "hf", ValueConfig))

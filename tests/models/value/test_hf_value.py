@@ -14,7 +14,7 @@ from nemo_rl_core.models.value.hf_value import HFValue
 
 
 def mse(clip: float | None = None) -> MseValueLossFn:
-    return MseValueLossFn({"value_clip_range": clip})
+    return MseValueLossFn({"cliprange": clip})
 
 
 def value_config(model_dir: Path, **overrides: Any) -> ValueConfig:
@@ -70,7 +70,7 @@ def test_clipped_value_loss_limits_each_step(tiny_model_dir: Path) -> None:
     data = rollout()
     data["values"] = value.get_values(data)["values"]
     metrics = value.train(data, mse(clip=0.05))
-    assert "value_clipped_fraction" in metrics["all_mb_metrics"]
+    assert "vf_clipfrac" in metrics["all_mb_metrics"]
     moved = (value.get_values(data)["values"] - data["values"]).abs()
     assert moved.max() > 0
 
