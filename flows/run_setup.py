@@ -8,8 +8,8 @@ import secrets
 import socket
 from typing import Any
 
-from nemo_rl_core.algorithms.grpo import load_master_config
-from nemo_rl_core.data.datasets.builder import load_rows
+from nemo_rl_core.algorithms.grpo import data_setup, load_master_config
+from nemo_rl_core.data.datasets.builder import SPLITS, load_rows, split_datasets, task_processors
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline
@@ -76,7 +76,15 @@ def check_run_config(pipeline: Pipeline, config_path: str, overrides: list[str] 
             "checkpoints, so a staged run needs checkpointing enabled"
         )
     resolve_model(config.policy.model_name)
-    load_rows(config.data)
+    setup = data_setup(config)
+    for split in SPLITS:  # reads the prompt files: a missing one fails here, not mid-run
+        task_processors(split_datasets(config.data, split, setup))
+    rows = load_rows(config.data, setup=setup)
+    if not rows:
+        raise ConfigError(
+            "data.train: no training rows; name a dataset as NeMo RL v0.7's configs do "
+            "(data.train.dataset_name, or ResponseDataset with data.train.data_path)"
+        )
     return config
 
 

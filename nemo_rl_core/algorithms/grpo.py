@@ -35,7 +35,7 @@ from nemo_rl_core.algorithms.loss.clipped_pg import clipped_pg_config_problems
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
 from nemo_rl_core.data.config import DataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
-from nemo_rl_core.data.datasets.builder import build_dataset
+from nemo_rl_core.data.datasets.builder import DEFAULT_COUNTS, DataSetup, build_dataset
 from nemo_rl_core.data.llm_message_utils import (
     batched_message_log_to_flat_message,
     message_logs_to_train_data,
@@ -83,7 +83,7 @@ class RolloutLoopConfig(StrictConfig):
     max_rollout_turns: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:play_rollouts")] = 1
     max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")] = 1
     max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")]
-    val_period: Annotated[int, Field(ge=0), Wired(f"{_GRPO}:validation_due")] = 0
+    val_period: Annotated[int, Wired(f"{_GRPO}:validation_due")] = 0  # <= 0: never
     # None: every validation prompt in one batch (NeMo RL allows None for NeMo-Gym).
     val_batch_size: Annotated[int | None, Field(ge=1), Wired(f"{_GRPO}:validate_batches")] = None
     val_at_start: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
@@ -351,14 +351,30 @@ def prompts_per_batch(loop: Any) -> int:
     return int(loop.num_prompts_per_step * multiplier)
 
 
+def data_setup(config: RLMasterConfig) -> DataSetup:
+    """What the run's datasets take from outside ``data:``: the environments (the sliding
+    puzzle's games), NeMo RL's puzzle-runner sizes and the policy's sequence length."""
+    loop = config.algorithm
+    games = loop.num_prompts_per_step * loop.num_generations_per_prompt * loop.max_num_steps
+    return DataSetup(
+        env=config.env,
+        puzzle_counts={
+            "train": games,
+            "validation": loop.max_val_samples or DEFAULT_COUNTS["validation"],
+        },
+        max_seq_length=config.policy.max_total_sequence_length,
+    )
+
+
 def make_dataloader(config: RLMasterConfig, tokenizer: Any) -> StatefulDataLoader:
-    """The training dataloader: one generation batch of prompts per call."""
+    """The training dataloader: one generation batch of prompts per call, shuffled from the
+    algorithm's seed as NeMo RL's is; the last partial batch of an epoch is dropped."""
     return StatefulDataLoader(
-        build_dataset(config.data, tokenizer),
+        build_dataset(config.data, tokenizer, setup=data_setup(config)),
         batch_size=prompts_per_batch(config.algorithm),
         shuffle=config.data.shuffle,
-        seed=config.data.seed,
-        drop_last=config.data.drop_last,
+        seed=config.algorithm.seed,
+        drop_last=True,
     )
 
 

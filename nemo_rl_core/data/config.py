@@ -1,54 +1,176 @@
-"""The ``data:`` section of a run config (NeMo RL's keys), validated once at setup."""
+"""The ``data:`` section of a run config with NeMo RL v0.7's keys, validated once at setup.
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+NeMo RL v0.7 names its datasets per split: ``data.train`` and ``data.validation`` (one
+dataset or a list), each merged over ``data.default``. A dataset is a built-in generator
+here (``arithmetic``, ``countdown``, ``sliding_puzzle``), ``ResponseDataset`` (rows from a
+local JSONL/Parquet file or ``save_to_disk`` folder at ``data_path``), or one of NeMo RL's
+hub datasets: those validate, so NeMo RL's configs load, and are refused before any work
+on a deployment that cannot download (every deployment of this project).
+"""
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 
 BUILTIN_DATASETS = ("arithmetic", "countdown", "sliding_puzzle")
 LOCAL_DATASET = "ResponseDataset"  # NeMo RL's name for "rows from my own files"
+# NeMo RL v0.7's registry of response datasets that it downloads from the Hugging Face hub.
+HUB_DATASETS = (
+    "AIME2024",
+    "AIME2025",
+    "AIME2026",
+    "DAPOMath17K",
+    "DAPOMathAIME2024",
+    "DeepScaler",
+    "GSM8K",
+    "gsm8k",
+    "HelpSteer3",
+    "Nemotron-Cascade-2-SFT-Math",
+    "OpenMathInstruct-2",
+    "open_assistant",
+    "squad",
+    "tulu3_sft_mixture",
+)
+PROCESSORS = ("math_data_processor", "math_hf_data_processor", "sliding_puzzle_data_processor")
+
+_BUILDER = "nemo_rl_core.data.datasets.builder"
 
 
-class DataConfig(BaseModel):
-    """Where prompts come from and how they are shaped.
+def _downloadable_here(name: str | None, context: SupportContext) -> str | None:
+    if name in HUB_DATASETS:
+        return (
+            "a Hugging Face hub dataset, and this deployment downloads nothing; use "
+            f"{LOCAL_DATASET} with data_path (JSONL, Parquet or a save_to_disk folder) or a "
+            f"built-in generator ({', '.join(BUILTIN_DATASETS)})"
+        )
+    return None
 
-    ``dataset_name`` is a built-in generator (``arithmetic``, ``countdown``,
-    ``sliding_puzzle``; ``num_samples`` rows from ``seed``) or ``ResponseDataset``: rows
-    from ``train_data_path`` (``.jsonl``, ``.parquet`` or a ``save_to_disk`` folder), with
-    ``input_key``/``output_key`` naming the prompt and answer columns.
-    """
+
+class DatasetConfig(BaseModel):
+    """One dataset of a split: NeMo RL's ``ResponseDatasetConfig`` keys, ``repeat`` (each row
+    that many times, as NeMo RL's AIME datasets take it), plus ``num_samples`` (how many rows
+    a built-in generator draws)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset_name: str = "arithmetic"
-    train_data_path: str | None = None
-    val_data_path: str | None = None
-    input_key: str = "input"
-    output_key: str = "output"
-    split: str | None = None
-    prompt_file: str | None = None
-    system_prompt_file: str | None = None
-    max_input_seq_length: int = Field(512, ge=1)
-    shuffle: bool = True
-    seed: int = 42
-    drop_last: bool = True
-    num_workers: int = Field(
-        1, ge=0, description="accepted for NeMo RL configs; loading is in-process"
+    dataset_name: Annotated[
+        str | None, Check(_downloadable_here, "built-ins and ResponseDataset; hub names refused")
+    ] = None
+    data_path: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
+    input_key: Annotated[str, Wired(f"{_BUILDER}:load_rows")] = "input"
+    output_key: Annotated[str, Wired(f"{_BUILDER}:load_rows")] = "output"
+    subset: Annotated[
+        str | None, Only(None, reason="a hub dataset's subset; nothing is downloaded here")
+    ] = None
+    split: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
+    prompt_file: Annotated[str | None, Wired(f"{_BUILDER}:build_dataset")] = None
+    system_prompt_file: Annotated[str | None, Wired(f"{_BUILDER}:build_dataset")] = None
+    env_name: Annotated[str | None, Wired(f"{_BUILDER}:build_dataset")] = None
+    processor: Annotated[str | None, Wired(f"{_BUILDER}:build_dataset")] = None
+    download_dir: Annotated[
+        str | None, Only(None, reason="where hub downloads go; nothing is downloaded here")
+    ] = None
+    split_validation_size: Annotated[float, Wired(f"{_BUILDER}:load_rows")] = Field(
+        0.0, ge=0.0, lt=1.0
     )
-    env_name: str | None = Field(None, description="task_name of the rows (default: per dataset)")
-    num_samples: int = Field(1024, ge=1, description="rows of a built-in generator")
-    val_num_samples: int = Field(64, ge=0)
-    puzzle_size: int = Field(3, ge=2)
-    puzzle_shuffle_moves: int = Field(10, ge=0)
-    puzzle_max_moves: int = Field(20, ge=1)
+    seed: Annotated[int, Wired(f"{_BUILDER}:load_rows")] = 42
+    num_samples: Annotated[int | None, Wired(f"{_BUILDER}:load_rows")] = Field(None, ge=1)
+    repeat: Annotated[int, Wired(f"{_BUILDER}:load_rows")] = Field(1, ge=1)
 
     @model_validator(mode="after")
-    def _known_dataset(self) -> "DataConfig":
-        if self.dataset_name == LOCAL_DATASET:
-            if not self.train_data_path:
-                raise ValueError(
-                    "data.train_data_path is required when data.dataset_name is 'ResponseDataset'"
-                )
-        elif self.dataset_name not in BUILTIN_DATASETS:
+    def _known_dataset(self) -> "DatasetConfig":
+        name = self.dataset_name
+        if name is None or name in BUILTIN_DATASETS or name in HUB_DATASETS:
+            pass
+        elif name == LOCAL_DATASET:
+            if not self.data_path:
+                raise ValueError("data_path is required when dataset_name is 'ResponseDataset'")
+        else:
             raise ValueError(
-                f"data.dataset_name {self.dataset_name!r} is unknown; use one of "
-                f"{', '.join(BUILTIN_DATASETS)} or {LOCAL_DATASET!r} with data.train_data_path"
+                f"dataset_name {name!r} is unknown; use one of {', '.join(BUILTIN_DATASETS)}, "
+                f"{LOCAL_DATASET!r} with data_path, or a NeMo RL hub dataset name"
             )
+        if self.processor is not None and self.processor not in PROCESSORS:
+            raise ValueError(f"processor {self.processor!r} is unknown; use one of {PROCESSORS}")
         return self
+
+
+DatasetsConfig = list[DatasetConfig]  # one dataset (a mapping in YAML) or a list of them
+
+
+def _as_dict(entry: Any) -> dict[str, Any]:
+    if isinstance(entry, BaseModel):
+        return entry.model_dump(exclude_unset=True)
+    return dict(entry) if isinstance(entry, dict) else entry
+
+
+class DataConfig(BaseModel):
+    """NeMo RL v0.7's ``data:``: loader settings and the datasets of each split."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_input_seq_length: Annotated[int | None, Wired(f"{_BUILDER}:build_dataset")] = Field(
+        None, ge=1
+    )
+    add_system_prompt: Annotated[
+        bool | None,
+        Only(
+            None,
+            False,
+            reason="asks the chat template for its default system prompt; prompts here carry "
+            "only data.*.system_prompt_file",
+        ),
+    ] = None
+    shuffle: Annotated[bool, Wired("nemo_rl_core.algorithms.grpo:make_dataloader")] = True
+    num_workers: Annotated[
+        int,
+        Check(
+            lambda value, context: None,
+            "loader worker processes; rows load in-process here, the same rows in the same "
+            "order at any value",
+        ),
+    ] = Field(1, ge=0)
+    use_multiple_dataloader: Annotated[
+        bool, Only(False, reason="one dataloader per dataset is not built; datasets concatenate")
+    ] = False
+    num_prompts_per_dataloader: Annotated[int | None, PartOf("data.use_multiple_dataloader")] = None
+    custom_dataloader: Annotated[str | None, PartOf("data.use_multiple_dataloader")] = None
+    train: DatasetsConfig | None = None
+    validation: DatasetsConfig | None = None
+    default: DatasetConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_default(cls, data: Any) -> Any:
+        """Each dataset of ``train``/``validation`` takes the keys it does not set from
+        ``default`` (NeMo RL's merge), here at validation, so the stored config says what
+        each dataset is without ``default``'s help."""
+        if not isinstance(data, dict) or not isinstance(data.get("default"), dict | BaseModel):
+            return data
+        default = _as_dict(data["default"])
+        filled = dict(data)
+        for split in ("train", "validation"):
+            entries = data.get(split)
+            if isinstance(entries, list):
+                filled[split] = [{**default, **_as_dict(entry)} for entry in entries]
+            elif entries is not None:
+                filled[split] = {**default, **_as_dict(entries)}
+        return filled
+
+    @field_validator("train", "validation", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        """NeMo RL writes one dataset as a mapping and several as a list."""
+        return [value] if isinstance(value, dict | BaseModel) else value
+
+    def datasets(self, split: str) -> list[DatasetConfig]:
+        """The datasets of ``split`` (``train``/``validation``), ``default`` merged in."""
+        entries = self.train if split == "train" else self.validation
+        return list(entries or [])
+
+    @property
+    def split_from_train(self) -> bool:
+        """Whether validation rows are carved out of the training rows (``split_validation_size``)."""
+        return any(d.split_validation_size > 0 for d in self.datasets("train"))

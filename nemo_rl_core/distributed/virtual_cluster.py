@@ -1,10 +1,32 @@
-"""NeMo RL's ``cluster:`` section. One process per stage here; accepted so configs port."""
+"""NeMo RL's ``cluster:`` section. Each stage runs as one process on this machine's devices
+(Megatron's ranks under ``torchrun --standalone``); a cluster that asks for more GPUs or
+nodes than the machine has is refused before any work."""
+
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from nemo_rl_core.utils.key_support import Check, Only, needs_gpus
+
+NO_RAY_PORTS = Check(
+    lambda value, context: None,
+    "rendezvous ports of NeMo RL's Ray workers; ranks here rendezvous through torchrun's "
+    "--standalone store and take no port from this range",
+)
 
 
 class ClusterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    gpus_per_node: int = Field(default=0, ge=0)
-    num_nodes: int = Field(default=1, ge=1)
+    gpus_per_node: Annotated[int, needs_gpus(lambda value: value, "cluster.gpus_per_node")] = Field(
+        default=0, ge=0
+    )
+    num_nodes: Annotated[
+        int, Only(1, reason="stages run on one machine; multi-node clusters are not built")
+    ] = Field(default=1, ge=1)
+    master_port_range_low: Annotated[int, NO_RAY_PORTS] = 25000
+    master_port_range_high: Annotated[int, NO_RAY_PORTS] = 28000
+    segment_size: Annotated[
+        int | None,
+        Only(None, reason="NVLink-domain alignment needs a multi-node GPU cluster"),
+    ] = None

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from nemo_rl_core.algorithms.grpo import (
+    data_setup,
     digest_json,
     make_dataloader,
     make_task_to_env,
@@ -220,7 +221,9 @@ class RunRuntime:
     def validation_batches(self) -> Iterator[BatchedDataDict]:
         """The validation prompts in order, ``val_batch_size`` per batch (all in one batch when
         it is None), as NeMo RL's unshuffled validation dataloader serves them."""
-        dataset = build_dataset(self.config.data, self.tokenizer, split="validation")
+        dataset = build_dataset(
+            self.config.data, self.tokenizer, split="validation", setup=data_setup(self.config)
+        )
         if len(dataset) == 0:
             return iter(())
         size = self.config.algorithm.val_batch_size or len(dataset)

@@ -18,11 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_rl_core.storage.run_storage import RunStorage
+from nemo_rl_core.utils.key_support import Only
 
 # Where each trained model of an algorithm sits inside a checkpoint ("" = its root).
 MODEL_DIRS = {"policy": "", "value": "value"}
@@ -43,6 +44,14 @@ class CheckpointingConfig(BaseModel):
     checkpoint_must_save_by: str | None = None
     model_save_format: str = "safetensors"
     save_consolidated: bool = True
+    save_optimizer: Annotated[
+        bool,
+        Only(
+            True,
+            reason="each iteration's train stage resumes the optimizer from the checkpoint "
+            "before it; without the saved state every step would start a fresh optimizer",
+        ),
+    ] = True
 
 
 class Checkpointable(Protocol):

@@ -1,78 +1,149 @@
-"""Load NeMo RL-style YAML configs: ``defaults:`` inheritance, ``${...}`` interpolation,
-``key=value`` overrides, then validation into pydantic models with errors that name the key.
+"""Load NeMo RL configs the way NeMo RL does: OmegaConf YAML with ``defaults:`` inheritance
+(``_override_`` replaces a section), its ``mul``/``div``/``max`` resolvers, Hydra's override
+grammar (``a.b=v``, ``+new=v``, ``++any=v``, ``~gone``) on a struct config, then validation
+into pydantic models with errors that name the dotted key.
 
-NeMo RL users bring their YAML; the same file works here, and a typo fails before any
-work is done instead of being silently ignored.
+NeMo RL users bring their YAML and their command lines; both work unchanged here, numbers
+are read as OmegaConf reads them (``1e-8`` is a float), and a typo fails before any work.
 """
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+_OVERRIDE_MARKER = "_override_"
 
 
 class ConfigError(ValueError):
     """A config file, key or value that cannot be used; the message names it."""
 
 
-def _load_yaml_with_defaults(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    path = path.resolve()
-    if path in seen:
-        chain = " -> ".join(str(p) for p in (*seen, path))
-        raise ConfigError(f"config 'defaults' form a cycle: {chain}")
+class OverridesError(ConfigError):
+    """A command-line override that Hydra's grammar or the config's keys refuse."""
+
+
+def register_omegaconf_resolvers() -> None:
+    """Register NeMo RL's arithmetic resolvers (``${mul:a,b}``, ``${div:a,b}``, ``${max:a,b}``)."""
+    resolvers = {"mul": lambda a, b: a * b, "div": lambda a, b: a / b, "max": max}
+    for name, resolver in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
+
+
+def resolve_path(base_path: Path, path: str) -> Path:
+    """``path`` as written in a ``defaults:`` list: absolute, or relative to ``base_path``."""
+    return Path(path) if path.startswith("/") else base_path / path
+
+
+def merge_with_override(base_config: DictConfig, override_config: DictConfig) -> DictConfig:
+    """Merge ``override_config`` over ``base_config``; a top-level section marked
+    ``_override_: true`` replaces the base's section instead of merging into it."""
+    for key in list(override_config.keys()):
+        section = override_config[key]
+        if isinstance(section, DictConfig) and section.get(_OVERRIDE_MARKER, False):
+            section.pop(_OVERRIDE_MARKER)
+            if key in base_config:
+                base_config.pop(key)
+    return cast(DictConfig, OmegaConf.merge(base_config, override_config))
+
+
+def _read_yaml(path: Path) -> DictConfig:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
-    if not isinstance(data, dict):
+        config = OmegaConf.load(path)
+    except (OmegaConfBaseException, yaml.YAMLError) as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {_one_line(err)}") from None
+    if not isinstance(config, DictConfig):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    parents = data.pop("defaults", None)
-    if parents is None:
-        return data
-    parent_list = [parents] if isinstance(parents, str) else parents
-    if not isinstance(parent_list, list) or not all(isinstance(p, str) for p in parent_list):
-        raise ConfigError(f"{path}: 'defaults' must be a file name or a list of file names")
+    return config
+
+
+def _defaults_list(config: DictConfig, path: Path) -> list[str]:
+    defaults = config.pop("defaults")
+    if isinstance(defaults, str):
+        return [defaults]
+    if isinstance(defaults, ListConfig) and all(isinstance(d, str) for d in defaults):
+        return [str(d) for d in defaults]
+    raise ConfigError(f"{path}: 'defaults' must be a file name or a list of file names")
+
+
+def load_config_with_inheritance(
+    config_path: str | Path,
+    base_dir: str | Path | None = None,
+    _chain: tuple[Path, ...] = (),
+) -> DictConfig:
+    """Read ``config_path`` and merge it over the files its ``defaults:`` names, depth-first,
+    later parents winning; a parent's own ``defaults:`` resolve from its directory."""
+    path = Path(config_path)
+    if path.resolve() in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain, path.resolve()))
+        raise ConfigError(f"config 'defaults' form a cycle: {cycle}")
+    base = Path(base_dir) if base_dir is not None else path.parent
+    config = _read_yaml(path)
+    if "defaults" not in config:
+        return config
     merged = OmegaConf.create({})
-    for parent in parent_list:
-        parent_data = _load_yaml_with_defaults(path.parent / parent, (*seen, path))
-        merged = OmegaConf.merge(merged, OmegaConf.create(parent_data))
-    merged = OmegaConf.merge(merged, OmegaConf.create(data))
-    return OmegaConf.to_container(merged, resolve=False)
+    for parent in _defaults_list(config, path):
+        parent_path = resolve_path(base, parent)
+        parent_config = load_config_with_inheritance(
+            parent_path, parent_path.parent, (*_chain, path.resolve())
+        )
+        merged = merge_with_override(merged, parent_config)
+    return merge_with_override(merged, config)
 
 
-def load_config(config_path: str | Path) -> dict[str, Any]:
-    """Read a YAML config, merging the files its ``defaults:`` names (unresolved)."""
-    return _load_yaml_with_defaults(Path(config_path))
+def load_config(config_path: str | Path) -> DictConfig:
+    """The config at ``config_path`` with its ``defaults:`` merged, interpolations unresolved
+    (a child's value reaches every ``${...}`` that names it)."""
+    register_omegaconf_resolvers()
+    return load_config_with_inheritance(config_path)
 
 
-def parse_hydra_overrides(config: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (values parsed as YAML), then resolve ``${...}``."""
-    merged = OmegaConf.create(config)
-    for override in overrides:
-        key, sep, raw = override.lstrip("+").partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {override!r} must look like key.path=value")
-        try:
-            value = yaml.safe_load(raw) if raw else None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"override {override!r}: value is not valid YAML: {err}") from err
-        OmegaConf.update(merged, key, value, merge=True, force_add=True)
+def _one_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    kept = [line for line in lines if not line.startswith(("full_key:", "object_type=", "Key '"))]
+    return "; ".join(kept or lines) or type(err).__name__
+
+
+def parse_hydra_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """Apply Hydra overrides to ``cfg`` in place (struct mode: a key that is not in the config
+    needs ``+``, ``++`` sets whether or not it exists, ``~key`` deletes); returns ``cfg``."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     try:
-        return OmegaConf.to_container(merged, resolve=True)
+        OmegaConf.set_struct(cfg, True)
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+        ConfigLoaderImpl._apply_overrides_to_config(overrides=parsed, cfg=cfg)
+    except Exception as err:  # Hydra raises its own and OmegaConf's exception types
+        raise OverridesError(f"override refused: {_one_line(err)}") from err
+    return cfg
+
+
+def resolve_config(cfg: DictConfig) -> dict[str, Any]:
+    """The plain dict of ``cfg`` with every ``${...}`` resolved."""
+    register_omegaconf_resolvers()
+    try:
+        return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     except OmegaConfBaseException as err:
-        raise ConfigError(f"config interpolation failed: {err}") from err
+        raise ConfigError(f"config interpolation failed: {_one_line(err)}") from None
 
 
-def load_config_with_overrides(config_path: str | Path, overrides: list[str] | None = None) -> dict:
-    """The resolved config dict: file, its defaults, then ``overrides``."""
-    return parse_hydra_overrides(load_config(config_path), list(overrides or []))
+def load_config_with_overrides(
+    config_path: str | Path, overrides: list[str] | None = None
+) -> dict[str, Any]:
+    """The resolved config dict: the file, its defaults, then the Hydra ``overrides``."""
+    config = load_config(config_path)
+    if overrides:
+        config = parse_hydra_overrides(config, list(overrides))
+    return resolve_config(config)
 
 
 def validate_config(model: type[ModelT], data: dict[str, Any], source: str = "config") -> ModelT:

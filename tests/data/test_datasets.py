@@ -9,13 +9,14 @@ from transformers import AutoTokenizer
 
 from nemo_rl_core.data.config import DataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
-from nemo_rl_core.data.datasets.builder import build_dataset, load_rows
+from nemo_rl_core.data.datasets.builder import DataSetup, build_dataset, load_rows
 from nemo_rl_core.data.datasets.generators import (
     arithmetic_word_problems,
     countdown_puzzles,
     sliding_puzzle_games,
 )
 from nemo_rl_core.data.datasets.local_files import DatasetRowError
+from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support
 
 ROWS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": i} for i in range(6)]
 
@@ -26,13 +27,21 @@ def tokenizer(tiny_model_dir):
 
 
 def _local_config(path, **kwargs) -> DataConfig:
-    return DataConfig(
-        dataset_name="ResponseDataset",
-        train_data_path=str(path),
-        input_key="question",
-        output_key="answer",
-        **kwargs,
+    return DataConfig.model_validate(
+        {
+            "train": {
+                "dataset_name": "ResponseDataset",
+                "data_path": str(path),
+                "input_key": "question",
+                "output_key": "answer",
+                **kwargs,
+            }
+        }
     )
+
+
+def _builtin(name: str, data: dict | None = None, **dataset) -> DataConfig:
+    return DataConfig.model_validate({"train": {"dataset_name": name, **dataset}, **(data or {})})
 
 
 def _write_jsonl(path, rows):
@@ -50,7 +59,12 @@ def test_jsonl_parquet_and_saved_dataset_give_the_same_rows(tmp_path):
     datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(saved))
     loaded = [load_rows(_local_config(p)) for p in (jsonl, parquet, saved)]
     assert loaded[0] == loaded[1] == loaded[2]
-    assert loaded[0][3] == {"problem": "What is 3 + 3?", "expected_answer": "6", "level": 3}
+    assert loaded[0][3] == {
+        "problem": "What is 3 + 3?",
+        "expected_answer": "6",
+        "level": 3,
+        "task_name": "math",
+    }
     with pytest.raises(KeyError, match=r"splits \['train'\], not 'test' \(data.split\)"):
         load_rows(_local_config(saved, split="test"))
 
@@ -83,10 +97,61 @@ def test_bad_json_line_and_bad_suffix_are_named(tmp_path):
 def test_data_config_errors_name_the_key():
     with pytest.raises(ValueError, match="shuffel"):
         DataConfig.model_validate({"shuffel": True})
-    with pytest.raises(ValueError, match="data.dataset_name 'gsm9k' is unknown"):
-        DataConfig(dataset_name="gsm9k")
-    with pytest.raises(ValueError, match="data.train_data_path is required"):
-        DataConfig(dataset_name="ResponseDataset")
+    with pytest.raises(ValueError, match=r"dataset_name 'gsm9k' is unknown"):
+        _builtin("gsm9k")
+    with pytest.raises(ValueError, match="data_path is required"):
+        _builtin("ResponseDataset")
+    with pytest.raises(ValueError, match="processor 'nope' is unknown"):
+        _builtin("arithmetic", processor="nope")
+
+
+def test_hub_datasets_validate_and_are_refused_before_any_work():
+    config = _builtin("OpenMathInstruct-2")
+    with pytest.raises(UnsupportedConfigError, match=r"train.0.dataset_name='OpenMathInstruct-2'"):
+        check_support(config, Machine(cuda_devices=0))
+    check_support(_builtin("arithmetic"), Machine(cuda_devices=0))
+
+
+def test_datasets_take_unset_keys_from_default_and_keep_their_own():
+    config = DataConfig.model_validate(
+        {
+            "train": [{"dataset_name": "arithmetic"}, {"dataset_name": "countdown", "seed": 3}],
+            "validation": {"dataset_name": "arithmetic", "env_name": None},
+            "default": {"env_name": "math", "seed": 9, "num_samples": 4},
+        }
+    )
+    train = config.datasets("train")
+    assert [(d.dataset_name, d.seed, d.num_samples, d.env_name) for d in train] == [
+        ("arithmetic", 9, 4, "math"),
+        ("countdown", 3, 4, "math"),
+    ]
+    assert config.datasets("validation")[0].env_name is None  # set explicitly: kept
+    again = DataConfig.model_validate(config.model_dump())  # as a stored run reads it back
+    assert again.datasets("train") == train
+    rows = load_rows(config)
+    assert len(rows) == 8 and rows[0]["task_name"] == "math"
+
+
+def test_split_validation_size_carves_validation_rows_out_of_training():
+    config = _builtin("arithmetic", num_samples=40, split_validation_size=0.25, seed=5)
+    train, held = load_rows(config), load_rows(config, "validation")
+    assert len(train) == 30 and len(held) == 10
+    assert not {r["problem"] for r in train} & {r["problem"] for r in held}
+    assert load_rows(config, "validation") == held  # seeded
+
+
+def test_repeat_repeats_each_row():
+    rows = load_rows(_builtin("arithmetic", num_samples=3, repeat=2))
+    assert [r["problem"] for r in rows[::2]] == [r["problem"] for r in rows[1::2]]
+
+
+def test_puzzle_games_come_from_the_environment_settings_without_data_train(tokenizer):
+    env = {"sliding_puzzle_game": {"cfg": {"game_config": {"size": 3, "shuffle_moves": 5}}}}
+    setup = DataSetup(env=env, puzzle_counts={"train": 6})
+    rows = load_rows(DataConfig(), setup=setup)
+    assert len(rows) == 6 and {r["task_name"] for r in rows} == {"sliding_puzzle_game"}
+    sizes = [r["game_state"]["size"] for r in rows]
+    assert set(sizes) <= {2, 3} and len(set(sizes)) == 2  # drawn up to the configured size
 
 
 def test_generators_are_seeded_and_consistent():
@@ -108,11 +173,8 @@ def test_built_dataset_prompts_are_templated_and_accounted(tokenizer, tmp_path):
     prompt.write_text("Think step by step. {}")
     system = tmp_path / "system.txt"
     system.write_text("You are a helpful model.")
-    config = DataConfig(
-        dataset_name="arithmetic",
-        num_samples=8,
-        prompt_file=str(prompt),
-        system_prompt_file=str(system),
+    config = _builtin(
+        "arithmetic", num_samples=8, prompt_file=str(prompt), system_prompt_file=str(system)
     )
     dataset = build_dataset(config, tokenizer)
     datum = dataset[3]
@@ -131,29 +193,27 @@ def test_built_dataset_prompts_are_templated_and_accounted(tokenizer, tmp_path):
 
 
 def test_prompt_longer_than_max_input_is_cut_and_masked(tokenizer):
-    dataset = build_dataset(
-        DataConfig(dataset_name="arithmetic", max_input_seq_length=8), tokenizer
-    )
+    dataset = build_dataset(_builtin("arithmetic", {"max_input_seq_length": 8}), tokenizer)
     datum = dataset[0]
     assert datum["length"] <= 8 and datum["loss_multiplier"] == 0.0
 
 
 def test_countdown_and_puzzle_datasets_carry_env_info(tokenizer):
-    countdown = build_dataset(DataConfig(dataset_name="countdown", num_samples=4), tokenizer)[0]
+    countdown = build_dataset(_builtin("countdown", num_samples=4), tokenizer)[0]
     assert countdown["task_name"] == "countdown" and "numbers" in countdown["extra_env_info"]
-    puzzle = build_dataset(DataConfig(dataset_name="sliding_puzzle", num_samples=2), tokenizer)[1]
+    puzzle = build_dataset(_builtin("sliding_puzzle", num_samples=2), tokenizer)[1]
     assert puzzle["task_name"] == "sliding_puzzle_game"
     assert puzzle["extra_env_info"]["num_moves"] == 0 and puzzle["stop_strings"] == ["</action>"]
 
 
 def test_dataloader_over_datums_resumes_at_the_next_prompt(tokenizer):
-    config = DataConfig(dataset_name="arithmetic", num_samples=10, seed=7)
+    config = _builtin("arithmetic", num_samples=10, seed=7)
     dataset = build_dataset(config, tokenizer)
-    straight = StatefulDataLoader(dataset, 4, seed=config.seed)
+    straight = StatefulDataLoader(dataset, 4, seed=7)
     expected = [straight.next_batch()["idx"] for _ in range(5)]
-    first = StatefulDataLoader(dataset, 4, seed=config.seed)
+    first = StatefulDataLoader(dataset, 4, seed=7)
     seen = [first.next_batch()["idx"] for _ in range(3)]
-    resumed = StatefulDataLoader(build_dataset(config, tokenizer), 4, seed=config.seed)
+    resumed = StatefulDataLoader(build_dataset(config, tokenizer), 4, seed=7)
     resumed.load_state_dict(first.state_dict())
     seen += [resumed.next_batch()["idx"] for _ in range(2)]
     assert seen == expected

@@ -54,7 +54,7 @@ OVERRIDES = [
     f"grpo.max_num_steps={ITERATIONS}",
     "grpo.use_dynamic_sampling=true",
     "grpo.dynamic_sampling_max_gen_batches=8",
-    "data.env_name=last_token_parity",
+    "data.default.env_name=last_token_parity",
     "+env.last_token_parity={}",
 ]
 

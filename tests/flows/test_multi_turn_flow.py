@@ -13,15 +13,17 @@ from tasks.stage import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 ITERATIONS = 2
-# Note: data.env_name follows the dataset's default (sliding_puzzle_game).
+# As NeMo RL's puzzle config: no data.train, the games come from the environment's settings.
 OVERRIDES = [
     f"grpo.max_num_steps={ITERATIONS}",
     "grpo.max_rollout_turns=3",
-    "data.dataset_name=sliding_puzzle",
-    "data.puzzle_size=2",
+    "data.train=null",
+    "data.validation=null",
+    "data.default=null",
     "policy.generation.max_new_tokens=16",
     "policy.max_total_sequence_length=512",
     "+env.sliding_puzzle_game.cfg.max_moves=3",
+    "+env.sliding_puzzle_game.cfg.game_config.size=2",
 ]
 
 

@@ -39,8 +39,8 @@ def test_bad_input_fails_before_any_work(
 ) -> None:
     if override.endswith("BAD_ROWS"):
         overrides = [
-            "data.dataset_name=ResponseDataset",
-            f"data.train_data_path={_bad_rows(tmp_path)}",
+            "data.train.dataset_name=ResponseDataset",
+            f"+data.train.data_path={_bad_rows(tmp_path)}",
         ]
     else:
         overrides = [override]
@@ -57,7 +57,10 @@ def test_bad_input_fails_before_any_work(
 
 @pytest.mark.parametrize(
     ("changed", "key"),
-    [("data.seed=7", "data"), ("policy.model_name=tiny-qwen2", "policy.model_name")],
+    [
+        ("data.train.dataset_name=countdown", "data"),
+        ("policy.model_name=tiny-qwen2", "policy.model_name"),
+    ],
 )
 def test_resume_with_other_data_or_model_is_refused(
     prefect_api, changed: str, key: str, tmp_path: Path

@@ -1,19 +1,18 @@
-"""``DataConfig`` -> dataset of ``DatumSpec``s: the one place that knows which rows and
-processor each ``dataset_name`` means.
+"""``data:`` -> datasets of ``DatumSpec``s: the one place that knows which rows, environment
+and processor each dataset of a split means.
 
 GRPO's use::
 
-    dataset = build_dataset(config.data, tokenizer)              # train split
+    dataset = build_dataset(config, tokenizer)                   # train split
     loader = StatefulDataLoader(dataset, num_prompts_per_step, shuffle=config.data.shuffle,
-                                seed=config.data.seed)
-    batch = loader.next_batch().repeat_interleave(num_generations_per_prompt)
-    batch, metrics = run_multi_turn_rollout(generation, batch, tokenizer, task_to_env, ...)
-    train_data = message_logs_to_train_data(batch["message_log"], tokenizer.pad_token_id)
+                                seed=config.grpo.seed)
 """
 
+import random
+from collections.abc import Mapping
 from typing import Any
 
-from nemo_rl_core.data.config import LOCAL_DATASET, DataConfig
+from nemo_rl_core.data.config import LOCAL_DATASET, DataConfig, DatasetConfig
 from nemo_rl_core.data.datasets.generators import (
     arithmetic_word_problems,
     countdown_puzzles,
@@ -21,56 +20,177 @@ from nemo_rl_core.data.datasets.generators import (
 )
 from nemo_rl_core.data.datasets.local_files import map_columns, read_local_rows
 from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
-from nemo_rl_core.data.interfaces import TaskDataSpec
+from nemo_rl_core.data.interfaces import TaskDataProcessFnCallable, TaskDataSpec
 from nemo_rl_core.data.processors import math_data_processor, sliding_puzzle_data_processor
 
+SPLITS = ("train", "validation")
+PUZZLE_ENV = "sliding_puzzle_game"
 # dataset_name -> the environment (task_name) its rows are scored by
 DEFAULT_TASKS = {
     "arithmetic": "math",
     "countdown": "countdown",
     LOCAL_DATASET: "math",
-    "sliding_puzzle": "sliding_puzzle_game",
+    "sliding_puzzle": PUZZLE_ENV,
 }
+DEFAULT_PROCESSORS = {"sliding_puzzle": "sliding_puzzle_data_processor"}
+PROCESSORS: dict[str, TaskDataProcessFnCallable] = {
+    "math_data_processor": math_data_processor,
+    "math_hf_data_processor": math_data_processor,
+    "sliding_puzzle_data_processor": sliding_puzzle_data_processor,
+}
+# rows a built-in generator draws when its dataset sets no num_samples
+DEFAULT_COUNTS = {"train": 1024, "validation": 64}
+VALIDATION_SEED_OFFSET = 1_000_003  # a generator's validation rows come from another seed
 
 
-def load_rows(config: DataConfig, split: str = "train") -> list[dict[str, Any]]:
-    """The normalized rows of ``split`` (``train`` or ``validation``)."""
-    if split not in ("train", "validation"):
-        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
-    validation = split == "validation"
-    # validation rows of a generator come from a different seed than training rows
-    seed = config.seed + (1_000_003 if validation else 0)
-    count = config.val_num_samples if validation else config.num_samples
-    if config.dataset_name == "arithmetic":
-        return arithmetic_word_problems(count, seed)
-    if config.dataset_name == "countdown":
-        return countdown_puzzles(count, seed)
-    if config.dataset_name == "sliding_puzzle":
-        return sliding_puzzle_games(
-            count, seed, config.puzzle_size, config.puzzle_shuffle_moves, config.puzzle_max_moves
+class DataSetup:
+    """What the datasets of a run depend on beyond ``data:``: the sliding-puzzle environment's
+    game settings, how many games NeMo RL's puzzle runner draws per split, and the policy's
+    sequence length."""
+
+    def __init__(
+        self,
+        env: Mapping[str, Any] | None = None,
+        puzzle_counts: Mapping[str, int] | None = None,
+        max_seq_length: int = 2**31 - 1,
+    ) -> None:
+        self.env = dict(env or {})
+        self.puzzle_counts = {**DEFAULT_COUNTS, **(puzzle_counts or {})}
+        self.max_seq_length = max_seq_length  # when data.max_input_seq_length is null
+
+    def puzzle_settings(self) -> dict[str, Any]:
+        entry = self.env.get(PUZZLE_ENV) or {}
+        settings = entry.get("cfg", entry) if isinstance(entry, Mapping) else {}
+        game = dict(settings.get("game_config") or {})
+        return {
+            "size": int(game.get("size", 3)),
+            "shuffle_moves": int(game.get("shuffle_moves", 10)),
+            "max_moves": int(settings.get("max_moves", 50)),
+        }
+
+
+def split_datasets(config: DataConfig, split: str, setup: DataSetup) -> list[DatasetConfig]:
+    """The datasets of ``split``; a config without ``data.train`` whose environments include
+    the sliding puzzle trains on generated games, as NeMo RL's puzzle runner does."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    datasets = config.datasets(split)
+    if not datasets and config.train is None and PUZZLE_ENV in setup.env:
+        datasets = [DatasetConfig(dataset_name="sliding_puzzle")]
+    return datasets
+
+
+def _generated_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[dict[str, Any]]:
+    seed = dataset.seed + (VALIDATION_SEED_OFFSET if split == "validation" else 0)
+    if dataset.dataset_name == "arithmetic":
+        return arithmetic_word_problems(dataset.num_samples or DEFAULT_COUNTS[split], seed)
+    if dataset.dataset_name == "countdown":
+        return countdown_puzzles(dataset.num_samples or DEFAULT_COUNTS[split], seed)
+    count = dataset.num_samples or setup.puzzle_counts[split]
+    return _puzzle_rows(count, seed, setup.puzzle_settings())
+
+
+def _puzzle_rows(count: int, seed: int, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Games of random size (2 up to ``size``) and an odd number of shuffle moves (1 up to
+    ``shuffle_moves``), as NeMo RL's puzzle runner draws them; game i from ``seed + i``."""
+    rows = []
+    for index in range(count):
+        rng = random.Random(seed + index)
+        moves = rng.randint(1, max(settings["shuffle_moves"], 1)) | 1
+        size = rng.randint(2, max(settings["size"], 2))
+        rows += sliding_puzzle_games(1, seed + index, size, moves, settings["max_moves"])
+    return rows
+
+
+def _dataset_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[dict[str, Any]]:
+    if dataset.dataset_name != LOCAL_DATASET and dataset.data_path is None:
+        rows = _generated_rows(dataset, split, setup)
+    else:
+        assert dataset.data_path is not None  # DatasetConfig requires it for ResponseDataset
+        raw = read_local_rows(dataset.data_path, dataset.split)
+        rows = map_columns(raw, dataset.input_key, dataset.output_key, source=dataset.data_path)
+    return [row for row in rows for _ in range(dataset.repeat)]
+
+
+def _carve(
+    rows: list[dict[str, Any]], dataset: DatasetConfig
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, validation) rows of a dataset with ``split_validation_size``: a seeded
+    permutation, the validation share taken from its end."""
+    if dataset.split_validation_size <= 0:
+        return rows, []
+    order = list(range(len(rows)))
+    random.Random(dataset.seed).shuffle(order)
+    held = max(1, round(len(rows) * dataset.split_validation_size))
+    return [rows[i] for i in order[:-held]], [rows[i] for i in order[-held:]]
+
+
+def _task_of(dataset: DatasetConfig) -> str:
+    return dataset.env_name or DEFAULT_TASKS.get(dataset.dataset_name or LOCAL_DATASET, "math")
+
+
+def load_rows(
+    config: DataConfig, split: str = "train", setup: DataSetup | None = None
+) -> list[dict[str, Any]]:
+    """The normalized rows of ``split``, each tagged with its dataset's ``task_name``.
+
+    Validation rows come from ``data.validation``; without it, from the share of each
+    training dataset that ``split_validation_size`` sets aside (and training loses them)."""
+    setup = setup or DataSetup()
+    rows: list[dict[str, Any]] = []
+    if split == "validation" and config.validation is None:
+        for dataset in split_datasets(config, "train", setup):
+            held = _carve(_dataset_rows(dataset, "train", setup), dataset)[1]
+            rows += [{**row, "task_name": _task_of(dataset)} for row in held]
+        return rows
+    for dataset in split_datasets(config, split, setup):
+        dataset_rows = _dataset_rows(dataset, split, setup)
+        if split == "train":
+            dataset_rows = _carve(dataset_rows, dataset)[0]
+        rows += [{**row, "task_name": _task_of(dataset)} for row in dataset_rows]
+    return rows
+
+
+def task_processors(
+    datasets: list[DatasetConfig],
+) -> dict[str, tuple[TaskDataSpec, TaskDataProcessFnCallable]]:
+    """Each environment's prompt spec (its prompt files read now) and processor."""
+    processors: dict[str, tuple[TaskDataSpec, TaskDataProcessFnCallable]] = {}
+    for dataset in datasets:
+        task = _task_of(dataset)
+        name = dataset.processor or DEFAULT_PROCESSORS.get(
+            dataset.dataset_name or "", "math_data_processor"
         )
-    path = config.val_data_path if validation else config.train_data_path
-    if path is None:
-        return []
-    rows = read_local_rows(path, config.split)
-    return map_columns(rows, config.input_key, config.output_key, source=str(path))
+        spec = TaskDataSpec(
+            task_name=task,
+            prompt_file=dataset.prompt_file,
+            system_prompt_file=dataset.system_prompt_file,
+        )
+        entry = (spec, PROCESSORS[name])
+        known = processors.get(task)
+        if known is not None and (known[0], known[1]) != entry:
+            raise ValueError(
+                f"two datasets score with environment {task!r} but differ in prompt or "
+                "processor; give them distinct env_name entries"
+            )
+        processors[task] = entry
+    return processors
 
 
 def build_dataset(
-    config: DataConfig, tokenizer: Any, split: str = "train"
+    config: DataConfig, tokenizer: Any, split: str = "train", setup: DataSetup | None = None
 ) -> AllTaskProcessedDataset:
-    """Rows of ``split`` as a dataset of ``DatumSpec``s templated with ``tokenizer``."""
-    task_name = config.env_name or DEFAULT_TASKS[config.dataset_name]
-    spec = TaskDataSpec(
-        task_name=task_name,
-        prompt_file=config.prompt_file,
-        system_prompt_file=config.system_prompt_file,
-    )
-    processor = (
-        sliding_puzzle_data_processor
-        if config.dataset_name == "sliding_puzzle"
-        else math_data_processor
-    )
+    """Rows of ``split`` as a dataset of ``DatumSpec``s templated with ``tokenizer``, each
+    row processed by its own dataset's processor and prompt."""
+    setup = setup or DataSetup()
+    source = "train" if split == "validation" and config.validation is None else split
+    datasets = split_datasets(config, source, setup)
+    processors = task_processors(datasets)
+    default_spec = next(iter(processors.values()))[0] if processors else TaskDataSpec()
     return AllTaskProcessedDataset(
-        load_rows(config, split), tokenizer, spec, processor, config.max_input_seq_length
+        load_rows(config, split, setup),
+        tokenizer,
+        default_spec,
+        processors,
+        config.max_input_seq_length or setup.max_seq_length,
     )

@@ -6,9 +6,19 @@ Unknown keys fail with their key path (``vllm_cfg.max_len: Extra inputs are not
 permitted``) instead of being silently ignored.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, Wired
+
+# NeMo RL serves generation from Ray actors with HTTP endpoints on these ports; the engine
+# here runs inside the stage's own process and opens none, so no range can collide.
+NO_SERVER_PORTS = Check(
+    lambda value, context: None,
+    "ports for NeMo RL's Ray-hosted generation servers; the engine here runs in the stage's "
+    "process and opens no port",
+)
 
 Precision = Literal["float32", "bfloat16", "float16", "fp8"]
 
@@ -57,12 +67,34 @@ class VllmSpecificArgs(_Strict):
     num_first_layers_in_bf16: int = 0
     enable_vllm_metrics_logger: bool = False
     vllm_metrics_logger_interval: float = 0.5
+    use_tqdm: Annotated[
+        bool, Wired("nemo_rl_core.models.generation.vllm_generation:VllmGeneration.generate")
+    ] = False
 
 
 class GenerationConfig(_Strict):
     """``policy.generation``: which backend generates rollouts and how it samples."""
 
-    backend: Literal["vllm", "hf"] = "vllm"
+    backend: Annotated[
+        Literal["vllm", "hf", "sglang", "megatron"],
+        Only(
+            "vllm",
+            "hf",
+            reason="generation runs on vLLM (CUDA or CPU build) or transformers here; "
+            "SGLang and Megatron inference engines are not built",
+        ),
+    ] = "vllm"
+    use_async_rollouts: Annotated[
+        bool, Only(False, reason="asynchronous rollouts come with async GRPO, not built")
+    ] = False
+    sglang_cfg: Annotated[dict[str, Any] | None, PartOf("policy.generation.backend")] = None
+    port_range_low: Annotated[int, NO_SERVER_PORTS] = 11001
+    port_range_high: Annotated[int, NO_SERVER_PORTS] = 15000
+    # Settings of NeMo RL's Megatron inference engine (``backend: megatron``), which this
+    # deployment does not offer: the backend key refuses it.
+    mcore_generation_config: Annotated[
+        dict[str, Any] | None, PartOf("policy.generation.backend")
+    ] = None
     max_new_tokens: int = Field(512, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -192,7 +192,9 @@ class VllmGeneration(GenerationInterface):
             )
         ]
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in requests.prompts], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=p) for p in requests.prompts],
+            params,
+            use_tqdm=self.cfg.vllm_cfg.use_tqdm,
         )
         responses, logprobs, truncated = [], [], []
         for output in outputs:

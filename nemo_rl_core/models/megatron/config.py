@@ -6,9 +6,34 @@ does not implement (MoE, FP8, pipeline/context parallelism) are accepted at thei
 neutral values and rejected, naming the key, at any other value.
 """
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, Wired
+
+_MODEL = "nemo_rl_core.models.megatron.model:transformer_config"
+_MTP = "policy.megatron_cfg.mtp_num_layers"
+_PP = "policy.megatron_cfg.pipeline_model_parallel_size"
+_DENSE = "expert parallelism needs mixture-of-experts layers; the converter builds dense models"
+_NO_PP = "pipeline parallelism is not built on this backend (tensor and data parallelism are)"
+
+
+def _no_fp8(value: Any, context: Any) -> str | None:
+    if value and value.get("enabled"):
+        return "FP8 training is not built on this backend; set fp8_cfg.enabled: false"
+    return None
+
+
+_PEFT = "policy.megatron_cfg.peft.enabled"
+# Mixture-of-experts knobs: NeMo RL applies them to MoE layers only, and the converter here
+# builds dense Llama/Qwen2 models (it refuses an MoE checkpoint), so on every model it loads
+# they change nothing, as in NeMo RL on a dense model.
+MOE_KNOB = Check(
+    lambda value, context: None,
+    "tunes mixture-of-experts layers; dense models only here (the converter refuses MoE), "
+    "where NeMo RL ignores it too",
+)
 
 
 class _Strict(BaseModel):
@@ -77,6 +102,29 @@ class DistributedDataParallelSettings(_Strict):
     ] = "optim_grads_params"
 
 
+class MegatronPeftConfig(_Strict):
+    """``megatron_cfg.peft``: LoRA adapters on the Megatron backend."""
+
+    enabled: Annotated[
+        bool,
+        Only(
+            False,
+            reason="LoRA is built on the HF backend (policy.dtensor_cfg.lora_cfg), not on "
+            "Megatron-core",
+        ),
+    ] = False
+    target_modules: Annotated[list[str], PartOf(_PEFT)] = Field(default_factory=list)
+    exclude_modules: Annotated[list[str], PartOf(_PEFT)] = Field(default_factory=list)
+    dim: Annotated[int, PartOf(_PEFT)] = 8
+    alpha: Annotated[int, PartOf(_PEFT)] = 32
+    dropout: Annotated[float, PartOf(_PEFT)] = 0.0
+    dropout_position: Annotated[Literal["pre", "post"], PartOf(_PEFT)] = "post"
+    lora_A_init_method: Annotated[str, PartOf(_PEFT)] = "xavier"
+    lora_B_init_method: Annotated[str, PartOf(_PEFT)] = "zero"
+    a2a_experimental: Annotated[bool, PartOf(_PEFT)] = False
+    lora_dtype: Annotated[str | None, PartOf(_PEFT)] = None
+
+
 class MegatronConfig(_Strict):
     """``policy.megatron_cfg``. ``enabled`` picks this backend in NeMo RL's YAMLs.
 
@@ -88,17 +136,26 @@ class MegatronConfig(_Strict):
     """
 
     enabled: bool = False
+    # The converter has no cache: every load converts the HF checkpoint afresh, which is
+    # what ``true`` asks for and gives ``false``'s result.
+    force_reconvert_from_hf: Annotated[
+        bool, Wired("nemo_rl_core.models.megatron.converters:hf_to_megatron")
+    ] = False
     empty_unused_memory_level: int = Field(default=0, ge=0, le=2)
     activation_checkpointing: bool = False
+    recompute_granularity: Annotated[Literal["full", "selective"], Wired(_MODEL)] = "full"
+    recompute_modules: Annotated[list[str] | None, Wired(_MODEL)] = None
     converter_type: str | None = None
     tensor_model_parallel_size: int = Field(default=1, ge=1)
     data_parallel_size: int = Field(default=1, ge=1)
-    expert_tensor_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    num_layers_in_first_pipeline_stage: int | None = None
-    num_layers_in_last_pipeline_stage: int | None = None
-    context_parallel_size: int = 1
+    expert_tensor_parallel_size: Annotated[int, Only(1, reason=_DENSE)] = 1
+    expert_model_parallel_size: Annotated[int, Only(1, reason=_DENSE)] = 1
+    pipeline_model_parallel_size: Annotated[int, Only(1, reason=_NO_PP)] = 1
+    num_layers_in_first_pipeline_stage: Annotated[int | None, PartOf(_PP)] = None
+    num_layers_in_last_pipeline_stage: Annotated[int | None, PartOf(_PP)] = None
+    context_parallel_size: Annotated[
+        int, Only(1, reason="context parallelism is not built on this backend")
+    ] = 1
     pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     sequence_parallel: bool = False
     freeze_moe_router: bool = True
@@ -110,32 +167,29 @@ class MegatronConfig(_Strict):
     bias_activation_fusion: bool = True
     defer_fp32_logits: bool | None = False
     moe_per_layer_logging: bool = False
+    moe_enable_deepep: Annotated[bool, MOE_KNOB] = False
+    moe_token_dispatcher_type: Annotated[str, MOE_KNOB] = "alltoall"
+    moe_shared_expert_overlap: Annotated[bool, MOE_KNOB] = False
+    mtp_num_layers: Annotated[
+        int, Only(0, reason="multi-token prediction heads are not built on this backend")
+    ] = 0
+    mtp_loss_scaling_factor: Annotated[float, PartOf(_MTP)] = 0.0
+    mtp_use_repeated_layer: Annotated[bool, PartOf(_MTP)] = False
+    mtp_detach_heads: Annotated[bool, PartOf(_MTP)] = False
+    gradient_accumulation_fusion: Annotated[
+        bool,
+        Only(False, reason="needs Transformer Engine's fused weight-gradient kernels on GPU"),
+    ] = False
+    use_fused_weighted_squared_relu: Annotated[bool, MOE_KNOB] = False
+    peft: MegatronPeftConfig = Field(default_factory=MegatronPeftConfig)
     transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"
     optimizer: MegatronOptimizerConfig = Field(default_factory=MegatronOptimizerConfig)
     scheduler: MegatronSchedulerConfig = Field(default_factory=MegatronSchedulerConfig)
     distributed_data_parallel_config: DistributedDataParallelSettings = Field(
         default_factory=DistributedDataParallelSettings
     )
-    fp8_cfg: dict[str, Any] | None = None
+    fp8_cfg: Annotated[dict[str, Any] | None, Check(_no_fp8, "FP8 training is not built")] = None
     env_vars: dict[str, str] | None = None
-
-    @model_validator(mode="after")
-    def _supported_parallelism(self) -> "MegatronConfig":
-        unsupported = {
-            "pipeline_model_parallel_size": (self.pipeline_model_parallel_size, 1),
-            "context_parallel_size": (self.context_parallel_size, 1),
-            "expert_model_parallel_size": (self.expert_model_parallel_size, 1),
-            "expert_tensor_parallel_size": (self.expert_tensor_parallel_size, 1),
-        }
-        for key, (value, supported) in unsupported.items():
-            if value != supported:
-                raise ValueError(
-                    f"megatron_cfg.{key}={value} is not supported by this backend "
-                    f"(dense models with tensor and data parallelism); set it to {supported}"
-                )
-        if self.fp8_cfg and self.fp8_cfg.get("enabled"):
-            raise ValueError("megatron_cfg.fp8_cfg.enabled=true is not supported; set it to false")
-        return self
 
     @property
     def weight_decay_range(self) -> tuple[float, float]:

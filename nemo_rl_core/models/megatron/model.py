@@ -89,11 +89,15 @@ def transformer_config(
     tp = cfg.tensor_model_parallel_size
     params_dtype = DTYPES[cfg.optimizer.params_dtype]
     on_gpu = torch.cuda.is_available()
-    recompute = (
-        {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
-        if cfg.activation_checkpointing
-        else {}
-    )
+    recompute: dict[str, Any] = {}
+    if cfg.activation_checkpointing and cfg.recompute_granularity == "full":
+        recompute = {"recompute_granularity": "full", "recompute_method": "uniform"}
+        recompute["recompute_num_layers"] = 1
+    elif cfg.activation_checkpointing:
+        recompute = {
+            "recompute_granularity": "selective",
+            "recompute_modules": cfg.recompute_modules or ["core_attn"],
+        }
     return TransformerConfig(
         num_layers=layout.num_layers,
         hidden_size=layout.hidden_size,

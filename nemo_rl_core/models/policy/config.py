@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from nemo_rl_core.models.generation.config import GenerationConfig
 from nemo_rl_core.models.megatron.config import MegatronConfig
 from nemo_rl_core.models.policy.utils import check_kwargs_accepted, import_class_from_path
+from nemo_rl_core.utils.key_support import Only, PartOf
 
 
 class StrictModel(BaseModel):
@@ -116,6 +117,30 @@ class DTensorConfig(StrictModel):
     clear_cache_every_n_steps: int | None = None
     env_vars: dict[str, str] = Field(default_factory=dict)
     lora_cfg: LoraConfig | None = None
+    automodel_kwargs: Annotated[
+        dict[str, Any],
+        Only(
+            {},
+            reason="options of NeMo Automodel's loader; models load through transformers "
+            "here (policy.hf_config_overrides sets model config values)",
+        ),
+    ] = Field(default_factory=dict)
+
+
+_DRAFT = "policy.draft.enabled"
+
+
+class DraftConfig(StrictModel):
+    """``policy.draft``: an Eagle-style draft head trained beside the policy."""
+
+    enabled: Annotated[
+        bool,
+        Only(False, reason="draft-head training (DraftCrossEntropyLossFn) has no flow yet"),
+    ] = False
+    model_name: Annotated[str | None, PartOf(_DRAFT)] = None
+    loss_weight: Annotated[float, PartOf(_DRAFT)] = 0.1
+    num_layers: Annotated[int | None, PartOf(_DRAFT)] = None
+    aux_layer_indices: Annotated[list[int] | None, PartOf(_DRAFT)] = None
 
 
 class TrainedModelConfig(StrictModel):
@@ -129,7 +154,8 @@ class TrainedModelConfig(StrictModel):
     max_total_sequence_length: int = Field(ge=2)
     precision: Literal["float32", "bfloat16"] = "bfloat16"
     hf_config_overrides: dict[str, Any] = Field(default_factory=dict)
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    # null in NeMo RL's Megatron YAMLs: megatron_cfg.optimizer serves that backend
+    optimizer: OptimizerConfig | None = Field(default_factory=OptimizerConfig)
     scheduler: Annotated[list[SchedulerEntry] | SchedulerConfig | None, Field()] = None
     max_grad_norm: float | None = 1.0
     dynamic_batching: DynamicBatchingConfig = Field(default_factory=DynamicBatchingConfig)
@@ -194,6 +220,11 @@ class TrainedModelConfig(StrictModel):
                 f"train_global_batch_size={self.train_global_batch_size} is not a multiple "
                 f"of train_micro_batch_size={self.train_micro_batch_size}"
             )
+        if self.optimizer is None and self.training_backend == "hf":
+            raise ValueError(
+                "optimizer is null, which only the Megatron backend allows "
+                "(megatron_cfg.optimizer); name a torch optimizer for the HF backend"
+            )
         if self.tokenizer.name is None:
             self.tokenizer.name = self.model_name
         if self.logprob_batch_size is None:
@@ -216,3 +247,4 @@ class PolicyConfig(TrainedModelConfig):
     offload_optimizer_for_logprob: bool = False
     refit_buffer_size_gb: float | None = None
     generation: GenerationConfig | None = None
+    draft: DraftConfig = Field(default_factory=DraftConfig)

@@ -1,0 +1,135 @@
+"""NeMo RL v0.7.0's own example configs load here with no key removed, and the four the
+project promises run on this CPU with overrides of the model, the data and sizes only.
+
+The configs are read at test time from a git mirror of NVIDIA-NeMo/RL (``NEMO_RL_MIRROR``,
+default ``../.mirror/NVIDIA-NeMo+RL/repo`` beside the checkout); nothing of NeMo RL is
+stored in the project. Without a mirror the tests skip, saying so.
+"""
+
+import os
+import subprocess
+import tarfile
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+from nemo_rl_core.algorithms.grpo import load_master_config
+from nemo_rl_core.pipeline.spec import pipeline_for_config
+from nemo_rl_core.utils.config import load_config_with_overrides
+from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support
+
+ROOT = Path(__file__).resolve().parents[2]
+TAG = "v0.7.0"
+# The GRPO and PPO configs of NeMo RL whose models are text-only LLMs.
+LOADING = [
+    "grpo_math_1B",
+    "grpo_math_8B",
+    "grpo_sliding_puzzle",
+    "ppo_math_1B",
+    "grpo_math_1B_megatron",
+    "grpo_math_8B_megatron",
+    "ppo_math_1B_megatron",
+    "grpo_math_70B_megatron",
+    "grpo_math_8B_megatron_fp8",
+    "grpo_math_1B_sglang",
+    "grpo_smoke",
+    "grpo_multiple_datasets",
+    "grpo_rm_1B",
+    "gdpo_math_1B",
+    "prorlv2.v2",
+]
+# Model, data and sizes: what a CPU run may change, nothing else.
+SMALL = [
+    "policy.model_name=tiny-llama",
+    "policy.train_global_batch_size=8",
+    "policy.train_micro_batch_size=4",
+    "policy.logprob_batch_size=4",
+    "policy.max_total_sequence_length=160",
+    "policy.precision=float32",
+]
+CPU_OVERRIDES = {
+    "grpo_math_1B": [
+        *SMALL,
+        "data.train.dataset_name=arithmetic",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=4",
+        "grpo.max_num_steps=2",
+        "grpo.max_val_samples=4",
+        "grpo.val_batch_size=4",
+    ],
+    "grpo_math_8B": [
+        *SMALL,
+        "data.train.dataset_name=arithmetic",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=4",
+        "grpo.max_num_steps=2",
+        "grpo.max_val_samples=4",
+        "grpo.val_batch_size=4",
+    ],
+    "grpo_sliding_puzzle": [
+        *SMALL,
+        "policy.max_total_sequence_length=512",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=4",
+        "grpo.max_num_steps=2",
+        "grpo.max_val_samples=4",
+        "grpo.val_batch_size=4",
+        "grpo.max_rollout_turns=2",
+        "env.sliding_puzzle_game.cfg.game_config.size=2",
+    ],
+    "ppo_math_1B": [
+        *SMALL,
+        "value.model_name=tiny-llama",
+        "data.train.dataset_name=arithmetic",
+        "data.validation.dataset_name=arithmetic",
+        "ppo.num_prompts_per_step=2",
+        "ppo.num_generations_per_prompt=4",
+        "ppo.max_num_steps=2",
+        "ppo.max_val_samples=4",
+        "ppo.val_batch_size=4",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def nemo_rl_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    mirror = Path(os.environ.get("NEMO_RL_MIRROR", ROOT.parent / ".mirror/NVIDIA-NeMo+RL/repo"))
+    if not mirror.exists():
+        pytest.skip(f"no NeMo RL mirror at {mirror} (set NEMO_RL_MIRROR)")
+    archive = subprocess.run(
+        ["git", "-C", str(mirror), "archive", TAG, "examples/configs", "examples/prompts"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    target = tmp_path_factory.mktemp("nemo_rl")
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(target, filter="data")
+    return target / "examples" / "configs"
+
+
+def validated(path: Path, overrides: list[str]):
+    raw = load_config_with_overrides(path, overrides)
+    return load_master_config(str(path), overrides, pipeline_for_config(raw).config_class)
+
+
+@pytest.mark.parametrize("name", LOADING)
+def test_nemo_rl_config_loads_with_every_key(nemo_rl_configs: Path, name: str) -> None:
+    validated(nemo_rl_configs / f"{name}.yaml", [])
+
+
+@pytest.mark.parametrize("name", sorted(CPU_OVERRIDES))
+def test_promised_configs_run_here_with_model_data_and_size_overrides(
+    nemo_rl_configs: Path, name: str
+) -> None:
+    config = validated(nemo_rl_configs / f"{name}.yaml", CPU_OVERRIDES[name])
+    check_support(config, Machine(cuda_devices=0), source=name)
+
+
+def test_what_cannot_run_here_is_refused_by_key(nemo_rl_configs: Path) -> None:
+    config = validated(nemo_rl_configs / "grpo_math_8B_megatron.yaml", [])
+    with pytest.raises(UnsupportedConfigError) as err:
+        check_support(config, Machine(cuda_devices=0), source="grpo_math_8B_megatron")
+    text = str(err.value)
+    assert "policy.megatron_cfg.pipeline_model_parallel_size=2" in text
+    assert "data.train.0.dataset_name='OpenMathInstruct-2'" in text
