@@ -69,7 +69,7 @@ class RewardShapingConfig(StrictConfig):
 
 
 def reward_shaping_config_problems(cfg: RewardShapingConfig) -> list[str]:
-    """Why reward shaping cannot use ``cfg``, one sentence per key (none while disabled)."""
+    """Why reward shaping cannot use ``cfg``, one sentence per problem (none while disabled)."""
     if not cfg.enabled:
         return []
     coef = cfg.stop_properly_penalty_coef
