@@ -83,9 +83,9 @@ def math_hf_data_processor(
             f"got {len(messages)} message(s)"
         )
     question = messages[0]["content"]
-    chat = _with_system_prompt(
-        [{"role": "user", "content": _prompted(question, task_data_spec)}], task_data_spec
-    )
+    if task_data_spec.prompt:
+        question = task_data_spec.prompt.format(question)
+    chat = _with_system_prompt([{"role": "user", "content": question}], task_data_spec)
     text = tokenizer.apply_chat_template(
         chat, tokenize=False, add_generation_prompt=True, add_special_tokens=False
     )
@@ -98,10 +98,6 @@ def math_hf_data_processor(
         {"ground_truth": messages[1]["content"]},
         task_name=datum_dict["task_name"],
     )
-
-
-def _prompted(question: str, task_data_spec: TaskDataSpec) -> str:
-    return task_data_spec.prompt.format(question) if task_data_spec.prompt else question
 
 
 def _with_system_prompt(
