@@ -137,43 +137,6 @@ class AdvEstimatorConfig(StrictConfig):
     )
 
 
-_REWARDS = "nemo_rl_core.algorithms.grpo:process_rewards"
-
-
-class RewardShapingConfig(StrictConfig):
-    """``grpo.reward_shaping:`` DAPO's soft overlong penalty."""
-
-    enabled: Annotated[bool, Wired(_REWARDS)] = False
-    overlong_buffer_length: Annotated[int, Field(ge=0), Wired(_REWARDS)] = 128
-    overlong_buffer_penalty: Annotated[float, Field(ge=0.0), Wired(_REWARDS)] = 1.0
-    max_response_length: Annotated[int | None, Field(gt=0), Wired(_REWARDS)] = None
-
-    @model_validator(mode="after")
-    def _length_when_enabled(self) -> Self:
-        if self.enabled and self.max_response_length is None:
-            raise ValueError("max_response_length is required when reward shaping is enabled")
-        return self
-
-
-class RewardScalingConfig(StrictConfig):
-    """``grpo.reward_scaling:`` clamp rewards to [source_min, source_max], map linearly
-    onto [target_min, target_max]."""
-
-    enabled: Annotated[bool, Wired(_REWARDS)] = False
-    source_min: Annotated[float, Wired(_REWARDS)] = 0.0
-    source_max: Annotated[float, Wired(_REWARDS)] = 1.0
-    target_min: Annotated[float, Wired(_REWARDS)] = 0.0
-    target_max: Annotated[float, Wired(_REWARDS)] = 1.0
-
-    @model_validator(mode="after")
-    def _nonempty_source(self) -> Self:
-        if self.source_max <= self.source_min:
-            raise ValueError(
-                f"source_max ({self.source_max}) must be greater than source_min ({self.source_min})"
-            )
-        return self
-
-
 class GRPOAdvantageConfig(StrictConfig):
     """The advantage keys of ``grpo:``; the full section (``GRPOConfig``) subclasses it."""
 

@@ -1,15 +1,14 @@
-"""Sample filters and reward shaping/scaling of GRPO/DAPO, as pure functions of tensors.
+"""Sample filters of GRPO/DAPO, as pure functions of tensors.
 
 Dynamic sampling drops prompt groups whose rewards are all equal (their GRPO advantages
 are zero, so they only dilute the batch); overlong filtering takes truncated responses
-out of the loss; reward shaping penalizes responses that run into the length limit.
+out of the loss. Reward shaping and scaling are in ``reward_functions``.
 """
 
 from typing import Any
 
 import torch
 
-from nemo_rl_core.algorithms.config import RewardScalingConfig, RewardShapingConfig
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
@@ -59,30 +58,3 @@ def apply_overlong_filtering(
             f"truncated {tuple(truncated.shape)} must match sample_mask {tuple(sample_mask.shape)}"
         )
     return sample_mask.masked_fill(truncated, 0)
-
-
-def apply_reward_shaping(
-    rewards: torch.Tensor, response_lengths: torch.Tensor, cfg: RewardShapingConfig
-) -> torch.Tensor:
-    """DAPO's soft overlong punishment added to ``rewards`` (no-op unless enabled).
-
-    With L = ``max_response_length``, C = ``overlong_buffer_length`` and
-    P = ``overlong_buffer_penalty``: penalty = min(0, (L - C - len) / C) * P, i.e. 0 up to
-    L - C tokens, then linear down to -P at L tokens (and beyond).
-    """
-    if not cfg.enabled:
-        return rewards
-    expected = cfg.max_response_length - cfg.overlong_buffer_length
-    excess = response_lengths.to(rewards.dtype) - expected
-    penalty = (-excess / max(cfg.overlong_buffer_length, 1)).clamp(min=-1.0, max=0.0)
-    return rewards + penalty * cfg.overlong_buffer_penalty
-
-
-def scale_rewards(rewards: torch.Tensor, cfg: RewardScalingConfig) -> torch.Tensor:
-    """Clamp to [source_min, source_max] and map linearly onto [target_min, target_max]
-    (no-op unless enabled), so environments with different reward ranges mix."""
-    if not cfg.enabled:
-        return rewards
-    clamped = rewards.clamp(cfg.source_min, cfg.source_max)
-    fraction = (clamped - cfg.source_min) / (cfg.source_max - cfg.source_min)
-    return cfg.target_min + fraction * (cfg.target_max - cfg.target_min)

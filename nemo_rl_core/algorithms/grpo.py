@@ -13,25 +13,28 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Self
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from nemo_rl_core.algorithms.advantage_estimator import create_advantage_estimator
 from nemo_rl_core.algorithms.config import (
     ClippedPGLossConfig,
     GRPOAdvantageConfig,
-    RewardScalingConfig,
-    RewardShapingConfig,
     StrictConfig,
 )
 from nemo_rl_core.algorithms.filters import (
     accumulate_dynamic_sampling_batch,
     apply_overlong_filtering,
-    apply_reward_shaping,
     dynamic_sampling_filter,
-    scale_rewards,
 )
 from nemo_rl_core.algorithms.loss import ClippedPGLossFn
 from nemo_rl_core.algorithms.loss.clipped_pg import clipped_pg_config_problems
+from nemo_rl_core.algorithms.reward_functions import (
+    RewardScalingConfig,
+    RewardShapingConfig,
+    apply_reward_shaping,
+    reward_shaping_config_problems,
+    scale_rewards,
+)
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
 from nemo_rl_core.data.config import DataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
@@ -119,6 +122,15 @@ class RolloutLoopConfig(StrictConfig):
                 "(NeMo RL: it sizes the generation batches that dynamic sampling filters)"
             )
         return self
+
+    @field_validator("reward_shaping")
+    @classmethod
+    def _reward_shaping_is_usable(cls, shaping: RewardShapingConfig) -> RewardShapingConfig:
+        """What reward shaping would refuse at the first reward stage, refused now."""
+        problems = reward_shaping_config_problems(shaping)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return shaping
 
     @model_validator(mode="after")
     def _whole_validation_batches(self) -> Self:
@@ -649,17 +661,15 @@ def process_rewards(
     batch: BatchedDataDict, config: RLMasterConfig
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
     """What NeMo RL does to scored rollouts before the advantages, in its order: scale the
-    rewards (``reward_scaling``), add DAPO's overlong penalty (``reward_shaping``; the
-    unshaped rewards are kept for dynamic sampling), and take truncated responses out of
-    the loss (``overlong_filtering``: their ``loss_multiplier`` becomes 0)."""
+    rewards (``reward_scaling``), shape them (``reward_shaping``: DAPO's overlong penalty
+    or the stop-properly penalty; the unshaped rewards are kept for dynamic sampling), and
+    take truncated responses out of the loss (``overlong_filtering``: their
+    ``loss_multiplier`` becomes 0)."""
     loop = config.algorithm
     metrics: dict[str, Any] = {}
-    batch["total_reward"] = scale_rewards(batch["total_reward"], loop.reward_scaling)
+    batch = scale_rewards(batch, loop.reward_scaling)
     if loop.reward_shaping.enabled:
-        batch["unshaped_total_reward"] = batch["total_reward"].clone()
-        batch["total_reward"] = apply_reward_shaping(
-            batch["total_reward"], response_lengths(batch), loop.reward_shaping
-        )
+        batch = apply_reward_shaping(batch, loop.reward_shaping)
         metrics["mean_shaped_reward"] = float(batch["total_reward"].mean())
     if loop.overlong_filtering:
         multiplier = torch.as_tensor(batch["loss_multiplier"], dtype=torch.float32)

@@ -66,13 +66,19 @@ def check_chat_template(tokenizer: Any, key: str) -> None:
 
 
 def render_chat(
-    tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = False
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = False,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The conversation as text under the tokenizer's template (plain when it has none)."""
+    """The conversation as text under the tokenizer's template (plain when it has none);
+    ``tools`` (function definitions) are handed to templates that render them."""
     template = getattr(tokenizer, "chat_template", None) or PLAIN_CHAT_TEMPLATE
+    extra = {} if tools is None else {"tools": tools}
     return tokenizer.apply_chat_template(
         messages,
         chat_template=template,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
+        **extra,
     )

@@ -12,20 +12,27 @@ GRPO path after a rollout::
     # -> input_ids, input_lengths, token_mask, generation_logprobs (all [B, S] / [B])
 """
 
+import os
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from nemo_rl_core.data.chat_templates import render_chat
 from nemo_rl_core.data.interfaces import FlatMessagesType, LLMMessageLogType, TaskDataSpec
+from nemo_rl_core.data.multimodal_utils import PackedTensor
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
 def message_log_to_flat_messages(message_log: LLMMessageLogType) -> FlatMessagesType:
     """Concatenate the turns of one conversation key by key.
 
-    Tensor values (``token_ids``, ``generation_logprobs``, ``token_loss_mask``) are
-    concatenated; other values (``role``, ``content``) become a list with one entry per turn.
-    A tensor key present in only some turns would misalign positions, so it is refused.
+    Tensors are concatenated along their first (token) dimension, keeping any trailing
+    dimensions (e.g. routed experts' ``[tokens, layers, top_k]``); ``PackedTensor`` values
+    (images) are packed; other values (``role``, ``content``) become a list. A key only some
+    turns have collects only those turns, as in NeMo RL (e.g. logprobs before they are
+    filled in for the prompt).
     """
     collected: dict[str, list[Any]] = {}
     for message in message_log:
@@ -33,15 +40,15 @@ def message_log_to_flat_messages(message_log: LLMMessageLogType) -> FlatMessages
             collected.setdefault(key, []).append(value)
     flat: FlatMessagesType = {}
     for key, values in collected.items():
-        if any(isinstance(v, torch.Tensor) for v in values):
-            if len(values) != len(message_log):
-                missing = [i for i, m in enumerate(message_log) if key not in m]
-                raise ValueError(
-                    f"tensor key {key!r} is missing from messages {missing} of a "
-                    f"{len(message_log)}-turn message log; give every turn a {key!r} "
-                    "(e.g. zeros for turns that were not generated)"
+        if isinstance(values[0], torch.Tensor):
+            if len({value.dim() for value in values}) > 1:
+                raise RuntimeError(
+                    f"tensors for {key=} must have same number of dimensions: "
+                    f"{[tuple(value.shape) for value in values]}"
                 )
-            flat[key] = torch.cat([torch.as_tensor(v).reshape(-1) for v in values])
+            flat[key] = torch.cat(values)
+        elif isinstance(values[0], PackedTensor):
+            flat[key] = PackedTensor.concat(values)
         else:
             flat[key] = values
     return flat
@@ -52,67 +59,101 @@ def get_keys_from_message_log(message_log: LLMMessageLogType, keys: list[str]) -
     return [{key: message[key] for key in keys if key in message} for message in message_log]
 
 
+def _validate_tensor_consistency(tensors: list[torch.Tensor], key: str = "") -> None:
+    """One dtype, one device and one shape past the token dimension, or a RuntimeError."""
+    if not tensors:
+        return
+    where = f" for {key=}" if key else ""
+    if len({t.dtype for t in tensors}) > 1:
+        raise RuntimeError(
+            f"expected consistent types{where} but got: {[t.dtype for t in tensors]}"
+        )
+    if len({t.device for t in tensors}) > 1:
+        raise RuntimeError(
+            f"expected tensors on the same device{where} but got: {[t.device for t in tensors]}"
+        )
+    if len({t.shape[1:] for t in tensors}) > 1:
+        raise RuntimeError(
+            f"expected the same shape after the token dimension{where} but got: "
+            f"{[tuple(t.shape) for t in tensors]}"
+        )
+
+
 def batched_message_log_to_flat_message(
     message_log_batch: list[LLMMessageLogType],
     pad_value_dict: dict[str, int | float] | None = None,
     make_sequence_length_divisible_by: int = 1,
 ) -> tuple[BatchedDataDict[FlatMessagesType], torch.Tensor]:
-    """Flatten every conversation and right-pad each tensor key to one width.
+    """Flatten every conversation and right-pad every tensor key to one width.
 
-    Returns the padded batch and ``input_lengths`` (the unpadded length of ``token_ids``,
-    or of the first tensor key when there are no ``token_ids``).
+    The width is the longest tensor of the batch, rounded up to a multiple of
+    ``make_sequence_length_divisible_by``; each key pads with ``pad_value_dict[key]``
+    (default 0) and keeps its trailing dimensions (``[B, S, ...]``). A conversation
+    without a key gets only padding there. ``PackedTensor`` keys hold one packed tensor
+    per conversation. Returns the batch and ``input_lengths`` (int32 ``[B]``: each
+    conversation's longest tensor before padding). Tensors of one key must share dtype
+    and device (``RuntimeError`` otherwise). Without any tensor, each key holds its first
+    value per conversation and ``input_lengths`` is empty.
     """
     if make_sequence_length_divisible_by < 1:
         raise ValueError(
             f"make_sequence_length_divisible_by must be >= 1, got {make_sequence_length_divisible_by}"
         )
-    pad_value_dict = pad_value_dict or {}
+    no_lengths = torch.empty(0, dtype=torch.int32)
+    if not message_log_batch:
+        return BatchedDataDict(), no_lengths
     flats = [message_log_to_flat_messages(log) for log in message_log_batch]
-    if not flats:
-        return BatchedDataDict(), torch.zeros(0, dtype=torch.long)
-    tensor_keys = [k for k, v in flats[0].items() if isinstance(v, torch.Tensor)]
-    length_key = "token_ids" if "token_ids" in tensor_keys else (tensor_keys or [None])[0]
-    input_lengths = torch.tensor(
-        [len(flat[length_key]) if length_key else 0 for flat in flats], dtype=torch.long
-    )
+    keys = list(dict.fromkeys(key for flat in flats for key in flat))
+    lengths = [
+        max((v.size(0) for v in flat.values() if isinstance(v, torch.Tensor)), default=None)
+        for flat in flats
+    ]
+    if all(length is None for length in lengths):
+        batch = BatchedDataDict({k: [f[k][0] if k in f else None for f in flats] for k in keys})
+        return batch, no_lengths
+    width = max(length or 0 for length in lengths)
+    width = -(-width // make_sequence_length_divisible_by) * make_sequence_length_divisible_by
     batch: BatchedDataDict[FlatMessagesType] = BatchedDataDict()
-    for key in flats[0]:
+    for key in keys:
         values = [flat.get(key) for flat in flats]
-        if key not in tensor_keys:
+        present = [v for v in values if v is not None]
+        if isinstance(present[0], PackedTensor):
+            dim = present[0].dim_to_pack
+            batch[key] = PackedTensor.flattened_concat(
+                [v if v is not None else PackedTensor([None], dim) for v in values]
+            )
+        elif isinstance(present[0], torch.Tensor):
+            _validate_tensor_consistency(present, key)
+            ref = present[0]
+            pad = (pad_value_dict or {}).get(key, 0)
+            padded = torch.full(
+                (len(values), width, *ref.shape[1:]), pad, dtype=ref.dtype, device=ref.device
+            )
+            for row, value in enumerate(values):
+                if value is not None:
+                    padded[row, : value.size(0)] = value
+            batch[key] = padded
+        else:
             batch[key] = values
-            continue
-        for i, value in enumerate(values):
-            if not isinstance(value, torch.Tensor):
-                raise ValueError(f"sample {i} has no tensor key {key!r} that sample 0 has")
-        width = max(len(v) for v in values)
-        width = -(-width // make_sequence_length_divisible_by) * make_sequence_length_divisible_by
-        padded = torch.full((len(values), width), pad_value_dict.get(key, 0), dtype=values[0].dtype)
-        for i, value in enumerate(values):
-            padded[i, : len(value)] = value
-        batch[key] = padded
+    input_lengths = torch.tensor([length or 0 for length in lengths], dtype=torch.int32)
     return batch, input_lengths
 
 
 def add_loss_mask_to_message_log(
     batch_message_log: list[LLMMessageLogType],
-    roles_to_train_on: list[str] | None = None,
+    roles_to_train_on: Sequence[str] = ("assistant",),
     only_unmask_final: bool = False,
 ) -> None:
-    """Give every turn a ``token_loss_mask``: ones on trained roles, zeros elsewhere (in place).
-
-    ``only_unmask_final`` trains only on the last turn of each conversation (SFT of a
-    final answer), whatever its role.
-    """
-    roles = set(roles_to_train_on if roles_to_train_on is not None else ["assistant"])
+    """Give every turn a ``token_loss_mask`` (in place): ones on the turns of
+    ``roles_to_train_on`` (case-insensitive), zeros elsewhere, in the dtype of its
+    ``token_ids``. ``only_unmask_final`` trains only on each conversation's last turn,
+    whatever its role (SFT of a final answer)."""
+    roles = {role.lower() for role in roles_to_train_on}
     for message_log in batch_message_log:
         for i, message in enumerate(message_log):
             train = (i == len(message_log) - 1) if only_unmask_final else message["role"] in roles
             ids = message["token_ids"]
-            message["token_loss_mask"] = (
-                torch.ones_like(ids, dtype=torch.bool)
-                if train
-                else torch.zeros_like(ids, dtype=torch.bool)
-            )
+            message["token_loss_mask"] = torch.ones_like(ids) if train else torch.zeros_like(ids)
 
 
 def message_logs_to_train_data(
@@ -133,7 +174,7 @@ def message_logs_to_train_data(
                 message["generation_logprobs"] = torch.zeros(len(ids), dtype=torch.float32)
             if "token_loss_mask" not in message:
                 is_assistant = message["role"] == "assistant"
-                message["token_loss_mask"] = torch.full((len(ids),), is_assistant, dtype=torch.bool)
+                message["token_loss_mask"] = torch.full_like(ids, int(is_assistant))
     flat, input_lengths = batched_message_log_to_flat_message(
         message_logs,
         pad_value_dict={"token_ids": pad_token_id},
@@ -149,6 +190,11 @@ def message_logs_to_train_data(
     )
 
 
+def get_first_index_that_differs(str1: str, str2: str) -> int:
+    """Where two strings first differ (the shorter one's length if one is a prefix)."""
+    return len(os.path.commonprefix([str1, str2]))
+
+
 def get_formatted_message_log(
     message_log: LLMMessageLogType,
     tokenizer: Any,
@@ -156,54 +202,86 @@ def get_formatted_message_log(
     add_bos_token: bool = True,
     add_eos_token: bool = True,
     add_generation_prompt: bool = False,
+    tools: list[dict[str, Any]] | None = None,
+    debug: bool = False,
 ) -> LLMMessageLogType:
-    """Render each turn with the chat template and tokenize it, turn by turn.
+    """Render the conversation with the chat template turn by turn and tokenize each turn.
 
-    Each turn's ``content`` becomes its exact slice of the rendered conversation (the text
-    between the rendering of the turns before it and the rendering including it), so the
-    concatenated ``token_ids`` equal the tokenized conversation. The last turn carries the
-    generation prompt when ``add_generation_prompt`` is set. A ``task_data_spec`` prompt is
-    applied to user turns and its system prompt is prepended when the log has none.
+    Turn i's ``content`` becomes the text the template adds for it: the rendering of turns
+    0..i from the first character where it differs from the rendering of turns 0..i-1
+    (templates that re-render earlier turns, e.g. dropping old ``<think>`` blocks, still
+    split). With ``add_generation_prompt`` each user or tool turn carries the assistant's
+    generation prompt, so a following assistant turn holds only its own text. The
+    ``task_data_spec`` prompt formats the first user turn (system prompts are the
+    processors' business). ``add_bos_token`` / ``add_eos_token`` add BOS to the first turn
+    and EOS to the last when the template did not (EOS followed by newlines counts).
+    ``tools`` go to the template; ``debug`` prints each turn's text.
     """
-    from nemo_rl_core.data.chat_templates import render_chat
-
-    messages = [dict(m) for m in message_log]
-    if task_data_spec is not None:
-        if task_data_spec.prompt:
-            for message in messages:
-                if message["role"] == "user":
-                    message["content"] = task_data_spec.prompt.format(message["content"])
-        if task_data_spec.system_prompt and (not messages or messages[0]["role"] != "system"):
-            messages.insert(0, {"role": "system", "content": task_data_spec.system_prompt})
+    messages = [dict(message) for message in message_log]
+    for message in messages:
+        _check_text_only(message.get("content"))
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    if task_data_spec is not None and task_data_spec.prompt and first_user is not None:
+        content = messages[first_user]["content"]
+        messages[first_user]["content"] = (
+            task_data_spec.prompt.format(content)
+            if isinstance(content, str)
+            else [{**part, "text": task_data_spec.prompt.format(part["text"])} for part in content]
+        )
     formatted: LLMMessageLogType = []
     previous = ""
+    if debug:
+        print("DEBUG: Individual message turns from apply_chat_template")
     for i, message in enumerate(messages):
-        last = i == len(messages) - 1
         rendered = render_chat(
             tokenizer,
-            [{"role": m["role"], "content": m["content"]} for m in messages[: i + 1]],
-            add_generation_prompt=add_generation_prompt and last,
+            messages[: i + 1],
+            add_generation_prompt=add_generation_prompt and message["role"] in ("user", "tool"),
+            tools=tools,
         )
-        if not rendered.startswith(previous):
-            raise ValueError(
-                "the chat template renders earlier turns differently once a later turn is "
-                f"added (turn {i}, role {message['role']!r}); per-turn token accounting needs a "
-                "prefix-stable template"
-            )
-        content = rendered[len(previous) :]
+        chunk = rendered[get_first_index_that_differs(previous, rendered) :]
         previous = rendered
-        if (
-            i == 0
-            and add_bos_token
-            and tokenizer.bos_token
-            and not content.startswith(tokenizer.bos_token)
-        ):
-            content = tokenizer.bos_token + content
-        needs_eos = last and add_eos_token and not add_generation_prompt and tokenizer.eos_token
-        if needs_eos and not content.rstrip("\n").endswith(tokenizer.eos_token):
-            content = content + tokenizer.eos_token
-        token_ids = tokenizer(content, return_tensors="pt", add_special_tokens=False)["input_ids"][
-            0
-        ]
-        formatted.append({**message, "content": content, "token_ids": token_ids})
+        if i == 0 and add_bos_token:
+            chunk = _with_special_token(chunk, tokenizer.bos_token, "add_bos_token", at_end=False)
+        if i == len(messages) - 1 and add_eos_token:
+            chunk = _with_special_token(chunk, tokenizer.eos_token, "add_eos_token", at_end=True)
+        token_ids = tokenizer(chunk, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+        formatted.append(
+            {
+                **message,
+                "content": _content_with_text(message.get("content"), chunk),
+                "token_ids": token_ids.to(torch.int64),  # an empty turn tokenizes to float
+            }
+        )
+        if debug:
+            print(f"[turn {i + 1}/{len(messages)}] role={message['role']}: {chunk!r}")
+    if debug:
+        print(f"DEBUG: Complete formatted conversation:\n{previous}")
     return formatted
+
+
+def _check_text_only(content: Any) -> None:
+    for part in content if isinstance(content, list) else []:
+        if part.get("type") != "text":
+            raise ValueError(
+                f"a message has a {part.get('type')!r} content part: images, audio and video "
+                "need a multimodal processor, which this deployment does not have"
+            )
+
+
+def _content_with_text(content: Any, text: str) -> Any:
+    """``text`` in the shape of ``content``: a string, or each part of a list of text parts."""
+    if isinstance(content, list) and content:
+        return [{**part, "text": text} for part in content]
+    return text
+
+
+def _with_special_token(chunk: str, token: str | None, flag: str, at_end: bool) -> str:
+    if token is None:
+        warnings.warn(
+            f"{flag} is set but the tokenizer has no such token; none added", stacklevel=3
+        )
+        return chunk
+    if at_end:
+        return chunk if chunk.rstrip("\n").endswith(token) else chunk + token
+    return chunk if chunk.startswith(token) else token + chunk

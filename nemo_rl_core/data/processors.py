@@ -4,7 +4,8 @@ Each processor renders the prompt with the chat template (``get_formatted_messag
 tokenizes it turn by turn and caps it at ``max_seq_length``: a prompt that does not fit is
 cut and gets ``loss_multiplier`` 0, so it is generated on but never trained on, as in
 NeMo RL. Rows are the normalized form the datasets produce: ``problem`` and
-``expected_answer`` (math, countdown) or ``game_state`` (sliding puzzle).
+``expected_answer`` (math, countdown), ``game_state`` (sliding puzzle), or NeMo RL's chat
+rows (``messages``: question, answer) for ``math_hf_data_processor``.
 """
 
 from typing import Any
@@ -62,6 +63,52 @@ def sliding_puzzle_data_processor(
     return datum
 
 
+def math_hf_data_processor(
+    datum_dict: dict[str, Any],
+    task_data_spec: TaskDataSpec,
+    tokenizer: Any,
+    max_seq_length: int,
+    idx: int,
+) -> DatumSpec:
+    """A chat row (``messages``: the question, then the reference answer) as one user turn.
+
+    NeMo RL's processor for OpenMathInstruct2-style rows: the system prompt and the
+    prompt-formatted question are rendered together with the generation prompt into a
+    single user turn; the second message's content is the ``ground_truth``.
+    """
+    messages = datum_dict["messages"]
+    if len(messages) < 2:
+        raise ValueError(
+            f"row {idx}: 'messages' needs the question and the reference answer, "
+            f"got {len(messages)} message(s)"
+        )
+    question = messages[0]["content"]
+    if task_data_spec.prompt:
+        question = task_data_spec.prompt.format(question)
+    chat = _with_system_prompt([{"role": "user", "content": question}], task_data_spec)
+    text = tokenizer.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True, add_special_tokens=False
+    )
+    token_ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+    return _capped_datum(
+        [{"role": "user", "content": text, "token_ids": token_ids}],
+        tokenizer,
+        max_seq_length,
+        idx,
+        {"ground_truth": messages[1]["content"]},
+        task_name=datum_dict["task_name"],
+    )
+
+
+def _with_system_prompt(
+    messages: LLMMessageLogType, task_data_spec: TaskDataSpec
+) -> LLMMessageLogType:
+    """``messages`` after the task's system prompt, unless they start with their own."""
+    if not task_data_spec.system_prompt or (messages and messages[0]["role"] == "system"):
+        return messages
+    return [{"role": "system", "content": task_data_spec.system_prompt}, *messages]
+
+
 def _datum(
     messages: LLMMessageLogType,
     task_data_spec: TaskDataSpec,
@@ -72,16 +119,29 @@ def _datum(
     task_name: str,
 ) -> DatumSpec:
     message_log = get_formatted_message_log(
-        messages,
+        _with_system_prompt(messages, task_data_spec),
         tokenizer,
         task_data_spec,
-        add_bos_token=True,
+        add_bos_token=tokenizer.bos_token is not None,
         add_eos_token=False,
         add_generation_prompt=True,
     )
+    return _capped_datum(message_log, tokenizer, max_seq_length, idx, extra_env_info, task_name)
+
+
+def _capped_datum(
+    message_log: LLMMessageLogType,
+    tokenizer: Any,
+    max_seq_length: int,
+    idx: int,
+    extra_env_info: dict[str, Any],
+    task_name: str,
+) -> DatumSpec:
+    """A prompt that leaves no room to generate (``max_seq_length`` tokens or more) is cut
+    and gets ``loss_multiplier`` 0: generated on, never trained on, as in NeMo RL."""
     length = sum(len(m["token_ids"]) for m in message_log)
     loss_multiplier = 1.0
-    if length > max_seq_length:
+    if length >= max_seq_length:
         # Keep an equal share of every turn so the system prompt and question both survive.
         share = max(max_seq_length // len(message_log), 1)
         for message in message_log:

@@ -1,4 +1,4 @@
-"""Filters, reward shaping, metric aggregation and the YAML-facing configs."""
+"""Filters, metric aggregation and the YAML-facing configs."""
 
 import math
 
@@ -9,16 +9,12 @@ import yaml
 from nemo_rl_core.algorithms.config import (
     ClippedPGLossConfig,
     PPOAdvEstimatorConfig,
-    RewardScalingConfig,
-    RewardShapingConfig,
     validate_section,
 )
 from nemo_rl_core.algorithms.filters import (
     accumulate_dynamic_sampling_batch,
     apply_overlong_filtering,
-    apply_reward_shaping,
     dynamic_sampling_filter,
-    scale_rewards,
 )
 from nemo_rl_core.algorithms.grpo import GRPOConfig
 from nemo_rl_core.algorithms.loss import (
@@ -94,31 +90,6 @@ def test_overlong_filtering():
     assert mask.tolist() == [1.0, 1.0, 0.0]  # pure: the input is untouched
     with pytest.raises(ValueError, match="truncated"):
         apply_overlong_filtering(mask, [True])
-
-
-def test_dapo_reward_shaping():
-    cfg = RewardShapingConfig(
-        enabled=True, max_response_length=10, overlong_buffer_length=4, overlong_buffer_penalty=0.5
-    )
-    lengths = torch.tensor([5, 6, 8, 10, 12])
-    shaped = apply_reward_shaping(torch.ones(5), lengths, cfg)
-    # no penalty up to 10 - 4 = 6 tokens, then linear to -0.5 at 10, flat beyond
-    assert shaped.tolist() == pytest.approx([1.0, 1.0, 0.75, 0.5, 0.5])
-    off = RewardShapingConfig()
-    assert apply_reward_shaping(torch.ones(5), lengths, off).tolist() == [1.0] * 5
-    with pytest.raises(ValueError, match="max_response_length"):
-        RewardShapingConfig(enabled=True)
-
-
-def test_reward_scaling():
-    cfg = RewardScalingConfig(
-        enabled=True, source_min=-1.0, source_max=1.0, target_min=0.0, target_max=10.0
-    )
-    rewards = torch.tensor([-2.0, -1.0, 0.0, 0.5, 3.0])
-    assert scale_rewards(rewards, cfg).tolist() == pytest.approx([0.0, 0.0, 5.0, 7.5, 10.0])
-    assert scale_rewards(rewards, RewardScalingConfig()) is rewards
-    with pytest.raises(ValueError, match="source_max"):
-        RewardScalingConfig(source_min=1.0, source_max=1.0)
 
 
 def test_metric_normalizers():

@@ -54,9 +54,9 @@ def test_scaling_then_shaping_then_overlong_filtering():
     )
     batch = rollouts([1.0, 0.0, 1.0], [0, 0, 1], [4, 8, 12], [False, False, True])
     batch, metrics = process_rewards(batch, config)
-    # scaled onto [-1, 1]: 1, -1, 1; penalty = clamp((6 - len) / 4, -1, 0) * 0.5
+    # scaled onto [-1, 1]: 1, -1, 1; penalty = min((6 - len) / 4, 0) * 0.5, no floor
     assert batch["unshaped_total_reward"].tolist() == [1.0, -1.0, 1.0]
-    assert batch["total_reward"].tolist() == pytest.approx([1.0, -1.25, 0.5])
+    assert batch["total_reward"].tolist() == pytest.approx([1.0, -1.25, 0.25])
     assert batch["loss_multiplier"].tolist() == [1.0, 1.0, 0.0]  # the truncated one leaves the loss
     assert metrics["overlong_filtered_fraction"] == pytest.approx(1 / 3)
 

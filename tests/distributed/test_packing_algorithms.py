@@ -33,7 +33,7 @@ def test_bins_never_exceed_capacity(
     try:
         bins = packer.pack(lengths)
     except ValueError as exc:  # only when the multiple needs more bins than sequences
-        assert "cannot make" in str(exc) and multiple and len(lengths) % multiple
+        assert "Cannot create" in str(exc) and multiple and len(lengths) % multiple
         return
     _check_bins(bins, lengths, capacity)
     if multiple:
@@ -67,8 +67,10 @@ def test_min_bin_count_splits_bins() -> None:
     bins = packer.pack([10, 10, 10, 10, 10])
     assert len(bins) == 4
     assert packer.metrics["num_bins"] == 4
-    with pytest.raises(ValueError, match="cannot make 4 bins from 2"):
+    with pytest.raises(ValueError, match="Cannot create 4 bins with only 2 sequences"):
         get_packer("first_fit_decreasing", 100, min_bin_count=4).pack([1, 2])
+    with pytest.raises(ValueError, match="Cannot create 3 bins with only 2"):
+        get_packer("concatenative", 100, bin_count_multiple=3).pack([1, 2])
 
 
 def test_bad_input_is_named() -> None:
@@ -76,3 +78,20 @@ def test_bad_input_is_named() -> None:
         get_packer("first_fit_decreasing", 10).pack([3, 11])
     with pytest.raises(ValueError, match="'best_fit'.*first_fit_decreasing"):
         get_packer("best_fit", 10)
+
+
+@pytest.mark.parametrize("name", ["MODIFIED_FIRST_FIT_DECREASING", "Modified_First_Fit_Decreasing"])
+def test_algorithm_names_are_case_insensitive(name: str) -> None:
+    packer = get_packer(name, 100)
+    assert type(packer) is type(get_packer(PackingAlgorithm.MODIFIED_FIRST_FIT_DECREASING, 100))
+
+
+def test_bad_bin_count_constraints_are_named() -> None:
+    with pytest.raises(ValueError, match="min_bin_count must be nonnegative, got -1"):
+        get_packer("concatenative", 100, min_bin_count=-1)
+    with pytest.raises(ValueError, match="bin_count_multiple must be positive, got 0"):
+        get_packer("concatenative", 100, bin_count_multiple=0)
+    with pytest.raises(ValueError, match="bin_capacity must be positive, got 0"):
+        get_packer("concatenative", 0)
+    with pytest.raises(ValueError, match="unknown packing algorithm <object"):
+        get_packer(object(), 100)  # type: ignore[arg-type]

@@ -32,6 +32,8 @@ class SequencePacker(ABC):
     ) -> None:
         if bin_capacity <= 0:
             raise ValueError(f"bin_capacity must be positive, got {bin_capacity}")
+        if min_bin_count is not None and min_bin_count < 0:
+            raise ValueError(f"min_bin_count must be nonnegative, got {min_bin_count}")
         if bin_count_multiple is not None and bin_count_multiple <= 0:
             raise ValueError(f"bin_count_multiple must be positive, got {bin_count_multiple}")
         self.bin_capacity = bin_capacity
@@ -68,13 +70,13 @@ class SequencePacker(ABC):
         target = max(len(bins), self.min_bin_count or 0)
         multiple = self.bin_count_multiple or 1
         target = -(-target // multiple) * multiple
+        if target > len(lengths):
+            raise ValueError(
+                f"Cannot create {target} bins with only {len(lengths)} sequences: every bin "
+                "needs one; lower min_bin_count / bin_count_multiple or pack more sequences"
+            )
         while len(bins) < target:
             splittable = [b for b in bins if len(b) > 1]
-            if not splittable:
-                raise ValueError(
-                    f"cannot make {target} bins from {len(lengths)} sequences; "
-                    f"give each shard at least one sequence"
-                )
             fullest = max(splittable, key=lambda b: sum(lengths[i] for i in b))
             half = len(fullest) // 2
             bins.append(fullest[half:])
@@ -204,15 +206,13 @@ def get_packer(
     min_bin_count: int | None = None,
     bin_count_multiple: int | None = None,
 ) -> SequencePacker:
-    """The packer for ``algorithm`` (an enum member or its config name)."""
+    """The packer for ``algorithm``: an enum member or its name in any case
+    (``"first_fit_decreasing"``, ``"FIRST_FIT_DECREASING"``)."""
+    if isinstance(algorithm, str):
+        algorithm = PackingAlgorithm.__members__.get(algorithm.upper(), algorithm)
     if not isinstance(algorithm, PackingAlgorithm):
-        try:
-            algorithm = PackingAlgorithm(algorithm)
-        except ValueError:
-            names = [a.value for a in PackingAlgorithm]
-            raise ValueError(
-                f"unknown packing algorithm {algorithm!r}; use one of {names}"
-            ) from None
+        names = [a.value for a in PackingAlgorithm]
+        raise ValueError(f"unknown packing algorithm {algorithm!r}; use one of {names}")
     return _PACKERS[algorithm](
         bin_capacity,
         collect_metrics=collect_metrics,
