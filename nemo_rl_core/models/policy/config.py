@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from nemo_rl_core.models.generation.config import GenerationConfig
 from nemo_rl_core.models.megatron.config import MegatronConfig
 from nemo_rl_core.models.policy.utils import check_kwargs_accepted, import_class_from_path
-from nemo_rl_core.utils.key_support import Only, PartOf
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 
 
 class StrictModel(BaseModel):
@@ -90,17 +90,50 @@ class SequencePackingConfig(StrictModel):
     sequence_length_round: int = Field(64, ge=1)
 
 
+_LORA_READER = "nemo_rl_core.models.policy.lora:peft_config"
+
+
+def _lora_on_hf_backend(enabled: bool, context: SupportContext) -> str | None:
+    if enabled and context.value("policy.training_backend") == "megatron":
+        return (
+            "dtensor_cfg.lora_cfg configures the HF backend; with megatron_cfg.enabled the "
+            "Megatron backend trains, whose LoRA (megatron_cfg.peft) is not built"
+        )
+    return None
+
+
+def _peft_dropout_position(position: str, context: SupportContext) -> str | None:
+    dropout = context.value("policy.dtensor_cfg.lora_cfg.dropout") or 0.0
+    if position == "post" and dropout > 0:
+        return "peft applies LoRA dropout to the adapter's input: set dropout_position: pre"
+    return None
+
+
 class LoraConfig(StrictModel):
-    enabled: bool = False
-    target_modules: list[str] = Field(default_factory=list)
-    exclude_modules: list[str] = Field(default_factory=list)
-    match_all_linear: bool = True
-    dim: int = 8
-    alpha: int = 32
-    dropout: float = 0.0
-    dropout_position: Literal["pre", "post"] = "post"
-    lora_A_init: str = "xavier"
-    use_triton: bool = True
+    """``dtensor_cfg.lora_cfg``: LoRA adapters on every (or the named) linear layer."""
+
+    enabled: Annotated[
+        bool, Check(_lora_on_hf_backend, "adapters through peft on the HF backend")
+    ] = False
+    target_modules: Annotated[list[str], Wired(_LORA_READER)] = Field(default_factory=list)
+    exclude_modules: Annotated[list[str], Wired(_LORA_READER)] = Field(default_factory=list)
+    match_all_linear: Annotated[bool, Wired(_LORA_READER)] = True
+    dim: Annotated[int, Wired(_LORA_READER)] = Field(8, ge=1)
+    alpha: Annotated[int, Wired(_LORA_READER)] = 32
+    dropout: Annotated[float, Wired(_LORA_READER)] = Field(0.0, ge=0.0, lt=1.0)
+    dropout_position: Annotated[
+        Literal["pre", "post"], Check(_peft_dropout_position, "pre, or post without dropout")
+    ] = "post"
+    lora_A_init: Annotated[
+        Literal["xavier", "uniform"], Wired("nemo_rl_core.models.policy.lora:add_adapters")
+    ] = "xavier"
+    use_triton: Annotated[
+        bool,
+        Check(
+            lambda value, context: None,
+            "Triton LoRA kernels on GPU; the torch path here computes the same adapters",
+        ),
+    ] = True
 
 
 class DTensorConfig(StrictModel):

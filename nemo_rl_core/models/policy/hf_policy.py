@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction, LossInputType
@@ -30,6 +31,7 @@ from nemo_rl_core.models.policy.interfaces import (
     ReferenceLogprobOutputSpec,
     TopkLogitsOutputSpec,
 )
+from nemo_rl_core.models.policy.lora import add_adapters, merged_model, save_lora_checkpoint
 from nemo_rl_core.models.policy.selected_logprobs import HeadSplits, selected_token_logprobs
 from nemo_rl_core.models.policy.utils import DTYPES
 
@@ -56,8 +58,11 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         base = load_pretrained(AutoModelForCausalLM, config.model_name, config)
         # NeMo RL keeps the *base* model as reference, even when resuming from a checkpoint.
         self.reference_model = _frozen_copy(base) if init_reference_model else None
+        self.lora = config.dtensor_cfg.lora_cfg
         model = base
-        if weights_path is not None:
+        if self.lora is not None and self.lora.enabled:
+            model = add_adapters(base, self.lora, weights_path)
+        elif weights_path is not None:
             model = load_pretrained(AutoModelForCausalLM, weights_path, config)
         super().__init__(model, tokenizer, config, init_optimizer, optimizer_path)
         if self.reference_model is not None:
@@ -200,15 +205,26 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
 
     # ---- weights out: refit (checkpoints: HFTrainable.save_checkpoint) ---------------
 
+    def _hf_weights(self) -> dict[str, torch.Tensor]:
+        """The weights a generation engine loads: with LoRA, adapters merged into the base."""
+        model = merged_model(self.model) if isinstance(self.model, PeftModel) else self.model
+        return model.state_dict()
+
+    def _save_weights(self, path: str | Path) -> None:
+        if isinstance(self.model, PeftModel):
+            save_lora_checkpoint(self.model, path)
+        else:
+            super()._save_weights(path)
+
     def state_dict_for_refit(self) -> dict[str, torch.Tensor]:
         """HF-named weights in the compute precision, ready for a generation engine's loader."""
         dtype = DTYPES[self.cfg.precision]
-        return {name: t.detach().to(dtype) for name, t in self.model.state_dict().items()}
+        return {name: t.detach().to(dtype) for name, t in self._hf_weights().items()}
 
     def prepare_refit_info(self) -> dict[str, Any] | None:
         """``{name: (shape, dtype)}`` of what ``state_dict_for_refit`` sends."""
         dtype = DTYPES[self.cfg.precision]
-        return {name: (tuple(t.shape), dtype) for name, t in self.model.state_dict().items()}
+        return {name: (tuple(t.shape), dtype) for name, t in self._hf_weights().items()}
 
     def init_collective(
         self, ip: str, port: int, world_size: int, *, train_world_size: int

@@ -327,12 +327,16 @@ class HFTrainable(ABC):
                 if optimizer_path is not None
                 else None
             )
-            self.model.save_pretrained(str(weights_path))
+            self._save_weights(weights_path)
             self.tokenizer.save_pretrained(str(weights_path))
             if tokenizer_path is not None:
                 self.tokenizer.save_pretrained(str(tokenizer_path))
             if optimizer_saved is not None:
                 optimizer_saved.result()
+
+    def _save_weights(self, path: str | Path) -> None:
+        """The model in HF layout at ``path`` (a subclass may save more beside it)."""
+        self.model.save_pretrained(str(path))
 
     def save_optimizer(self, optimizer_path: str | Path) -> None:
         """Optimizer and scheduler state, so a resumed run continues bit-exactly."""

@@ -4,9 +4,9 @@ A PPO critic is trained like the policy (same optimizer, scheduler, batching and
 precision keys), so a ``value:`` section reads like a ``policy:`` one.
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from nemo_rl_core.models.policy.config import StrictModel, TrainedModelConfig
 from nemo_rl_core.utils.key_support import Only
@@ -30,3 +30,13 @@ class ValueConfig(TrainedModelConfig):
     from, or a separate model directory; a saved value checkpoint restores its head too."""
 
     reward_model_cfg: ValueHeadConfig = Field(default_factory=ValueHeadConfig)
+
+    @model_validator(mode="after")
+    def _no_lora(self) -> Self:
+        lora = self.dtensor_cfg.lora_cfg
+        if lora is not None and lora.enabled:
+            raise ValueError(
+                "dtensor_cfg.lora_cfg.enabled: LoRA is built for the policy, not the value "
+                "model (its scalar head trains with the whole backbone)"
+            )
+        return self
