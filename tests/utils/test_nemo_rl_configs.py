@@ -6,6 +6,7 @@ default ``../.mirror/NVIDIA-NeMo+RL/repo`` beside the checkout); nothing of NeMo
 stored in the project. Without a mirror the tests skip, saying so.
 """
 
+import json
 import os
 import subprocess
 import tarfile
@@ -133,3 +134,26 @@ def test_what_cannot_run_here_is_refused_by_key(nemo_rl_configs: Path) -> None:
     text = str(err.value)
     assert "policy.megatron_cfg.pipeline_model_parallel_size=2" in text
     assert "data.train.0.dataset_name='OpenMathInstruct-2'" in text
+
+
+@pytest.mark.e2e
+def test_nemo_rl_grpo_math_1b_trains_here(
+    nemo_rl_configs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NeMo RL's own GRPO config, run from its own folder, with the CPU overrides only:
+    every stage runs and validation is measured at the end."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.grpo import grpo
+
+    monkeypatch.chdir(nemo_rl_configs.parents[1])  # its prompt_file paths are relative
+    overrides = [*CPU_OVERRIDES["grpo_math_1B"], "grpo.max_num_steps=1", "grpo.val_at_end=true"]
+    with prefect_test_harness(server_startup_timeout=120):
+        summary = grpo(
+            config_path=str(nemo_rl_configs / "grpo_math_1B.yaml"),
+            overrides=overrides,
+            run_id="nemo-rl-1b",
+            storage_root=str(tmp_path / "store"),
+        )
+    assert summary["iterations"] == [0, 1]
+    assert "accuracy" in json.dumps(summary["metrics"][-1])
