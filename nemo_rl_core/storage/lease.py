@@ -163,15 +163,20 @@ def _read_body(fs: Any, body: Any) -> bytes:
 class Lease:
     """The right to drive a run until ``expires_at``; renew it before it runs out."""
 
-    def __init__(self, storage: "RunStorage", owner: str, ttl_s: float) -> None:
+    def __init__(
+        self, storage: "RunStorage", owner: str, ttl_s: float, flow_run_id: str | None = None
+    ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"lease ttl_s must be positive, got {ttl_s}")
         self.storage = storage
         self.owner = owner
         self.ttl_s = ttl_s
+        self.flow_run_id = flow_run_id
         self.token = uuid.uuid4().hex
         self.expires_at = 0.0
         self.lost_to: str | None = None
+        # The expired record this lease replaced: whose run died without releasing it.
+        self.taken_over: dict | None = None
         self._object = storage.lease_object()
 
     def acquire(self) -> None:
@@ -189,6 +194,7 @@ class Lease:
                 )
             with contextlib.suppress(VersionConflict):
                 self._write(current)
+                self.taken_over = record if held else None
                 return
 
     def renew(self) -> None:
@@ -224,7 +230,10 @@ class Lease:
 
     def _write(self, current: Versioned | None) -> None:
         expires_at = time.time() + self.ttl_s
-        data = json.dumps({"owner": self.owner, "token": self.token, "expires_at": expires_at})
+        record = {"owner": self.owner, "token": self.token, "expires_at": expires_at}
+        if self.flow_run_id is not None:
+            record["flow_run_id"] = self.flow_run_id
+        data = json.dumps(record)
         if current is None:
             self._object.create(data.encode())
         else:
@@ -240,6 +249,26 @@ class Lease:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+def read_lease(storage: "RunStorage") -> dict | None:
+    """The run's lease record (owner, token, expires_at, flow_run_id), or None."""
+    return _record(storage.lease_object().read())
+
+
+def break_lease(storage: "RunStorage", record: dict) -> bool:
+    """Delete the lease if it is still ``record`` (same token): an operator's way out once
+    its holder is known to be gone. False if it changed meanwhile (someone renewed or took it)."""
+    lease_object = storage.lease_object()
+    current = lease_object.read()
+    found = _record(current)
+    if current is None or found is None or found.get("token") != record.get("token"):
+        return False
+    try:
+        lease_object.delete(current.version)
+    except VersionConflict:
+        return False
+    return True
 
 
 def _record(current: Versioned | None) -> dict | None:

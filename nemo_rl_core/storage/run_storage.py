@@ -460,10 +460,12 @@ class RunStorage:
 
     # ---- lease -----------------------------------------------------------------------
 
-    def acquire_lease(self, owner: str, ttl_s: float = 3600) -> Lease:
+    def acquire_lease(
+        self, owner: str, ttl_s: float = 3600, flow_run_id: str | None = None
+    ) -> Lease:
         """Take the run's lease for ``ttl_s`` seconds (an expired one is taken over); while
         this handle holds it, its commits stop once a renewal finds the lease lost."""
-        lease = Lease(self, owner, ttl_s)
+        lease = Lease(self, owner, ttl_s, flow_run_id)
         lease.acquire()
         self.lease = lease
         return lease
