@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.lease import (
@@ -45,9 +46,10 @@ def hold_lease(run: RunRef, owner: str) -> Iterator[Lease]:
     lease = open_storage(run).acquire_lease(owner=owner, ttl_s=ttl, flow_run_id=current_flow_run())
     stop = threading.Event()
     log = stage_logger()  # bound to this flow run: the thread has no run context of its own
-    dead = (lease.taken_over or {}).get("flow_run_id")
+    taken_over = lease.taken_over or {}
+    dead = taken_over.get("flow_run_id")
     if dead:
-        expired = datetime.fromtimestamp(lease.taken_over["expires_at"], UTC).isoformat()
+        expired = datetime.fromtimestamp(taken_over["expires_at"], UTC).isoformat()
         why = f"its lease on run {run.run_id} expired at {expired} without a release"
         for line in mark_crashed(dead, why):
             log.warning("run %s: %s", run.run_id, line)
@@ -99,7 +101,7 @@ def mark_crashed(flow_run_id: str, why: str) -> list[str]:
     marked = []
     try:
         with get_client(sync_client=True) as client:
-            flow_run = client.read_flow_run(flow_run_id)
+            flow_run = client.read_flow_run(UUID(flow_run_id))
             task_runs = client.read_task_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
             )
@@ -148,7 +150,7 @@ def _flow_run_state(flow_run_id: str) -> Any:
 
     with get_client(sync_client=True) as client:
         try:
-            return client.read_flow_run(flow_run_id).state
+            return client.read_flow_run(UUID(flow_run_id)).state
         except ObjectNotFound:
             return None
 
