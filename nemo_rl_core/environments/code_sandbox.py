@@ -1,91 +1,102 @@
-"""Run untrusted, model-written Python so that an escape attempt fails the program, not the host.
+"""Run untrusted, model-written Python behind a real boundary: bubblewrap, one sandbox per run.
 
-Layers, each enough on its own for the attempts it names, together defence in depth:
+Each run gets, from bubblewrap (``bwrap``, a Debian package) and the kernel:
 
-- a fresh process group in its own network namespace (no interfaces: sockets cannot
-  reach anything) when the host allows ``unshare``;
-- an unprivileged user id of its own (when started as root), so RLIMIT_NPROC applies
-  and a fork bomb runs out of processes, and root-only files stay closed;
-- rlimits: CPU seconds, address space (memory), file size (caps stdout/stderr, which go to
-  files, and anything written), open files, processes, no core dumps;
-- an audit hook installed before the program runs (``python -I -S``): opening, listing or
-  changing paths outside the sandbox directory (the standard library stays readable),
-  sockets, fork/exec/subprocess/kill, ctypes and frame/GC introspection raise
-  ``PermissionError``;
-- a wall-clock limit after which the whole process group is killed, and a temporary
-  directory (the program's cwd) removed afterwards.
+- new user, pid, network, ipc, uts and cgroup namespaces; no capabilities; no-new-privs; no
+  further user namespaces; a new terminal session; killed with its parent;
+- a mount namespace holding only the interpreter, its standard library and the system
+  libraries (read-only), a minimal ``/proc`` of its own processes and ``/dev`` (read-only),
+  and a private size-capped tmpfs, ``/box``, the only writable place (mode 0700, seen by
+  no other run); nothing of the host's ``/tmp``, ``/dev/shm``, ``/var/tmp`` or sockets;
+- a seccomp filter (built with libseccomp) that denies the syscalls a Python program never
+  needs and kernel exploits love (ptrace, mount, keyctl, bpf, io_uring, ...);
+- rlimits on CPU seconds, address space, file size (stdout and stderr are capped memfds),
+  open files and core dumps, and on processes counted per run thanks to the user namespace;
+  a cgroup per run where the host delegates one (``sandbox_cgroup``) for the memory, process
+  and CPU use of all the run's processes together;
+- when started as root, an unprivileged host uid of its own from a pool; a uid goes back to
+  the pool only once no process runs under it.
+
+The run is the harness (``code_harness``) as the namespace's pid 1, so killing it kills
+every process of the run, setsid daemons included. If bubblewrap cannot build this here,
+``require_sandbox`` raises ``SandboxUnavailableError``: there is no weaker fallback.
 """
 
 import contextlib
 import ctypes
+import ctypes.util
+import errno
 import functools
+import json
 import os
 import resource
+import secrets
+import select
 import shutil
 import signal
-import stat
 import subprocess
 import sys
-import tempfile
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-_CLONE_NEWNET = 0x40000000
-# Unprivileged ids for sandboxes, one per concurrent run; processes sharing a host take
-# different 256-id blocks (by pid) so their runs rarely share a uid's process count.
+from nemo_rl_core.environments import code_harness
+from nemo_rl_core.environments.code_harness import decode_plain
+from nemo_rl_core.environments.sandbox_cgroup import (
+    CgroupParents,
+    RunCgroup,
+    delegated_cgroups,
+)
+
+BOX = "/box"
+_INSIDE_UID = 1000
+_HARNESS = Path(code_harness.__file__).read_text()
+# Host uids for runs started as root, one per concurrent run; processes sharing a host take
+# different 256-uid blocks (by pid), and a uid with live processes is never handed out.
 _UID_FIRST, _UID_BLOCKS, _UID_BLOCK = 61000, 16, 256
+SANDBOX_UIDS = range(_UID_FIRST, _UID_FIRST + _UID_BLOCKS * _UID_BLOCK)
+_SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
+# Syscalls no sandboxed Python program needs, each a common step of kernel exploits or of
+# reaching other processes; they fail with EPERM.
+_DENIED_SYSCALLS = (
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "acct",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "syslog",
+    "quotactl",
+)
 
-_GUARD = r"""
-import os, sys, sysconfig
 
-def _install(root, read_roots):
-    # Closure state only: the program cannot reach this function to rewrite it.
-    blocked = ("socket.", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
-               "os.system", "subprocess.", "os.kill", "os.setuid", "os.setsid", "ctypes.",
-               "gc.get_", "sys._current_frames", "resource.setrlimit", "pty.", "sys.setprofile",
-               "sys.settrace", "os.chroot")
-    blocked_imports = ("ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "gc")
-    path_events = {"os.listdir", "os.scandir", "os.remove", "os.rename", "os.rmdir", "os.mkdir",
-                   "os.chmod", "os.chown", "os.link", "os.symlink", "os.truncate", "os.utime",
-                   "os.chdir", "shutil.rmtree", "shutil.copyfile", "shutil.move"}
-    realpath, fsdecode, sep = os.path.realpath, os.fsdecode, os.sep
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT
-
-    def inside(path, roots):
-        if isinstance(path, int):
-            return True
-        real = realpath(fsdecode(path) if isinstance(path, bytes) else str(path))
-        return any(real == r or real.startswith(r + sep) for r in roots)
-
-    def guard(event, args):
-        if event.startswith(blocked):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "import" and args[0] in blocked_imports:
-            raise PermissionError(f"sandbox: import of {args[0]} is not allowed")
-        if event == "open":
-            path, mode, flags = args
-            writes = (mode and any(c in mode for c in "wax+")) or (flags or 0) & write_flags
-            if path is not None and not inside(path, (root,) if writes else (root,) + read_roots):
-                raise PermissionError(f"sandbox: open of {path!r} outside the sandbox is refused")
-        elif event in path_events:
-            listing = event in ("os.listdir", "os.scandir")
-            roots = (root,) + read_roots if listing else (root,)
-            for path in args:
-                if isinstance(path, (str, bytes, os.PathLike)) and not inside(path, roots):
-                    raise PermissionError(f"sandbox: {event} on {path!r} outside the sandbox is refused")
-        elif event == "object.__setattr__" and type(args[0]).__name__ in ("function", "code"):
-            raise PermissionError("sandbox: rewriting functions is not allowed")
-
-    sys.addaudithook(guard)
-
-_paths = sysconfig.get_paths()
-_install(os.path.realpath(sys.argv[1]),
-         tuple({os.path.realpath(_paths[k]) for k in ("stdlib", "platstdlib")}))
-del _install, _paths
-with open("solution.py") as _file:
-    _source = _file.read()
-exec(compile(_source, "solution.py", "exec"), {"__name__": "__main__"})
-"""
+class SandboxUnavailableError(RuntimeError):
+    """This host cannot build the sandbox; code rewards would not be trustworthy here."""
 
 
 @dataclass(frozen=True)
@@ -98,24 +109,61 @@ class SandboxLimits:
     output_bytes: int = 1 << 20
     max_processes: int = 16
     max_open_files: int = 64
+    box_mb: int = 16
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """One probe's plain value, or ``error`` saying why it has none."""
+
+    value: object = None
+    error: str = ""
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """What one run did; ``reason`` says why it failed ("" when it exited 0)."""
+    """What one run did; ``reason`` says why it failed ("" when it exited 0 and reported).
+
+    ``probes`` holds one outcome per probe in probe mode, in order, and is empty otherwise.
+    """
 
     exit_code: int | None
     stdout: str
     stderr: str
     reason: str
+    probes: tuple[ProbeOutcome, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.reason
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """What this host gives the sandbox, probed once by ``require_sandbox``."""
+
+    bwrap: str
+    interpreter: str
+    binds: tuple[str, ...]
+    links: tuple[tuple[str, str], ...]
+    drop_to_uid: bool
+    seccomp_filter: bytes
+    cgroups: CgroupParents | None
+
+    def describe(self) -> str:
+        cgroup = (
+            f"cgroup v{self.cgroups.version} per run" if self.cgroups else "no delegated cgroup"
+        )
+        uid = "a pool uid per run" if self.drop_to_uid else "the caller's uid"
+        return (
+            f"bubblewrap ({self.bwrap}): user/pid/net/ipc/uts/cgroup/mount namespaces, seccomp "
+            f"({len(_DENIED_SYSCALLS)} syscalls denied), rlimits, {cgroup}, {uid}; "
+            f"interpreter {self.interpreter}"
+        )
+
+
 class _UidPool:
-    """Hands each concurrent run its own unprivileged uid (NPROC is counted per uid)."""
+    """Hands each concurrent run its own host uid; takes it back only once nothing runs as it."""
 
     def __init__(self) -> None:
         start = _UID_FIRST + (os.getpid() % _UID_BLOCKS) * _UID_BLOCK
@@ -124,11 +172,22 @@ class _UidPool:
 
     def take(self) -> int:
         with self._lock:
-            if not self._free:
-                raise RuntimeError("more concurrent sandboxes than sandbox uids")
-            return self._free.pop()
+            for uid in reversed(self._free):
+                if not live_processes(uid):
+                    self._free.remove(uid)
+                    return uid
+        raise RuntimeError("more concurrent sandboxes than free sandbox uids")
 
-    def give(self, uid: int) -> None:
+    def give(self, uid: int, timeout_s: float = 5.0) -> None:
+        """Return ``uid`` once no live process has it; kill stragglers, else keep it out."""
+        deadline = time.monotonic() + timeout_s
+        while pids := live_processes(uid):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                return  # never reused: a later run must not share a uid with a survivor
+            time.sleep(0.01)
         with self._lock:
             self._free.append(uid)
 
@@ -136,59 +195,218 @@ class _UidPool:
 _UIDS = _UidPool()
 
 
+def live_processes(uid: int) -> list[int]:
+    """Host pids of processes (not zombies) owned by ``uid``."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            with open(f"/proc/{entry.name}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            pids.append(int(entry.name))
+    return pids
+
+
 @functools.cache
-def network_namespace_available() -> bool:
-    """Whether this host lets a child enter an empty network namespace (probed once)."""
-    if os.geteuid() != 0:
-        return False
-    probe = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", "pass"],
-        preexec_fn=_enter_network_namespace,  # noqa: PLW1509
-        capture_output=True,
+def require_sandbox() -> Boundary:
+    """The sandbox this host can build, checked by one real run; SandboxUnavailableError if none."""
+    return probe_boundary("bwrap")
+
+
+def probe_boundary(bwrap: str) -> Boundary:
+    """Build the boundary with the ``bwrap`` executable given and prove it runs a program."""
+    path = shutil.which(bwrap)
+    if path is None:
+        raise SandboxUnavailableError(
+            f"bubblewrap ({bwrap!r}) is not installed: the code environment runs every sample "
+            "in it and has no weaker fallback (Debian/Ubuntu: apt-get install bubblewrap)"
+        )
+    drop = os.geteuid() == 0
+    interpreter = _interpreter(drop)
+    binds, links = _mounts(interpreter)
+    boundary = Boundary(
+        path, interpreter, binds, links, drop, _seccomp_filter(), delegated_cgroups()
     )
-    return probe.returncode == 0
+    limits = SandboxLimits()
+    try:
+        result = _run(boundary, _job("print('sandbox ok')", None, limits, True), "", limits)
+    except (SandboxUnavailableError, OSError) as error:
+        result = SandboxResult(None, "", str(error), "it did not start")
+    if result.stdout.strip() != "sandbox ok":
+        raise SandboxUnavailableError(
+            f"bubblewrap ({path}) could not start a sandbox here ({result.reason}): "
+            f"{result.stderr.strip()[-500:]!r}. It needs unprivileged user namespaces "
+            "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone = 1, and "
+            "no AppArmor/SELinux rule against them; in a container: a seccomp profile that "
+            "allows unshare/clone of namespaces). The code environment does not fall back."
+        )
+    return boundary
 
 
-def _enter_network_namespace() -> None:
-    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWNET) != 0:
-        os._exit(125)  # never run the program with the network it was meant to lack
-
-
-@functools.cache
-def sandbox_interpreter() -> tuple[str, bool]:
-    """(python executable, drop to an unprivileged uid) for sandboxed programs.
-
-    As root the program runs under a uid of its own, which needs an interpreter that
-    uid can reach: this one if its whole path is world-executable, else the system's.
-    """
-    if os.geteuid() != 0:
-        return sys.executable, False
-    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.path.exists(candidate) and _world_reachable(os.path.realpath(candidate)):
-            return candidate, True
-    return sys.executable, False
+def _interpreter(drop_to_uid: bool) -> str:
+    """A Python the run's uid can reach: this one when its whole path is world-executable."""
+    candidates = [os.path.realpath(sys.executable)]
+    if drop_to_uid:
+        candidates += [os.path.realpath(p) for p in ("/usr/bin/python3", "/usr/local/bin/python3")]
+    for candidate in candidates:
+        if os.path.exists(candidate) and (not drop_to_uid or _world_reachable(candidate)):
+            return candidate
+    raise SandboxUnavailableError(
+        f"no Python that an unprivileged uid can run: {candidates} (install python3, or make "
+        "this interpreter's directories world-executable)"
+    )
 
 
 def _world_reachable(path: str) -> bool:
     parts = path.split(os.sep)
     dirs = [os.sep.join(parts[:i]) or os.sep for i in range(1, len(parts))]
-    if not all(os.stat(d).st_mode & stat.S_IXOTH for d in dirs):
-        return False
-    return bool(os.stat(path).st_mode & stat.S_IXOTH)
+    return all(os.stat(d).st_mode & 0o001 for d in dirs) and bool(os.stat(path).st_mode & 0o001)
 
 
-def _limit_child(limits: SandboxLimits, uid: int | None, isolate_network: bool) -> None:
-    """Runs in the child between fork and exec: namespace, rlimits, then drop privileges."""
-    if isolate_network:
-        _enter_network_namespace()
-    cap = limits.output_bytes
-    memory = limits.memory_mb * 1024 * 1024
+def _mounts(interpreter: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """Read-only binds (the interpreter, its stdlib and libraries) and symlinks (/lib -> usr/lib)."""
+    query = (
+        "import json, sysconfig; print(json.dumps([sysconfig.get_paths()['stdlib'], "
+        "sysconfig.get_paths()['platstdlib'], sysconfig.get_config_var('LIBDIR') "
+        "if sysconfig.get_config_var('Py_ENABLE_SHARED') else None]))"
+    )
+    found = subprocess.run(
+        [interpreter, "-I", "-S", "-c", query], capture_output=True, text=True, check=True
+    )
+    wanted = [interpreter] + [p for p in json.loads(found.stdout) if p]
+    links = []
+    for path in _SYSTEM_LIBRARIES:
+        if os.path.islink(path):
+            links.append((path, os.readlink(path)))
+        elif os.path.isdir(path):
+            wanted.append(path)
+    binds: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in wanted}):
+        if not any(path.startswith(outer + os.sep) for outer in binds):
+            binds.append(path)
+    return tuple(binds), tuple(links)
+
+
+def _seccomp_filter() -> bytes:
+    """The BPF program denying ``_DENIED_SYSCALLS`` (EPERM), exported by libseccomp."""
+    name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+    except OSError as error:
+        raise SandboxUnavailableError(
+            f"libseccomp is not installed ({error}); Debian/Ubuntu: apt-get install libseccomp2"
+        ) from None
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SCMP_ACT_ALLOW, SCMP_ACT_ERRNO(EPERM)
+    context = lib.seccomp_init(allow)
+    fd = os.memfd_create("nemo_rl_seccomp")
+    try:
+        for syscall in _DENIED_SYSCALLS:
+            number = lib.seccomp_syscall_resolve_name(syscall.encode())
+            if number >= 0 and lib.seccomp_rule_add(context, deny, number, 0) != 0:
+                raise SandboxUnavailableError(f"libseccomp refused a rule for {syscall}")
+        if lib.seccomp_export_bpf(context, fd) != 0:
+            raise SandboxUnavailableError("libseccomp could not export the seccomp filter")
+        return os.pread(fd, os.fstat(fd).st_size, 0)
+    finally:
+        lib.seccomp_release(context)
+        os.close(fd)
+
+
+def _job(
+    code: str, probes: Sequence[str] | None, limits: SandboxLimits, first_filter: bool
+) -> dict:
+    return {
+        "nonce": secrets.token_hex(16),
+        "source": code,
+        "probes": None if probes is None else list(probes),
+        "max_processes": limits.max_processes,
+        "first_filter": first_filter,
+    }
+
+
+def run_sandboxed(
+    code: str,
+    stdin: str = "",
+    limits: SandboxLimits | None = None,
+    probes: Sequence[str] | None = None,
+    first_filter: bool = True,
+) -> SandboxResult:
+    """Run ``code`` in a fresh sandbox; never raises for what the program does.
+
+    Without ``probes`` the code runs as a program fed ``stdin``. With ``probes`` it runs as
+    a module and each probe expression is evaluated after it; their plain values come back
+    in ``SandboxResult.probes``. ``first_filter=False`` leaves out the audit-hook filter,
+    so tests can show that the boundary holds on its own.
+    """
+    limits = limits or SandboxLimits()
+    return _run(require_sandbox(), _job(code, probes, limits, first_filter), stdin, limits)
+
+
+def _run(boundary: Boundary, job: dict, stdin: str, limits: SandboxLimits) -> SandboxResult:
+    uid = _UIDS.take() if boundary.drop_to_uid else None
+    cgroup = None
+    try:
+        if boundary.cgroups is not None:
+            # the run's processes plus bubblewrap's monitor outside the namespace
+            cgroup = RunCgroup(boundary.cgroups, limits.memory_mb << 20, limits.max_processes + 1)
+        return _spawn(boundary, job, stdin, limits, uid, cgroup)
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+        if uid is not None:
+            _UIDS.give(uid)
+
+
+def _memfd(name: str, data: bytes = b"") -> int:
+    fd = os.memfd_create(name)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _bwrap_command(boundary: Boundary, limits: SandboxLimits, fds: dict[str, int]) -> list[str]:
+    command = [
+        boundary.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+        "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--clearenv",
+        "--uid", str(_INSIDE_UID), "--gid", str(_INSIDE_UID),
+    ]  # fmt: skip
+    for path in boundary.binds:
+        command += ["--ro-bind", path, path]
+    for link, target in boundary.links:
+        command += ["--symlink", target, link]
+    command += [
+        "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+        "--perms", "0700", "--size", str(limits.box_mb << 20), "--tmpfs", BOX,
+        "--remount-ro", "/", "--chdir", BOX,
+        "--setenv", "HOME", BOX, "--setenv", "TMPDIR", BOX, "--setenv", "LANG", "C.UTF-8",
+        "--seccomp", str(fds["seccomp"]), "--json-status-fd", str(fds["status"]),
+        "--", boundary.interpreter, "-I", "-S", "-B", "-c", _HARNESS, str(fds["job"]), str(fds["result"]),
+    ]  # fmt: skip
+    return command
+
+
+def _limit_child(limits: SandboxLimits, uid: int | None, cgroup: RunCgroup | None) -> None:
+    """Between fork and exec of bubblewrap: cgroup, rlimits, then the unprivileged uid."""
+    if cgroup is not None:
+        cgroup.enter()
+    memory, cap = limits.memory_mb << 20, limits.output_bytes
     for limit, value in (
         (resource.RLIMIT_CPU, (limits.cpu_time_s, limits.cpu_time_s + 1)),
         (resource.RLIMIT_AS, (memory, memory)),
         (resource.RLIMIT_FSIZE, (cap, cap)),
         (resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)),
-        (resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes)),
         (resource.RLIMIT_CORE, (0, 0)),
     ):
         resource.setrlimit(limit, value)
@@ -198,91 +416,157 @@ def _limit_child(limits: SandboxLimits, uid: int | None, isolate_network: bool) 
         os.setuid(uid)
 
 
-def run_sandboxed(code: str, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``code`` as a Python program fed ``stdin``; never raises for what the program does."""
-    limits = limits or SandboxLimits()
-    interpreter, drop_uid = sandbox_interpreter()
-    uid = _UIDS.take() if drop_uid else None
-    workdir = tempfile.mkdtemp(prefix="nemo_rl_sandbox_")
-    os.chmod(workdir, 0o711)  # the sandbox uid may pass through to its own directory
-    outdir = tempfile.mkdtemp(prefix="nemo_rl_sandbox_out_")  # outside the program's reach
-    try:
-        sandbox = os.path.join(workdir, "box")
-        os.mkdir(sandbox)
-        with open(os.path.join(sandbox, "solution.py"), "w") as handle:
-            handle.write(code)
-        if uid is not None:
-            os.chown(sandbox, uid, uid)
-            os.chown(os.path.join(sandbox, "solution.py"), uid, uid)
-        return _run(interpreter, sandbox, outdir, stdin, limits, uid)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(outdir, ignore_errors=True)
-        if uid is not None:
-            _UIDS.give(uid)
-
-
-def _run(
-    interpreter: str,
-    sandbox: str,
-    outdir: str,
+def _spawn(
+    boundary: Boundary,
+    job: dict,
     stdin: str,
     limits: SandboxLimits,
     uid: int | None,
+    cgroup: RunCgroup | None,
 ) -> SandboxResult:
-    out_path, err_path = os.path.join(outdir, "stdout"), os.path.join(outdir, "stderr")
-    command = [interpreter, "-I", "-S", "-B", "-c", _GUARD, sandbox]
-    isolate = network_namespace_available()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+    with contextlib.ExitStack() as stack:
+        fds = {
+            "job": _memfd("job", json.dumps(job).encode()),
+            "result": _memfd("result"),
+            "stdout": _memfd("stdout"),
+            "stderr": _memfd("stderr"),
+            "seccomp": _memfd("seccomp", boundary.seccomp_filter),
+        }
+        for fd in fds.values():
+            stack.callback(os.close, fd)
+        status_read, fds["status"] = os.pipe()
+        # open until bubblewrap exits: its last status write must not meet a closed pipe
+        stack.callback(os.close, status_read)
+        start = time.monotonic()
         process = subprocess.Popen(
-            command,
+            _bwrap_command(boundary, limits, fds),
             stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            cwd=sandbox,
-            env={"PATH": "/usr/bin:/bin", "HOME": sandbox, "TMPDIR": sandbox, "LANG": "C.UTF-8"},
+            stdout=fds["stdout"],
+            stderr=fds["stderr"],
+            pass_fds=(fds["job"], fds["result"], fds["seccomp"], fds["status"]),
+            env={},
             start_new_session=True,
-            preexec_fn=lambda: _limit_child(limits, uid, isolate),  # noqa: PLW1509
+            preexec_fn=lambda: _limit_child(limits, uid, cgroup),  # noqa: PLW1509
         )
+        os.close(fds.pop("status"))  # bubblewrap holds the only write end now
+        started, init = _namespace_init(process, status_read, limits.wall_time_s)
+        if not started:
+            _kill_namespace(process, None)
+            raise SandboxUnavailableError(
+                f"bubblewrap did not start the sandbox (exit code {process.returncode}): "
+                f"{_read(fds['stderr'], 2000).strip()!r}"
+            )
         reason = ""
         try:
-            process.communicate(stdin.encode(), timeout=limits.wall_time_s)
+            process.communicate(
+                stdin.encode(), timeout=max(0.0, limits.wall_time_s - (time.monotonic() - start))
+            )
         except subprocess.TimeoutExpired:
             reason = f"wall time limit of {limits.wall_time_s:g}s exceeded"
         except (BrokenPipeError, OSError):
             pass  # the program exited without reading its input
         finally:
-            _kill_group(process)
-    code = process.returncode
-    # Python ignores SIGXFSZ, so a capped write shows up as a full file and an OSError.
-    capped = max(os.path.getsize(out_path), os.path.getsize(err_path)) >= limits.output_bytes
+            _kill_namespace(process, init)
+        return _result(process.returncode, reason, job, fds, limits)
+
+
+def _namespace_init(
+    process: subprocess.Popen, status_read: int, timeout_s: float
+) -> tuple[bool, int | None]:
+    """Whether bubblewrap started the run, and a pidfd of its pid 1 (None once it is gone)."""
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    while (
+        b"\n" not in data
+        and select.select([status_read], [], [], max(0.0, deadline - time.monotonic()))[0]
+    ):
+        chunk = os.read(status_read, 4096)
+        if not chunk:
+            break
+        data += chunk
+    if b"\n" not in data:
+        return False, None
+    pid = json.loads(data.split(b"\n", 1)[0])["child-pid"]
+    try:
+        pidfd = os.pidfd_open(pid)
+        with open(f"/proc/{pid}/status") as handle:
+            parent = next(int(line.split()[1]) for line in handle if line.startswith("PPid:"))
+    except (ProcessLookupError, FileNotFoundError):
+        return True, None  # already exited and reaped: its namespace is gone with it
+    if parent != process.pid:  # the pid was reused by an unrelated process
+        os.close(pidfd)
+        return True, None
+    return True, pidfd
+
+
+def _kill_namespace(process: subprocess.Popen, init: int | None) -> None:
+    """SIGKILL the namespace's pid 1, which takes every process of the run with it."""
+    if init is not None:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(init, signal.SIGKILL)
+        os.close(init)
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()  # --die-with-parent takes the namespace down with bubblewrap
+        process.wait()
+
+
+def _result(
+    code: int | None, reason: str, job: dict, fds: dict[str, int], limits: SandboxLimits
+) -> SandboxResult:
+    stdout, stderr = (_read(fds[name], limits.output_bytes) for name in ("stdout", "stderr"))
+    capped = (
+        max(os.fstat(fds["stdout"]).st_size, os.fstat(fds["stderr"]).st_size) >= limits.output_bytes
+    )
+    probes: tuple[ProbeOutcome, ...] = ()
     if not reason and capped:
         reason = f"output limit of {limits.output_bytes} bytes exceeded"
-    elif not reason and code is not None and code < 0:
-        reason = _signal_reason(-code, limits)
-    elif not reason and code == 125 and isolate:
-        reason = "could not enter an isolated network namespace"
+    elif not reason and code is not None and code > 128 and code - 128 in signal.valid_signals():
+        reason = _signal_reason(code - 128, limits)
     elif not reason and code != 0:
         reason = f"exited with code {code}"
-    return SandboxResult(
-        code, _read_capped(out_path, limits), _read_capped(err_path, limits), reason
-    )
+    elif not reason and job["probes"] is not None:
+        try:
+            probes = _read_report(fds["result"], job, limits)
+        except ValueError as error:
+            reason = str(error)
+    return SandboxResult(code, stdout, stderr, reason, probes)
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+def _read_report(fd: int, job: dict, limits: SandboxLimits) -> tuple[ProbeOutcome, ...]:
+    """The harness's report, checked: this run's nonce, one plain outcome per probe."""
+    data = os.pread(fd, limits.output_bytes, 0)
+    nonce, _, body = data.partition(b"\n")
+    if not data:
+        raise ValueError("the program ended before the harness reported (an early exit?)")
+    if nonce != job["nonce"].encode():
+        raise ValueError("the harness's report does not carry this run's nonce")
+    try:
+        results = json.loads(body)["results"]
+        if type(results) is not list or len(results) != len(job["probes"]):
+            raise ValueError("wrong number of results")
+        outcomes = []
+        for entry in results:
+            if type(entry) is dict and set(entry) == {"error"} and type(entry["error"]) is str:
+                outcomes.append(ProbeOutcome(error=entry["error"]))
+            elif type(entry) is dict and set(entry) == {"value"}:
+                outcomes.append(ProbeOutcome(value=decode_plain(entry["value"])))
+            else:
+                raise ValueError(f"malformed result {str(entry)[:100]}")
+        return tuple(outcomes)
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"the harness's report is not plain JSON: {error}") from None
+
+
+def _read(fd: int, limit: int) -> str:
+    return os.pread(fd, limit, 0).decode("utf-8", errors="replace")
 
 
 def _signal_reason(signum: int, limits: SandboxLimits) -> str:
+    name = signal.Signals(signum).name
     if signum == signal.SIGXFSZ:
         return f"output limit of {limits.output_bytes} bytes exceeded"
     if signum in (signal.SIGXCPU, signal.SIGKILL):
-        return f"killed by {signal.Signals(signum).name} (CPU limit {limits.cpu_time_s}s or memory)"
-    return f"killed by {signal.Signals(signum).name}"
-
-
-def _read_capped(path: str, limits: SandboxLimits) -> str:
-    with open(path, "rb") as handle:
-        return handle.read(limits.output_bytes).decode("utf-8", errors="replace")
+        return f"killed by {name} (CPU limit {limits.cpu_time_s}s or memory)"
+    return f"killed by {name}"
