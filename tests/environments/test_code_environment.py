@@ -6,6 +6,7 @@ import socket
 import time
 
 import pytest
+from sandbox_attacks import answer
 
 from nemo_rl_core.environments.code_environment import CodeEnvironment, extract_code
 from nemo_rl_core.environments.code_sandbox import (
@@ -17,17 +18,9 @@ from nemo_rl_core.environments.code_sandbox import (
     require_sandbox,
     run_sandboxed,
 )
-from nemo_rl_core.environments.utils import create_env
 
 REVERSE_TESTS = [{"input": "abc\n", "output": "cba"}, {"input": "hello\n", "output": "olleh"}]
 ADD_TESTS = [{"assert": "assert add(2, 3) == 5"}, {"assert": "assert add(-1, 1) == 0"}]
-
-
-def answer(code: str) -> list[dict]:
-    return [
-        {"role": "user", "content": "Write the program."},
-        {"role": "assistant", "content": f"Here it is:\n```python\n{code}\n```\n"},
-    ]
 
 
 def sandbox_processes() -> list[int]:
@@ -35,64 +28,48 @@ def sandbox_processes() -> list[int]:
     return [pid for uid in SANDBOX_UIDS for pid in live_processes(uid)] if os.geteuid() == 0 else []
 
 
-@pytest.fixture(scope="module")
-def env():
-    environment = create_env(
-        "code",
-        {
-            "num_workers": 2,
-            "wall_time_limit_s": 4,
-            "cpu_time_limit_s": 2,
-            "memory_limit_mb": 256,
-            "output_limit_bytes": 4096,
-        },
-    )
-    yield environment
-    environment.shutdown()
-
-
 def step(env, code: str, tests=None):
     result = env.step([answer(code)], [{"tests": tests or REVERSE_TESTS}])
     return result.rewards.item(), result.metadata[0]
 
 
-def test_correct_solutions_pass(env):
-    reward, meta = step(env, "print(input()[::-1])")
+def test_correct_solutions_pass(code_env):
+    reward, meta = step(code_env, "print(input()[::-1])")
     assert reward == 1.0 and meta["tests_passed"] == 2
-    assert step(env, "def add(a, b):\n    return a + b", ADD_TESTS)[0] == 1.0
+    assert step(code_env, "def add(a, b):\n    return a + b", ADD_TESTS)[0] == 1.0
     stdlib = "import json, re, collections, itertools, math\nprint(json.dumps(sorted('cba'))[2])"
-    assert step(env, stdlib, [{"input": "", "output": "a"}])[0] == 1.0
+    assert step(code_env, stdlib, [{"input": "", "output": "a"}])[0] == 1.0
     unicode = "print('héllo ✓')"
-    assert step(env, unicode, [{"input": "", "output": "héllo ✓"}])[0] == 1.0
+    assert step(code_env, unicode, [{"input": "", "output": "héllo ✓"}])[0] == 1.0
 
 
-def test_assert_tests_compare_typed_values_in_the_parent(env):
+def test_assert_tests_compare_typed_values_in_the_parent(code_env):
     tests = [
         {"assert": "assert pair(1) == (1, 2)"},
         {"assert": "import math\nassert math.isclose(half(1), 0.5, rel_tol=1e-9)"},
         {"assert": "assert sorted(keys({'b': 1, 'a': 2})) == ['a', 'b']"},
     ]
     good = "def pair(x): return (x, x + 1)\ndef half(x): return x / 2\ndef keys(d): return list(d)"
-    assert step(env, good, tests)[0] == 1.0
+    assert step(code_env, good, tests)[0] == 1.0
     # a list is not the tuple the assert expects, exactly as in plain Python
-    reward, meta = step(env, good.replace("(x, x + 1)", "[x, x + 1]"), tests)
+    reward, meta = step(code_env, good.replace("(x, x + 1)", "[x, x + 1]"), tests)
     assert reward == 0.0 and meta["tests_passed"] == 2
     assert "test 0: assertion failed: pair(1) == (1, 2)" in meta["reward_reason"]
 
 
-def test_wrong_or_missing_code_fails(env):
-    reward, meta = step(env, "print(input())")
+def test_wrong_or_missing_code_fails(code_env):
+    reward, meta = step(code_env, "print(input())")
     assert reward == 0.0 and meta["tests_passed"] == 0 and "wrong output" in meta["reward_reason"]
-    result = env.step(
+    result = code_env.step(
         [[{"role": "assistant", "content": "no code here"}]], [{"tests": REVERSE_TESTS}]
     )
     assert result.rewards.item() == 0.0
     assert "no fenced code block" in result.metadata[0]["reward_reason"]
-    reward, meta = step(env, "def add(a, b):\n    return a * b + 1", ADD_TESTS)
+    reward, meta = step(code_env, "def add(a, b):\n    return a * b + 1", ADD_TESTS)
     assert reward == 0.0 and meta["tests_passed"] == 1
 
 
-def test_host_files_are_out_of_reach(env, tmp_path):
+def test_host_files_are_out_of_reach(code_env, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET-VALUE")
     keep = tmp_path / "keep.txt"
@@ -105,7 +82,7 @@ def test_host_files_are_out_of_reach(env, tmp_path):
         f"import os\nos.remove({str(keep)!r})\nprint('TOP-SECRET-VALUE')",
         f"import shutil\nshutil.rmtree({str(tmp_path)!r})\nprint('TOP-SECRET-VALUE')",
     ):
-        reward, meta = step(env, code, [{"input": "", "output": "TOP-SECRET-VALUE"}])
+        reward, meta = step(code_env, code, [{"input": "", "output": "TOP-SECRET-VALUE"}])
         assert reward == 0.0, code
         assert "TOP-SECRET-VALUE" not in meta["reward_reason"]
         assert "FileNotFoundError" in meta["reward_reason"], meta["reward_reason"]
@@ -122,7 +99,7 @@ def test_the_sandbox_sees_only_the_interpreter_and_its_box():
     assert result.stdout.strip().endswith("[] /box")
 
 
-def test_network_access_fails_and_reaches_nothing(env):
+def test_network_access_fails_and_reaches_nothing(code_env):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -134,7 +111,7 @@ def test_network_access_fails_and_reaches_nothing(env):
             f"s = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
             "s.sendall(b'hi')\nprint('connected')"
         )
-        reward, meta = step(env, code, [{"input": "", "output": "connected"}])
+        reward, meta = step(code_env, code, [{"input": "", "output": "connected"}])
         assert reward == 0.0 and "socket" in meta["reward_reason"]
         with pytest.raises(TimeoutError):
             server.accept()
@@ -142,7 +119,7 @@ def test_network_access_fails_and_reaches_nothing(env):
         server.close()
 
 
-def test_fork_bombs_fail_and_leave_no_processes(env):
+def test_fork_bombs_fail_and_leave_no_processes(code_env):
     before = sandbox_processes()
     for code in (
         "import os\nwhile True:\n    os.fork()",
@@ -154,20 +131,24 @@ def test_fork_bombs_fail_and_leave_no_processes(env):
         "ts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range(100)]\n"
         "[t.start() for t in ts]\nprint('done')",
     ):
-        assert step(env, code, [{"input": "", "output": "done"}])[0] == 0.0, code
+        assert step(code_env, code, [{"input": "", "output": "done"}])[0] == 0.0, code
     assert sandbox_processes() == before == []
 
 
-def test_huge_output_hang_and_memory_fail(env):
+def test_huge_output_hang_and_memory_fail(code_env):
     start = time.monotonic()
-    reward, meta = step(env, "while True:\n    print('x' * 1000)", [{"input": "", "output": ""}])
+    reward, meta = step(
+        code_env, "while True:\n    print('x' * 1000)", [{"input": "", "output": ""}]
+    )
     assert reward == 0.0 and "output limit of 4096 bytes" in meta["reward_reason"]
-    reward, meta = step(env, "import time\ntime.sleep(60)", [{"input": "", "output": ""}])
+    reward, meta = step(code_env, "import time\ntime.sleep(60)", [{"input": "", "output": ""}])
     assert reward == 0.0 and "wall time limit" in meta["reward_reason"]
-    reward, meta = step(env, "x = bytearray(1 << 30)\nprint(len(x))", [{"input": "", "output": ""}])
+    reward, meta = step(
+        code_env, "x = bytearray(1 << 30)\nprint(len(x))", [{"input": "", "output": ""}]
+    )
     assert reward == 0.0 and "MemoryError" in meta["reward_reason"]
     write = "with open('big', 'wb') as f:\n    f.write(b'x' * 8192)\nprint(1)"
-    reward, meta = step(env, write, [{"input": "", "output": "1"}])
+    reward, meta = step(code_env, write, [{"input": "", "output": "1"}])
     assert reward == 0.0 and "File too large" in meta["reward_reason"]
     assert time.monotonic() - start < 30
 
@@ -196,9 +177,9 @@ def test_program_runs_unprivileged_with_limits():
     assert security.split() == ["0000000000000000", "1", "2"]
 
 
-def test_a_batch_with_attacks_still_scores_the_good_samples(env):
+def test_a_batch_with_attacks_still_scores_the_good_samples(code_env):
     codes = ["print(input()[::-1])", "import os\nwhile True: os.fork()", "print(input()[::-1])"]
-    result = env.step([answer(c) for c in codes], [{"tests": REVERSE_TESTS}] * 3)
+    result = code_env.step([answer(c) for c in codes], [{"tests": REVERSE_TESTS}] * 3)
     assert result.rewards.tolist() == [1.0, 0.0, 1.0]
 
 
@@ -209,11 +190,11 @@ def test_extract_code_takes_the_last_block():
     assert extract_code("none") is None
 
 
-def test_bad_tests_metadata_names_the_sample(env):
+def test_bad_tests_metadata_names_the_sample(code_env):
     with pytest.raises(KeyError, match="sample 0"):
-        env.step([answer("print(1)")], [{"tests": [{"input": "x"}]}])
+        code_env.step([answer("print(1)")], [{"tests": [{"input": "x"}]}])
     with pytest.raises(ValueError, match="sample 0, test 1: the 'assert' test compares"):
-        env.step(
+        code_env.step(
             [answer("print(1)")],
             [
                 {
