@@ -148,8 +148,10 @@ def main() -> None:
     job_fd, result_fd = int(sys.argv[1]), int(sys.argv[2])
     with os.fdopen(job_fd, "rb") as handle:
         job = json.loads(handle.read())
-    # Counted per user namespace, so this caps this run's processes and threads only.
-    resource.setrlimit(resource.RLIMIT_NPROC, (job["max_processes"], job["max_processes"]))
+    # Set before the sample runs, inherited by all it starts, never raised again (no
+    # capabilities). NPROC counts per user namespace: this run's processes and threads only.
+    for name, (soft, hard) in job["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (soft, hard))
     # As the namespace's pid 1 the harness ignores signals it does not handle.
     signal.signal(signal.SIGXCPU, lambda signum, frame: os._exit(128 + signum))
     write, exit_now, dumps = os.write, os._exit, json.dumps

@@ -10,15 +10,17 @@ Each run gets, from bubblewrap (``bwrap``, a Debian package) and the kernel:
   no other run); nothing of the host's ``/tmp``, ``/dev/shm``, ``/var/tmp`` or sockets;
 - a seccomp filter (built with libseccomp) that denies the syscalls a Python program never
   needs and kernel exploits love (ptrace, mount, keyctl, bpf, io_uring, ...);
-- rlimits on CPU seconds, address space, file size (stdout and stderr are capped memfds),
-  open files and core dumps, and on processes counted per run thanks to the user namespace;
-  a cgroup per run where the host delegates one (``sandbox_cgroup``) for the memory, process
-  and CPU use of all the run's processes together;
+- rlimits, set by the harness before the sample runs, on CPU seconds, address space, file
+  size (stdin, stdout and stderr are memfds; output is capped), open files, core dumps and
+  processes (counted per user namespace, so per run); and a cgroup per run where the host
+  delegates one (``sandbox_cgroup``), joined by the run's pid 1 while bubblewrap holds it
+  (``--block-fd``), for the memory, process and CPU use of all its processes together;
 - when started as root, an unprivileged host uid of its own from a pool; a uid goes back to
   the pool only once no process runs under it.
 
 The run is the harness (``code_harness``) as the namespace's pid 1, so killing it kills
-every process of the run, setsid daemons included. If bubblewrap cannot build this here,
+every process of the run, setsid daemons included; the sample's code, job and report pass
+through memfds, never through a host directory. If bubblewrap cannot build this here,
 ``require_sandbox`` raises ``SandboxUnavailableError``: there is no weaker fallback.
 """
 
@@ -29,7 +31,6 @@ import errno
 import functools
 import json
 import os
-import resource
 import secrets
 import select
 import shutil
@@ -331,7 +332,14 @@ def _job(
         "nonce": secrets.token_hex(16),
         "source": code,
         "probes": None if probes is None else list(probes),
-        "max_processes": limits.max_processes,
+        "rlimits": {
+            "RLIMIT_CPU": [limits.cpu_time_s, limits.cpu_time_s + 1],
+            "RLIMIT_AS": [limits.memory_mb << 20] * 2,
+            "RLIMIT_FSIZE": [limits.output_bytes] * 2,
+            "RLIMIT_NOFILE": [limits.max_open_files] * 2,
+            "RLIMIT_NPROC": [limits.max_processes] * 2,
+            "RLIMIT_CORE": [0, 0],
+        },
         "first_filter": first_filter,
     }
 
@@ -359,8 +367,7 @@ def _run(boundary: Boundary, job: dict, stdin: str, limits: SandboxLimits) -> Sa
     cgroup = None
     try:
         if boundary.cgroups is not None:
-            # the run's processes plus bubblewrap's monitor outside the namespace
-            cgroup = RunCgroup(boundary.cgroups, limits.memory_mb << 20, limits.max_processes + 1)
+            cgroup = RunCgroup(boundary.cgroups, limits.memory_mb << 20, limits.max_processes)
         return _spawn(boundary, job, stdin, limits, uid, cgroup)
     finally:
         if cgroup is not None:
@@ -392,28 +399,10 @@ def _bwrap_command(boundary: Boundary, limits: SandboxLimits, fds: dict[str, int
         "--remount-ro", "/", "--chdir", BOX,
         "--setenv", "HOME", BOX, "--setenv", "TMPDIR", BOX, "--setenv", "LANG", "C.UTF-8",
         "--seccomp", str(fds["seccomp"]), "--json-status-fd", str(fds["status"]),
+        "--block-fd", str(fds["block"]),
         "--", boundary.interpreter, "-I", "-S", "-B", "-c", _HARNESS, str(fds["job"]), str(fds["result"]),
     ]  # fmt: skip
     return command
-
-
-def _limit_child(limits: SandboxLimits, uid: int | None, cgroup: RunCgroup | None) -> None:
-    """Between fork and exec of bubblewrap: cgroup, rlimits, then the unprivileged uid."""
-    if cgroup is not None:
-        cgroup.enter()
-    memory, cap = limits.memory_mb << 20, limits.output_bytes
-    for limit, value in (
-        (resource.RLIMIT_CPU, (limits.cpu_time_s, limits.cpu_time_s + 1)),
-        (resource.RLIMIT_AS, (memory, memory)),
-        (resource.RLIMIT_FSIZE, (cap, cap)),
-        (resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)),
-        (resource.RLIMIT_CORE, (0, 0)),
-    ):
-        resource.setrlimit(limit, value)
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
 
 
 def _spawn(
@@ -428,75 +417,71 @@ def _spawn(
         fds = {
             "job": _memfd("job", json.dumps(job).encode()),
             "result": _memfd("result"),
+            "stdin": _memfd("stdin", stdin.encode()),
             "stdout": _memfd("stdout"),
             "stderr": _memfd("stderr"),
             "seccomp": _memfd("seccomp", boundary.seccomp_filter),
         }
         for fd in fds.values():
             stack.callback(os.close, fd)
-        status_read, fds["status"] = os.pipe()
-        # open until bubblewrap exits: its last status write must not meet a closed pipe
+        status_read, status = os.pipe()  # bubblewrap reports its child's pid here
+        block, unblock = os.pipe()  # and waits on this before it runs the harness
         stack.callback(os.close, status_read)
+        stack.callback(os.close, unblock)
         start = time.monotonic()
-        process = subprocess.Popen(
-            _bwrap_command(boundary, limits, fds),
-            stdin=subprocess.PIPE,
-            stdout=fds["stdout"],
-            stderr=fds["stderr"],
-            pass_fds=(fds["job"], fds["result"], fds["seccomp"], fds["status"]),
-            env={},
-            start_new_session=True,
-            preexec_fn=lambda: _limit_child(limits, uid, cgroup),  # noqa: PLW1509
-        )
-        os.close(fds.pop("status"))  # bubblewrap holds the only write end now
-        started, init = _namespace_init(process, status_read, limits.wall_time_s)
-        if not started:
-            _kill_namespace(process, None)
-            raise SandboxUnavailableError(
-                f"bubblewrap did not start the sandbox (exit code {process.returncode}): "
-                f"{_read(fds['stderr'], 2000).strip()!r}"
-            )
-        reason = ""
         try:
-            process.communicate(
-                stdin.encode(), timeout=max(0.0, limits.wall_time_s - (time.monotonic() - start))
+            process = subprocess.Popen(
+                _bwrap_command(boundary, limits, {**fds, "status": status, "block": block}),
+                stdin=fds["stdin"],
+                stdout=fds["stdout"],
+                stderr=fds["stderr"],
+                pass_fds=(fds["job"], fds["result"], fds["seccomp"], status, block),
+                env={},
+                start_new_session=True,
+                **({} if uid is None else {"user": uid, "group": uid, "extra_groups": []}),
             )
-        except subprocess.TimeoutExpired:
-            reason = f"wall time limit of {limits.wall_time_s:g}s exceeded"
-        except (BrokenPipeError, OSError):
-            pass  # the program exited without reading its input
         finally:
+            os.close(status)  # bubblewrap holds the only copies of these two now
+            os.close(block)
+        monitor = os.pidfd_open(process.pid)
+        stack.callback(os.close, monitor)
+        init = None
+        try:
+            pid, init = _namespace_init(status_read, start + limits.wall_time_s)
+            if cgroup is not None:
+                cgroup.add(pid)  # before it runs: all it starts is born inside
+            os.write(unblock, b"x")
+            remaining = start + limits.wall_time_s - time.monotonic()
+            exited = select.select([monitor], [], [], max(0.0, remaining))[0]
+        except SandboxUnavailableError as error:
             _kill_namespace(process, init)
+            stderr = _read(fds["stderr"], 2000).strip()
+            raise SandboxUnavailableError(
+                f"{error} (exit code {process.returncode}): {stderr!r}"
+            ) from None
+        _kill_namespace(process, init)
+        reason = "" if exited else f"wall time limit of {limits.wall_time_s:g}s exceeded"
         return _result(process.returncode, reason, job, fds, limits)
 
 
-def _namespace_init(
-    process: subprocess.Popen, status_read: int, timeout_s: float
-) -> tuple[bool, int | None]:
-    """Whether bubblewrap started the run, and a pidfd of its pid 1 (None once it is gone)."""
+def _namespace_init(status_read: int, deadline: float) -> tuple[int, int]:
+    """The host pid of the run's pid 1 and a pidfd to kill it by, from bubblewrap's status.
+
+    Bubblewrap reports the pid, then blocks until unblocked, so the pid is still ours here.
+    """
     data = b""
-    deadline = time.monotonic() + timeout_s
-    while (
-        b"\n" not in data
-        and select.select([status_read], [], [], max(0.0, deadline - time.monotonic()))[0]
-    ):
+    while b"\n" not in data:
+        if not select.select([status_read], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            raise SandboxUnavailableError("bubblewrap did not start the sandbox in time")
         chunk = os.read(status_read, 4096)
         if not chunk:
-            break
+            raise SandboxUnavailableError("bubblewrap did not start the sandbox")
         data += chunk
-    if b"\n" not in data:
-        return False, None
     pid = json.loads(data.split(b"\n", 1)[0])["child-pid"]
     try:
-        pidfd = os.pidfd_open(pid)
-        with open(f"/proc/{pid}/status") as handle:
-            parent = next(int(line.split()[1]) for line in handle if line.startswith("PPid:"))
-    except (ProcessLookupError, FileNotFoundError):
-        return True, None  # already exited and reaped: its namespace is gone with it
-    if parent != process.pid:  # the pid was reused by an unrelated process
-        os.close(pidfd)
-        return True, None
-    return True, pidfd
+        return pid, os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise SandboxUnavailableError("bubblewrap's sandbox died before it ran") from None
 
 
 def _kill_namespace(process: subprocess.Popen, init: int | None) -> None:

@@ -63,7 +63,7 @@ def _own_cgroups() -> dict[str, str]:
 
 
 class RunCgroup:
-    """One run's cgroup: made with its limits, entered by the run's first process, removed whole."""
+    """One run's cgroup: made with its limits, given the run's pid 1, removed whole."""
 
     def __init__(self, where: CgroupParents, memory_bytes: int, max_pids: int) -> None:
         name = f"nemo_rl_sandbox_{os.getpid()}_{next(_names)}"
@@ -104,11 +104,11 @@ class RunCgroup:
         if not written and "swap" not in key and "memsw" not in key:
             raise OSError(f"cgroup control file {key} is missing under {self.dirs}")
 
-    def enter(self) -> None:
-        """Move the calling process in; called in the child before it execs bubblewrap."""
+    def add(self, pid: int) -> None:
+        """Move ``pid`` in; the processes it starts from then on are born inside."""
         for directory in self.dirs:
             with open(os.path.join(directory, "cgroup.procs"), "w") as handle:
-                handle.write("0")
+                handle.write(str(pid))
 
     def pids(self) -> set[int]:
         found: set[int] = set()

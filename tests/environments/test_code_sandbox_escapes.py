@@ -195,18 +195,18 @@ def test_a_uid_returns_to_the_pool_only_once_nothing_runs_as_it():
 )
 def test_children_share_one_memory_limit():
     code = (
-        "import fcntl, os, time\nr, w = os.pipe()\n"
+        "import os, time\npids = []\n"
         "for _ in range(4):\n"
-        "    if os.fork() == 0:\n"
-        "        block = b'x' * (150 << 20)\n"
-        "        os.write(w, b'1')\n        time.sleep(3)\n        os._exit(0)\n"
-        "os.close(w)\ntime.sleep(2)\nfcntl.fcntl(r, fcntl.F_SETFL, os.O_NONBLOCK)\n"
-        "print('holders', len(os.read(r, 16)))\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        block = b'x' * (150 << 20)\n        time.sleep(5)\n        os._exit(0)\n"
+        "    pids.append(pid)\n"
+        "time.sleep(2)\n"
+        "print('holders', sum(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in pids))\n"
     )
     result = run_sandboxed(code, limits=SandboxLimits(memory_mb=256), first_filter=False)
     # each child alone fits its 256 MB address space; together they may not pass 256 MB
-    holders = int(result.stdout.split()[1]) if result.stdout.startswith("holders") else 0
-    assert holders * 150 < 256, result
+    assert result.stdout.strip() in ("holders 0", "holders 1"), result  # the OOM killer's choice
     alone = run_sandboxed(code.replace("range(4)", "range(1)"), first_filter=False)
     assert alone.stdout.strip() == "holders 1", alone
 
