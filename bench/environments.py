@@ -1,16 +1,29 @@
 """Reward-side throughput: math checks per second by pool size, sandbox runs per second,
-and the cost of a checker timeout (kill + respawn) next to normal checks.
+the cost of a checker timeout (kill + respawn) next to normal checks, and code samples per
+second through the old sandbox (audit hook, network namespace, uid; loaded from git at
+``LEGACY_COMMIT``) and through the bubblewrap sandbox, side by side in one run.
 
-Run: .venv/bin/python bench/environments.py
+Run: .venv/bin/python bench/environments.py   (--smoke: fewer samples, for the smoke test)
 """
 
 import os
 import platform
+import subprocess
+import sys
 import time
+import types
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from nemo_rl_core.environments.code_environment import CodeEnvironment
-from nemo_rl_core.environments.code_sandbox import run_sandboxed
+from nemo_rl_core.environments.code_sandbox import require_sandbox, run_sandboxed
 from nemo_rl_core.environments.math_environment import MathEnvironment
+
+REPO = Path(__file__).resolve().parents[1]
+# The last commit whose code sandbox was the audit hook (issue 22 replaced it).
+LEGACY_COMMIT = "d246369"
+ADD = "def add(a, b):\n    return a + b\n"
 
 RESPONSES = [f"We get \\boxed{{\\frac{{{i}}}{{{i + 1}}}}}" for i in range(1, 65)]
 TRUTHS = [f"{i / (i + 1):.12f}" if i % 2 else f"\\frac{{{i}}}{{{i + 1}}}" for i in range(1, 65)]
@@ -43,7 +56,7 @@ def _timeout_cost() -> float:
     return elapsed
 
 
-def _sandbox_rate(num_workers: int, runs: int = 16) -> float:
+def _sandbox_rate(num_workers: int, runs: int) -> float:
     env = CodeEnvironment({"num_workers": num_workers})
     logs = [[{"role": "assistant", "content": "```python\nprint(input()[::-1])\n```"}]] * runs
     metadata = [{"tests": [{"input": "abc\n", "output": "cba"}]}] * runs
@@ -54,18 +67,69 @@ def _sandbox_rate(num_workers: int, runs: int = 16) -> float:
     return rate
 
 
+def _legacy_run_sandboxed() -> Callable | str:
+    """The old ``run_sandboxed`` from git, or why it cannot be loaded (e.g. a shallow clone)."""
+    source = subprocess.run(
+        ["git", "show", f"{LEGACY_COMMIT}:nemo_rl_core/environments/code_sandbox.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if source.returncode != 0:
+        return source.stderr.strip() or "git show failed"
+    module = types.ModuleType("legacy_code_sandbox")
+    exec(compile(source.stdout, "legacy_code_sandbox.py", "exec"), module.__dict__)
+    return module.run_sandboxed
+
+
+def _samples_per_second(run_sample: Callable[[], bool], num_workers: int, runs: int) -> float:
+    with ThreadPoolExecutor(num_workers) as pool:
+        start = time.perf_counter()
+        passed = list(pool.map(lambda _: run_sample(), range(runs)))
+        elapsed = time.perf_counter() - start
+    assert all(passed), "a benchmark sample failed"
+    return runs / elapsed
+
+
+def _old_vs_bwrap(runs: int) -> None:
+    """Samples/s of a stdout test and an assert test through each sandbox, 1 and 2 workers."""
+    legacy = _legacy_run_sandboxed()
+    paths: dict[str, dict[str, Callable[[], bool]]] = {
+        "bwrap": {
+            "stdout": lambda: run_sandboxed("print(input()[::-1])", "abc\n").stdout == "cba\n",
+            "assert": lambda: run_sandboxed(ADD, probes=["add(2, 3)"]).probes[0].value == 5,
+        }
+    }
+    if isinstance(legacy, str):
+        print(f"old sandbox: not measured ({legacy})")
+    else:
+        paths["old"] = {
+            "stdout": lambda: legacy("print(input()[::-1])", "abc\n").stdout == "cba\n",
+            "assert": lambda: legacy(ADD + "assert add(2, 3) == 5\n").ok,
+        }
+    print(f"code samples/s ({runs} samples, one test each): path, test, 1 worker, 2 workers")
+    for name in ("old", "bwrap"):
+        for test, sample in paths.get(name, {}).items():
+            one, two = (_samples_per_second(sample, w, runs) for w in (1, 2))
+            print(f"  {name:5s} {test:6s} {one:6.1f} {two:6.1f}")
+    for name, sample in ((n, p["stdout"]) for n, p in paths.items()):
+        start = time.perf_counter()
+        sample()
+        print(f"one {name} run (stdout test): {(time.perf_counter() - start) * 1000:.0f} ms")
+    print(f"bwrap boundary: {require_sandbox().describe()}")
+
+
 def main() -> None:
+    smoke = "--smoke" in sys.argv[1:]
+    runs = 8 if smoke else 64
     math1, startup1 = _math_rate(1)
     math2, startup2 = _math_rate(2)
     print(f"math checks/s: 1 worker {math1:.1f}, 2 workers {math2:.1f}, ratio {math2 / math1:.2f}")
     print(f"math pool start-up: 1 worker {startup1:.1f} s, 2 workers {startup2:.1f} s")
     print(f"16 checks incl. one hanging sample (1 s limit, 2 workers): {_timeout_cost():.2f} s")
-    single = time.perf_counter()
-    run_sandboxed("print(1)")
-    single = time.perf_counter() - single
-    code1, code2 = _sandbox_rate(1), _sandbox_rate(2)
+    code1, code2 = _sandbox_rate(1, runs), _sandbox_rate(2, runs)
     print(f"sandbox runs/s: 1 worker {code1:.1f}, 2 workers {code2:.1f}, ratio {code2 / code1:.2f}")
-    print(f"one sandboxed run (spawn + guard + limits): {single * 1000:.0f} ms")
+    _old_vs_bwrap(runs)
     print(f"cpu: {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
 
 
