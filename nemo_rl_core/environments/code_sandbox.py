@@ -30,6 +30,7 @@ import ctypes.util
 import errno
 import functools
 import json
+import marshal
 import os
 import secrets
 import select
@@ -333,7 +334,7 @@ def _job(
         "source": code,
         "probes": None if probes is None else list(probes),
         "rlimits": {
-            "RLIMIT_CPU": [limits.cpu_time_s, limits.cpu_time_s + 1],
+            "RLIMIT_CPU": [limits.cpu_time_s] * 2,
             "RLIMIT_AS": [limits.memory_mb << 20] * 2,
             "RLIMIT_FSIZE": [limits.output_bytes] * 2,
             "RLIMIT_NOFILE": [limits.max_open_files] * 2,
@@ -415,7 +416,7 @@ def _spawn(
 ) -> SandboxResult:
     with contextlib.ExitStack() as stack:
         fds = {
-            "job": _memfd("job", json.dumps(job).encode()),
+            "job": _memfd("job", marshal.dumps(job)),
             "result": _memfd("result"),
             "stdin": _memfd("stdin", stdin.encode()),
             "stdout": _memfd("stdout"),

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from nemo_rl_core.environments.code_assertions import compile_assert_test
-from nemo_rl_core.environments.code_harness import decode_plain, encode_plain
+from nemo_rl_core.environments.code_harness import decode_plain, dump_json, encode_plain
 from nemo_rl_core.environments.code_sandbox import ProbeOutcome
 
 
@@ -85,11 +85,13 @@ def test_the_parent_cannot_be_made_to_blow_up_by_a_value():
 
 @pytest.mark.parametrize(
     "value",
-    [None, True, 0, -(10**40), 1.5, math.inf, "é", b"\x00\xff", [1, (2, 3)], {1, "a"},
+    [None, True, 0, -(10**40), 1.5, 1e-300, math.inf, "é\"\n\x00", b"\x00\xff", [1, (2, 3)], {1, "a"},
      frozenset({2}), {"a": [1], (1, 2): {3: None}}, (), [[[]]]],
 )  # fmt: skip
 def test_plain_values_round_trip_through_json(value):
-    decoded = decode_plain(json.loads(json.dumps(encode_plain(value))))
+    text = dump_json(encode_plain(value))
+    assert json.loads(text) == json.loads(json.dumps(encode_plain(value)))
+    decoded = decode_plain(json.loads(text))
     assert decoded == value and type(decoded) is type(value)
     assert math.isnan(decode_plain(encode_plain(math.nan)))
 
