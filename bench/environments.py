@@ -3,11 +3,12 @@ the cost of a checker timeout (kill + respawn) next to normal checks, and code s
 second through the old sandbox (audit hook, network namespace, uid; loaded from git at
 ``LEGACY_COMMIT``) and through the bubblewrap sandbox, side by side in one run.
 
-Run: .venv/bin/python bench/environments.py   (--smoke: fewer samples, for the smoke test)
+Run: .venv/bin/python bench/environments.py   (--smoke: 8 samples, one repeat)
 """
 
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -91,8 +92,12 @@ def _samples_per_second(run_sample: Callable[[], bool], num_workers: int, runs: 
     return runs / elapsed
 
 
-def _old_vs_bwrap(runs: int) -> None:
-    """Samples/s of a stdout test and an assert test through each sandbox, 1 and 2 workers."""
+def _old_vs_bwrap(runs: int, repeats: int) -> None:
+    """Samples/s of a stdout test and an assert test through each sandbox, 1 and 2 workers.
+
+    The paths alternate within each cell, ``repeats`` times, and each cell is the median:
+    on a shared machine the load drifts between one path's turn and the other's.
+    """
     legacy = _legacy_run_sandboxed()
     paths: dict[str, dict[str, Callable[[], bool]]] = {
         "bwrap": {
@@ -107,14 +112,22 @@ def _old_vs_bwrap(runs: int) -> None:
             "stdout": lambda: legacy("print(input()[::-1])", "abc\n").stdout == "cba\n",
             "assert": lambda: legacy(ADD + "assert add(2, 3) == 5\n").ok,
         }
-    print(f"code samples/s ({runs} samples, one test each): path, test, 1 worker, 2 workers")
-    for name in ("old", "bwrap"):
-        for test, sample in paths.get(name, {}).items():
-            one, two = (_samples_per_second(sample, w, runs) for w in (1, 2))
-            print(f"  {name:5s} {test:6s} {one:6.1f} {two:6.1f}")
-    for name, sample in ((n, p["stdout"]) for n, p in paths.items()):
+    names = [name for name in ("old", "bwrap") if name in paths]
+    print(f"code samples/s ({runs} samples, one test each, median of {repeats}):")
+    print("  test   workers " + " ".join(f"{name:>6s}" for name in names) + "  bwrap/old")
+    for test in ("stdout", "assert"):
+        for workers in (1, 2):
+            rates: dict[str, list[float]] = {name: [] for name in names}
+            for _ in range(repeats):
+                for name in names:
+                    rates[name].append(_samples_per_second(paths[name][test], workers, runs))
+            medians = {name: statistics.median(values) for name, values in rates.items()}
+            ratio = f"{medians['bwrap'] / medians['old']:9.2f}" if "old" in medians else ""
+            cells = " ".join(f"{medians[name]:6.1f}" for name in names)
+            print(f"  {test:6s} {workers:7d} {cells}  {ratio}")
+    for name in names:
         start = time.perf_counter()
-        sample()
+        paths[name]["stdout"]()
         print(f"one {name} run (stdout test): {(time.perf_counter() - start) * 1000:.0f} ms")
     print(f"bwrap boundary: {require_sandbox().describe()}")
 
@@ -129,7 +142,7 @@ def main() -> None:
     print(f"16 checks incl. one hanging sample (1 s limit, 2 workers): {_timeout_cost():.2f} s")
     code1, code2 = _sandbox_rate(1, runs), _sandbox_rate(2, runs)
     print(f"sandbox runs/s: 1 worker {code1:.1f}, 2 workers {code2:.1f}, ratio {code2 / code1:.2f}")
-    _old_vs_bwrap(runs)
+    _old_vs_bwrap(runs, 1 if smoke else 3)
     print(f"cpu: {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
 
 
