@@ -125,11 +125,25 @@ def _old_vs_bwrap(runs: int, repeats: int) -> None:
             ratio = f"{medians['bwrap'] / medians['old']:9.2f}" if "old" in medians else ""
             cells = " ".join(f"{medians[name]:6.1f}" for name in names)
             print(f"  {test:6s} {workers:7d} {cells}  {ratio}")
-    for name in names:
-        start = time.perf_counter()
-        paths[name]["stdout"]()
-        print(f"one {name} run (stdout test): {(time.perf_counter() - start) * 1000:.0f} ms")
-    print(f"bwrap boundary: {require_sandbox().describe()}")
+    boundary = require_sandbox()
+    starts = {
+        "bare interpreter": lambda: subprocess.run(
+            [boundary.interpreter, "-I", "-S", "-c", "pass"]
+        ),
+        "bwrap": lambda: run_sandboxed("pass"),
+    }
+    if "old" in paths:
+        starts["old"] = lambda: legacy("pass")
+    cells = []
+    for name, start_one in starts.items():
+        times = []
+        for _ in range(repeats * 7):
+            start = time.perf_counter()
+            start_one()
+            times.append(time.perf_counter() - start)
+        cells.append(f"{name} {statistics.median(times) * 1000:.0f} ms")
+    print(f"one run of `pass` (median of {repeats * 7}): " + ", ".join(cells))
+    print(f"bwrap boundary: {boundary.describe()}")
 
 
 def main() -> None:
