@@ -28,6 +28,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import functools
 import json
 import marshal
@@ -55,9 +56,10 @@ from nemo_rl_core.environments.sandbox_cgroup import (
 BOX = "/box"
 _INSIDE_UID = 1000
 _HARNESS = Path(code_harness.__file__).read_text()
-# Host uids for runs started as root, one per concurrent run; processes sharing a host take
-# different 256-uid blocks (by pid), and a uid with live processes is never handed out.
+# Host uids for runs started as root, one per concurrent run; processes sharing a host
+# mostly take different 256-uid blocks (by pid), and lock the uids they hand out.
 _UID_FIRST, _UID_BLOCKS, _UID_BLOCK = 61000, 16, 256
+_UID_LOCKS = "/run/nemo_rl_sandbox_uids"
 SANDBOX_UIDS = range(_UID_FIRST, _UID_FIRST + _UID_BLOCKS * _UID_BLOCK)
 _SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
 # Syscalls no sandboxed Python program needs, each a common step of kernel exploits or of
@@ -165,19 +167,34 @@ class Boundary:
 
 
 class _UidPool:
-    """Hands each concurrent run its own host uid; takes it back only once nothing runs as it."""
+    """Hands each concurrent run its own host uid; takes it back only once nothing runs as it.
+
+    A uid is held through an exclusive lock file in ``_UID_LOCKS`` (released by the kernel
+    if this process dies), so processes whose blocks collide never share a uid either.
+    """
 
     def __init__(self) -> None:
         start = _UID_FIRST + (os.getpid() % _UID_BLOCKS) * _UID_BLOCK
         self._free = list(range(start, start + _UID_BLOCK))
+        self._held: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def take(self) -> int:
+        os.makedirs(_UID_LOCKS, mode=0o700, exist_ok=True)
         with self._lock:
             for uid in reversed(self._free):
-                if not live_processes(uid):
-                    self._free.remove(uid)
-                    return uid
+                fd = os.open(os.path.join(_UID_LOCKS, str(uid)), os.O_CREAT | os.O_RDWR, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)  # another process holds it
+                    continue
+                if live_processes(uid):  # a survivor of some earlier owner
+                    os.close(fd)
+                    continue
+                self._free.remove(uid)
+                self._held[uid] = fd
+                return uid
         raise RuntimeError("more concurrent sandboxes than free sandbox uids")
 
     def give(self, uid: int, timeout_s: float = 5.0) -> None:
@@ -188,9 +205,10 @@ class _UidPool:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             if time.monotonic() > deadline:
-                return  # never reused: a later run must not share a uid with a survivor
+                return  # kept locked: no run anywhere may share a uid with a survivor
             time.sleep(0.01)
         with self._lock:
+            os.close(self._held.pop(uid))
             self._free.append(uid)
 
 

@@ -169,7 +169,7 @@ def test_setsid_daemons_die_with_their_run():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid pool is used when started as root")
 def test_a_uid_returns_to_the_pool_only_once_nothing_runs_as_it():
-    pool = _UidPool()
+    pool, other_process = _UidPool(), _UidPool()  # the same uid block, as with a pid clash
     survivor_uid = pool.take()
     next_uid = pool._free[-1]  # the next take() would hand this one out
     sleepers = [
@@ -180,10 +180,13 @@ def test_a_uid_returns_to_the_pool_only_once_nothing_runs_as_it():
     ]
     try:
         assert live_processes(next_uid) == [sleepers[1].pid]
-        assert pool.take() not in (survivor_uid, next_uid)  # busy uids are never handed out
+        third_uid = pool.take()
+        assert third_uid not in (survivor_uid, next_uid)  # busy uids are never handed out
+        assert other_process.take() not in (survivor_uid, next_uid, third_uid)  # held: locked
         pool.give(survivor_uid)  # a straggler is killed before its uid goes back
         assert sleepers[0].wait(timeout=5) == -9 and live_processes(survivor_uid) == []
         assert survivor_uid in pool._free
+        pool.give(third_uid)
     finally:
         for sleeper in sleepers:
             sleeper.kill()
