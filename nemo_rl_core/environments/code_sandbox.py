@@ -572,7 +572,7 @@ def _read_report(fd: int, job: dict, limits: SandboxLimits) -> tuple[ProbeOutcom
             else:
                 raise ValueError(f"malformed result {str(entry)[:100]}")
         return tuple(outcomes)
-    except (ValueError, TypeError, KeyError) as error:
+    except (ValueError, TypeError, KeyError, RecursionError) as error:  # a forged report
         raise ValueError(f"the harness's report is not plain JSON: {error}") from None
 
 

@@ -138,3 +138,17 @@ def test_a_leftover_process_cannot_rewrite_a_later_sample(code_env):
         assert reward_of(code_env, WRONG_ADD, ADD_TESTS)[0] == 0.0
         time.sleep(0.2)
     assert processes_with(canary) == []
+
+
+def test_a_report_forged_with_the_nonce_still_has_to_decode(code_env):
+    """A sample can find the nonce in its own process; a malformed report still fails."""
+    steal = (
+        WRONG_ADD + "import os, sys\n"
+        "harness = sys._getframe(2).f_locals\n"
+        "nested = '[' * 100000 + ']' * 100000\n"
+        "report = harness['job']['nonce'] + '\\n{\"results\": ' + nested + '}'\n"
+        "os.write(harness['result_fd'], report.encode())\nos._exit(0)\n"
+    )
+    result = run_sandboxed(steal, probes=["add(2, 3)"])
+    assert "not plain JSON" in result.reason, result
+    assert reward_of(code_env, steal, ADD_TESTS[:1])[0] == 0.0
