@@ -484,7 +484,7 @@ def _spawn(
                 cgroup.add(pid)  # before it runs: all it starts is born inside
             os.write(unblock, b"x")
             remaining = start + limits.wall_time_s - time.monotonic()
-            exited = select.select([monitor], [], [], max(0.0, remaining))[0]
+            exited = _readable(monitor, remaining)
         except SandboxUnavailableError as error:
             _kill_namespace(process, init)
             stderr = _read(fds["stderr"], 2000).strip()
@@ -496,6 +496,13 @@ def _spawn(
         return _result(process.returncode, reason, job, fds, limits)
 
 
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Whether ``fd`` becomes readable within ``timeout_s`` (poll: fds past 1024 work too)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout_s * 1000))))
+
+
 def _namespace_init(status_read: int, deadline: float) -> tuple[int, int]:
     """The host pid of the run's pid 1 and a pidfd to kill it by, from bubblewrap's status.
 
@@ -503,7 +510,7 @@ def _namespace_init(status_read: int, deadline: float) -> tuple[int, int]:
     """
     data = b""
     while b"\n" not in data:
-        if not select.select([status_read], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        if not _readable(status_read, deadline - time.monotonic()):
             raise SandboxUnavailableError("bubblewrap did not start the sandbox in time")
         chunk = os.read(status_read, 4096)
         if not chunk:

@@ -2,6 +2,7 @@
 without a real sandbox."""
 
 import os
+import resource
 import socket
 import time
 
@@ -223,3 +224,16 @@ def test_refuses_when_bubblewrap_cannot_build_the_sandbox():
     """A bwrap that cannot create namespaces (here: one that only fails) is refused, loudly."""
     with pytest.raises(SandboxUnavailableError, match="user namespaces"):
         probe_boundary("false")
+
+
+def test_runs_from_a_process_with_over_a_thousand_open_files():
+    """A training process holds many descriptors: select() would fail past 1024, poll() works."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), max(hard, 2048)))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert run_sandboxed("print(input()[::-1])", "abc\n").stdout == "cba\n"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
