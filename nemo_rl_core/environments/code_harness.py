@@ -8,8 +8,9 @@ rlimits, installs a cheap audit-hook filter, then either runs the sample as a pr
 plain values (``encode_plain``) as JSON (``dump_json``) on RESULT_FD. It imports only fast
 modules (``json`` alone would add ~7 ms, a fifth of a run: hence ``marshal`` and ``dump_json``).
 
-Nothing here is a boundary: the sample shares this process and can tamper with it. The parent
-trusts only what it checks itself: the nonce, that the report decodes to plain values
+Nothing here is a boundary: the sample shares this process and can tamper with it (it can
+even read the nonce from the harness's frames). The parent trusts only what it checks: the
+nonce (which keeps stray writes out), that the report decodes to plain values
 (``decode_plain``), and its own comparisons against expected values that never enter the
 sandbox. An early exit, ``SystemExit`` or a value that is not plain is a failure there.
 """
@@ -25,9 +26,10 @@ from _json import encode_basestring_ascii
 _SEQUENCES = {list: "list", tuple: "tuple", set: "set", frozenset: "frozenset"}
 _CONSTRUCTORS = {tag: kind for kind, tag in _SEQUENCES.items()}
 _MAX_DEPTH = 100
-# Audit events the first filter refuses: process creation, sockets, native code, and the
-# introspection that reaches the harness's frames. The sandbox's namespaces contain all
-# of these without it; the filter only fails such samples early with a clear reason.
+# Audit events the first filter refuses: process creation, sockets, native code, signals,
+# gc and tracing. The sandbox contains all of these without it; the filter only fails such
+# samples early with a clear reason. (Frames stay reachable: namedtuple and enum need
+# sys._getframe, and traceback printing needs tb_frame.)
 _BLOCKED_EVENTS = (
     "os.fork",
     "os.forkpty",

@@ -8,15 +8,17 @@ Each run gets, from bubblewrap (``bwrap``, a Debian package) and the kernel:
   libraries (read-only), a minimal ``/proc`` of its own processes and ``/dev`` (read-only),
   and a private size-capped tmpfs, ``/box``, the only writable place (mode 0700, seen by
   no other run); nothing of the host's ``/tmp``, ``/dev/shm``, ``/var/tmp`` or sockets;
-- a seccomp filter (built with libseccomp) that denies the syscalls a Python program never
-  needs and kernel exploits love (ptrace, mount, keyctl, bpf, io_uring, ...);
+- a seccomp filter (built with libseccomp through ctypes: its Python binding is not in the
+  venv, and Debian's python3-seccomp serves only the system Python) that denies the
+  syscalls a Python program never needs and kernel exploits love (ptrace, mount, keyctl,
+  bpf, io_uring, ...);
 - rlimits, set by the harness before the sample runs, on CPU seconds, address space, file
   size (stdin, stdout and stderr are memfds; output is capped), open files, core dumps and
   processes (counted per user namespace, so per run); and a cgroup per run where the host
   delegates one (``sandbox_cgroup``), joined by the run's pid 1 while bubblewrap holds it
   (``--block-fd``), for the memory, process and CPU use of all its processes together;
-- when started as root, an unprivileged host uid of its own from a pool; a uid goes back to
-  the pool only once no process runs under it.
+- when started as root, an unprivileged host uid of its own from a pool (``setpriv`` runs
+  bubblewrap as it); a uid goes back to the pool only once no process runs under it.
 
 The run is the harness (``code_harness``) as the namespace's pid 1, so killing it kills
 every process of the run, setsid daemons included; the sample's code, job and report pass
