@@ -27,21 +27,14 @@ through memfds, never through a host directory. If bubblewrap cannot build this 
 """
 
 import contextlib
-import ctypes
-import ctypes.util
-import errno
-import fcntl
 import functools
 import json
 import marshal
 import os
 import secrets
 import select
-import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,60 +42,13 @@ from pathlib import Path
 
 from nemo_rl_core.environments import code_harness
 from nemo_rl_core.environments.code_harness import decode_plain
-from nemo_rl_core.environments.sandbox_cgroup import (
-    CgroupParents,
-    RunCgroup,
-    delegated_cgroups,
-)
+from nemo_rl_core.environments.sandbox_cgroup import RunCgroup
+from nemo_rl_core.environments.sandbox_host import Boundary, SandboxUnavailableError, host_boundary
+from nemo_rl_core.environments.sandbox_uids import UidPool
 
 BOX = "/box"
 _INSIDE_UID = 1000
 _HARNESS = Path(code_harness.__file__).read_text()
-# Host uids for runs started as root, one per concurrent run; processes sharing a host
-# mostly take different 256-uid blocks (by pid), and lock the uids they hand out.
-_UID_FIRST, _UID_BLOCKS, _UID_BLOCK = 61000, 16, 256
-_UID_LOCKS = "/run/nemo_rl_sandbox_uids"
-SANDBOX_UIDS = range(_UID_FIRST, _UID_FIRST + _UID_BLOCKS * _UID_BLOCK)
-_SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/lib", "/lib64")
-# Syscalls no sandboxed Python program needs, each a common step of kernel exploits or of
-# reaching other processes; they fail with EPERM.
-_DENIED_SYSCALLS = (
-    "ptrace",
-    "process_vm_readv",
-    "process_vm_writev",
-    "mount",
-    "umount2",
-    "pivot_root",
-    "chroot",
-    "unshare",
-    "setns",
-    "bpf",
-    "perf_event_open",
-    "userfaultfd",
-    "io_uring_setup",
-    "io_uring_enter",
-    "io_uring_register",
-    "keyctl",
-    "add_key",
-    "request_key",
-    "kexec_load",
-    "kexec_file_load",
-    "init_module",
-    "finit_module",
-    "delete_module",
-    "open_by_handle_at",
-    "name_to_handle_at",
-    "acct",
-    "swapon",
-    "swapoff",
-    "reboot",
-    "syslog",
-    "quotactl",
-)
-
-
-class SandboxUnavailableError(RuntimeError):
-    """This host cannot build the sandbox; code rewards would not be trustworthy here."""
 
 
 @dataclass(frozen=True)
@@ -144,95 +90,7 @@ class SandboxResult:
         return self.exit_code == 0 and not self.reason
 
 
-@dataclass(frozen=True)
-class Boundary:
-    """What this host gives the sandbox, probed once by ``require_sandbox``."""
-
-    bwrap: str
-    interpreter: str
-    binds: tuple[str, ...]
-    links: tuple[tuple[str, str], ...]
-    setpriv: str | None  # set when started as root: runs bubblewrap as a pool uid
-    seccomp_filter: bytes
-    cgroups: CgroupParents | None
-
-    def describe(self) -> str:
-        cgroup = (
-            f"cgroup v{self.cgroups.version} per run" if self.cgroups else "no delegated cgroup"
-        )
-        uid = "a pool uid per run" if self.setpriv else "the caller's uid"
-        return (
-            f"bubblewrap ({self.bwrap}): user/pid/net/ipc/uts/cgroup/mount namespaces, seccomp "
-            f"({len(_DENIED_SYSCALLS)} syscalls denied), rlimits, {cgroup}, {uid}; "
-            f"interpreter {self.interpreter}"
-        )
-
-
-class _UidPool:
-    """Hands each concurrent run its own host uid; takes it back only once nothing runs as it.
-
-    A uid is held through an exclusive lock file in ``_UID_LOCKS`` (released by the kernel
-    if this process dies), so processes whose blocks collide never share a uid either.
-    """
-
-    def __init__(self) -> None:
-        start = _UID_FIRST + (os.getpid() % _UID_BLOCKS) * _UID_BLOCK
-        self._free = list(range(start, start + _UID_BLOCK))
-        self._held: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def take(self) -> int:
-        os.makedirs(_UID_LOCKS, mode=0o700, exist_ok=True)
-        with self._lock:
-            for uid in reversed(self._free):
-                fd = os.open(os.path.join(_UID_LOCKS, str(uid)), os.O_CREAT | os.O_RDWR, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)  # another process holds it
-                    continue
-                if live_processes(uid):  # a survivor of some earlier owner
-                    os.close(fd)
-                    continue
-                self._free.remove(uid)
-                self._held[uid] = fd
-                return uid
-        raise RuntimeError("more concurrent sandboxes than free sandbox uids")
-
-    def give(self, uid: int, timeout_s: float = 5.0) -> None:
-        """Return ``uid`` once no live process has it; kill stragglers, else keep it out."""
-        deadline = time.monotonic() + timeout_s
-        while pids := live_processes(uid):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                return  # kept locked: no run anywhere may share a uid with a survivor
-            time.sleep(0.01)
-        with self._lock:
-            os.close(self._held.pop(uid))
-            self._free.append(uid)
-
-
-_UIDS = _UidPool()
-
-
-def live_processes(uid: int) -> list[int]:
-    """Host pids of processes (not zombies) owned by ``uid``."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid != uid:
-                continue
-            with open(f"/proc/{entry.name}/stat") as handle:
-                state = handle.read().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if state not in ("Z", "X"):
-            pids.append(int(entry.name))
-    return pids
+_UIDS = UidPool()
 
 
 @functools.cache
@@ -243,25 +101,7 @@ def require_sandbox() -> Boundary:
 
 def probe_boundary(bwrap: str) -> Boundary:
     """Build the boundary with the ``bwrap`` executable given and prove it runs a program."""
-    path = shutil.which(bwrap)
-    if path is None:
-        raise SandboxUnavailableError(
-            f"bubblewrap ({bwrap!r}) is not installed: the code environment runs every sample "
-            "in it and has no weaker fallback (Debian/Ubuntu: apt-get install bubblewrap)"
-        )
-    setpriv = None
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            raise SandboxUnavailableError(
-                "running as root, the sandbox drops to a uid of its own with setpriv, which is "
-                "not installed (Debian/Ubuntu: apt-get install util-linux)"
-            )
-    interpreter = _interpreter(setpriv is not None)
-    binds, links = _mounts(interpreter)
-    boundary = Boundary(
-        path, interpreter, binds, links, setpriv, _seccomp_filter(), delegated_cgroups()
-    )
+    boundary = host_boundary(bwrap)
     limits = SandboxLimits()
     try:
         result = _run(boundary, _job("print('sandbox ok')", None, limits, True), "", limits)
@@ -269,88 +109,13 @@ def probe_boundary(bwrap: str) -> Boundary:
         result = SandboxResult(None, "", str(error), "it did not start")
     if result.stdout.strip() != "sandbox ok":
         raise SandboxUnavailableError(
-            f"bubblewrap ({path}) could not start a sandbox here ({result.reason}): "
+            f"bubblewrap ({boundary.bwrap}) could not start a sandbox here ({result.reason}): "
             f"{result.stderr.strip()[-500:]!r}. It needs unprivileged user namespaces "
             "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone = 1, and "
             "no AppArmor/SELinux rule against them; in a container: a seccomp profile that "
             "allows unshare/clone of namespaces). The code environment does not fall back."
         )
     return boundary
-
-
-def _interpreter(drop_to_uid: bool) -> str:
-    """A Python the run's uid can reach: this one when its whole path is world-executable."""
-    candidates = [os.path.realpath(sys.executable)]
-    if drop_to_uid:
-        candidates += [os.path.realpath(p) for p in ("/usr/bin/python3", "/usr/local/bin/python3")]
-    for candidate in candidates:
-        if os.path.exists(candidate) and (not drop_to_uid or _world_reachable(candidate)):
-            return candidate
-    raise SandboxUnavailableError(
-        f"no Python that an unprivileged uid can run: {candidates} (install python3, or make "
-        "this interpreter's directories world-executable)"
-    )
-
-
-def _world_reachable(path: str) -> bool:
-    parts = path.split(os.sep)
-    dirs = [os.sep.join(parts[:i]) or os.sep for i in range(1, len(parts))]
-    return all(os.stat(d).st_mode & 0o001 for d in dirs) and bool(os.stat(path).st_mode & 0o001)
-
-
-def _mounts(interpreter: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """Read-only binds (the interpreter, its stdlib and libraries) and symlinks (/lib -> usr/lib)."""
-    query = (
-        "import json, sysconfig; print(json.dumps([sysconfig.get_paths()['stdlib'], "
-        "sysconfig.get_paths()['platstdlib'], sysconfig.get_config_var('LIBDIR') "
-        "if sysconfig.get_config_var('Py_ENABLE_SHARED') else None]))"
-    )
-    found = subprocess.run(
-        [interpreter, "-I", "-S", "-c", query], capture_output=True, text=True, check=True
-    )
-    wanted = [interpreter] + [p for p in json.loads(found.stdout) if p]
-    links = []
-    for path in _SYSTEM_LIBRARIES:
-        if os.path.islink(path):
-            links.append((path, os.readlink(path)))
-        elif os.path.isdir(path):
-            wanted.append(path)
-    binds: list[str] = []
-    for path in sorted({os.path.realpath(p) for p in wanted}):
-        if not any(path.startswith(outer + os.sep) for outer in binds):
-            binds.append(path)
-    return tuple(binds), tuple(links)
-
-
-def _seccomp_filter() -> bytes:
-    """The BPF program denying ``_DENIED_SYSCALLS`` (EPERM), exported by libseccomp."""
-    name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
-    try:
-        lib = ctypes.CDLL(name, use_errno=True)
-    except OSError as error:
-        raise SandboxUnavailableError(
-            f"libseccomp is not installed ({error}); Debian/Ubuntu: apt-get install libseccomp2"
-        ) from None
-    lib.seccomp_init.restype = ctypes.c_void_p
-    lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
-    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.seccomp_release.argtypes = [ctypes.c_void_p]
-    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SCMP_ACT_ALLOW, SCMP_ACT_ERRNO(EPERM)
-    context = lib.seccomp_init(allow)
-    fd = os.memfd_create("nemo_rl_seccomp")
-    try:
-        for syscall in _DENIED_SYSCALLS:
-            number = lib.seccomp_syscall_resolve_name(syscall.encode())
-            if number >= 0 and lib.seccomp_rule_add(context, deny, number, 0) != 0:
-                raise SandboxUnavailableError(f"libseccomp refused a rule for {syscall}")
-        if lib.seccomp_export_bpf(context, fd) != 0:
-            raise SandboxUnavailableError("libseccomp could not export the seccomp filter")
-        return os.pread(fd, os.fstat(fd).st_size, 0)
-    finally:
-        lib.seccomp_release(context)
-        os.close(fd)
 
 
 def _job(

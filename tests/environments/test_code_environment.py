@@ -11,14 +11,13 @@ from sandbox_attacks import answer
 
 from nemo_rl_core.environments.code_environment import CodeEnvironment, extract_code
 from nemo_rl_core.environments.code_sandbox import (
-    SANDBOX_UIDS,
     SandboxLimits,
     SandboxUnavailableError,
-    live_processes,
     probe_boundary,
     require_sandbox,
     run_sandboxed,
 )
+from nemo_rl_core.environments.sandbox_uids import SANDBOX_UIDS, live_processes
 
 REVERSE_TESTS = [{"input": "abc\n", "output": "cba"}, {"input": "hello\n", "output": "olleh"}]
 ADD_TESTS = [{"assert": "assert add(2, 3) == 5"}, {"assert": "assert add(-1, 1) == 0"}]

@@ -18,13 +18,8 @@ from pathlib import Path
 import pytest
 from sandbox_attacks import UNHOOKED, processes_with, token
 
-from nemo_rl_core.environments.code_sandbox import (
-    SandboxLimits,
-    _UidPool,
-    live_processes,
-    require_sandbox,
-    run_sandboxed,
-)
+from nemo_rl_core.environments.code_sandbox import SandboxLimits, require_sandbox, run_sandboxed
+from nemo_rl_core.environments.sandbox_uids import UidPool, live_processes
 
 
 @pytest.fixture
@@ -169,7 +164,7 @@ def test_setsid_daemons_die_with_their_run():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid pool is used when started as root")
 def test_a_uid_returns_to_the_pool_only_once_nothing_runs_as_it():
-    pool, other_process = _UidPool(), _UidPool()  # the same uid block, as with a pid clash
+    pool, other_process = UidPool(), UidPool()  # the same uid block, as with a pid clash
     survivor_uid = pool.take()
     next_uid = pool._free[-1]  # the next take() would hand this one out
     sleepers = [
@@ -197,21 +192,29 @@ def test_a_uid_returns_to_the_pool_only_once_nothing_runs_as_it():
     require_sandbox().cgroups is None, reason="no delegated cgroup: memory is capped per process"
 )
 def test_children_share_one_memory_limit():
+    """Children that hold 150 MB each, counted once every one holds or has died."""
     code = (
-        "import os, time\npids = []\n"
+        "import os, time\nr, w = os.pipe()\nos.set_blocking(r, False)\npids = []\n"
         "for _ in range(4):\n"
         "    pid = os.fork()\n"
         "    if pid == 0:\n"
-        "        block = b'x' * (150 << 20)\n        time.sleep(5)\n        os._exit(0)\n"
+        "        block = b'x' * (150 << 20)\n"
+        "        os.write(w, b'%08d' % os.getpid())\n        time.sleep(60)\n"
         "    pids.append(pid)\n"
-        "time.sleep(2)\n"
-        "print('holders', sum(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in pids))\n"
+        "holding, dead, deadline = set(), set(), time.monotonic() + 8\n"
+        "while len(holding | dead) < len(pids) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "    try:\n        data = os.read(r, 4096)\n    except BlockingIOError:\n        data = b''\n"
+        "    holding |= {int(data[i:i + 8]) for i in range(0, len(data), 8)}\n"
+        "    dead |= {p for p in pids if p not in dead and os.waitpid(p, os.WNOHANG) != (0, 0)}\n"
+        "print('holders', len(holding - dead), 'settled', len(holding | dead) == len(pids))\n"
     )
-    result = run_sandboxed(code, limits=SandboxLimits(memory_mb=256), first_filter=False)
+    limits = SandboxLimits(memory_mb=256, wall_time_s=20)
+    result = run_sandboxed(code, limits=limits, first_filter=False)
     # each child alone fits its 256 MB address space; together they may not pass 256 MB
-    assert result.stdout.strip() in ("holders 0", "holders 1"), result  # the OOM killer's choice
-    alone = run_sandboxed(code.replace("range(4)", "range(1)"), first_filter=False)
-    assert alone.stdout.strip() == "holders 1", alone
+    assert result.stdout.split() in (["holders", n, "settled", "True"] for n in "01"), result
+    alone = run_sandboxed(code.replace("range(4)", "range(1)"), limits=limits, first_filter=False)
+    assert alone.stdout.split() == ["holders", "1", "settled", "True"], alone
 
 
 def test_host_unix_sockets_are_unreachable(canary_dir):
