@@ -1,16 +1,19 @@
 """Model-written Python run against test cases in a sandbox (``env.code``).
 
-The last fenced code block of the model's answer runs once per test case, in the
-sandbox of ``code_sandbox`` (time, CPU, memory, output and process limits, no network,
-nothing outside its own directory). A test case is ``{"input": stdin, "output":
-expected stdout}`` (compared after stripping trailing whitespace per line) or ``{"assert":
-code}`` run after the solution in the same program. Reward 1.0 when every test passes;
-whatever the program does (hang, crash, escape attempt) fails that sample only, and the
-reason is in its metadata.
+The last fenced code block of the model's answer runs once per test case, each run in a
+fresh bubblewrap sandbox of ``code_sandbox`` (namespaces, seccomp, rlimits, a cgroup where
+delegated; the environment refuses to start where that sandbox cannot be built). A test
+case is ``{"input": stdin, "output": expected stdout}`` (compared after stripping trailing
+whitespace per line) or ``{"assert": "assert f(2) == 4"}``, split by ``code_assertions``
+so that the sandbox only computes the solution's values and this process compares them
+with the expected ones. Expected outputs never enter the sandbox. Reward 1.0 when every
+test passes; whatever the program does (hang, crash, early exit, escape attempt) fails
+that sample only, and the reason is in its metadata.
 """
 
 import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import torch
@@ -18,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_rl_core.data.interfaces import LLMMessageLogType
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.environments.code_sandbox import SandboxLimits, SandboxResult, run_sandboxed
+from nemo_rl_core.environments.code_assertions import AssertTest, compile_assert_test
+from nemo_rl_core.environments.code_sandbox import SandboxLimits, require_sandbox, run_sandboxed
 from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
 from nemo_rl_core.environments.metrics import reward_metrics
 
@@ -64,15 +68,45 @@ def _normalized(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip().splitlines())
 
 
-def _check(code: str, test: dict[str, str], limits: SandboxLimits) -> tuple[bool, str]:
-    if "assert" in test:
-        result: SandboxResult = run_sandboxed(f"{code}\n\n{test['assert']}\n", "", limits)
-        return result.ok, result.reason or "passed"
-    result = run_sandboxed(code, test.get("input", ""), limits)
+@dataclass(frozen=True)
+class _StdoutTest:
+    stdin: str
+    expected: str
+
+
+def _parse_tests(i: int, tests: object) -> list[_StdoutTest | AssertTest]:
+    shape = (
+        f"sample {i}: metadata 'tests' must be a non-empty list of "
+        "{'input', 'output'} or {'assert'} cases"
+    )
+    if not isinstance(tests, list) or not tests:
+        raise KeyError(shape)
+    parsed: list[_StdoutTest | AssertTest] = []
+    for j, test in enumerate(tests):
+        if isinstance(test, dict) and isinstance(test.get("assert"), str):
+            try:
+                parsed.append(compile_assert_test(test["assert"]))
+            except ValueError as error:
+                raise ValueError(f"sample {i}, test {j}: the 'assert' test {error}") from None
+        elif isinstance(test, dict) and "output" in test:
+            parsed.append(_StdoutTest(test.get("input", ""), test["output"]))
+        else:
+            raise KeyError(shape)
+    return parsed
+
+
+def _check(code: str, test: _StdoutTest | AssertTest, limits: SandboxLimits) -> tuple[bool, str]:
+    if isinstance(test, AssertTest):
+        result = run_sandboxed(code, "", limits, probes=test.probes)
+        if result.reason:
+            tail = result.stderr.strip().splitlines()[-1:] or [""]
+            return False, f"{result.reason}: {tail[0]}"[:300]
+        return test.verdict(result.probes)
+    result = run_sandboxed(code, test.stdin, limits)
     if not result.ok:
         tail = result.stderr.strip().splitlines()[-1:] or [""]
         return False, f"{result.reason}: {tail[0]}"[:300]
-    if _normalized(result.stdout) != _normalized(test["output"]):
+    if _normalized(result.stdout) != _normalized(test.expected):
         return False, "wrong output"
     return True, "passed"
 
@@ -84,6 +118,7 @@ class CodeEnvironment(EnvironmentInterface[CodeEnvMetadata]):
 
     def __init__(self, cfg: CodeEnvConfig | dict[str, Any] | None = None):
         self.cfg = CodeEnvConfig.model_validate(cfg or {})
+        self.boundary = require_sandbox()  # refuses to start without a real sandbox
         self._executor = ThreadPoolExecutor(self.cfg.num_workers)
 
     def step(
@@ -94,21 +129,16 @@ class CodeEnvironment(EnvironmentInterface[CodeEnvMetadata]):
         **kwargs: Any,
     ) -> EnvironmentReturn[CodeEnvMetadata]:
         limits = self.cfg.limits()
-        codes = []
+        codes, tests = [], []
         for i, (log, meta) in enumerate(zip(message_log_batch, metadata, strict=True)):
-            tests = meta.get("tests")
-            if not tests or any("output" not in t and "assert" not in t for t in tests):
-                raise KeyError(
-                    f"sample {i}: metadata 'tests' must be a non-empty list of "
-                    "{'input', 'output'} or {'assert'} cases"
-                )
+            tests.append(_parse_tests(i, meta.get("tests")))
             last = log[-1]["content"] if log and log[-1]["role"] == "assistant" else ""
             codes.append(extract_code(last))
         jobs = {
             (i, j): self._executor.submit(_check, code, test, limits)
-            for i, (code, meta) in enumerate(zip(codes, metadata, strict=True))
+            for i, code in enumerate(codes)
             if code is not None
-            for j, test in enumerate(meta["tests"])
+            for j, test in enumerate(tests[i])
         }
         rewards, new_metadata, observations, answers = [], [], [], []
         for i, (code, meta) in enumerate(zip(codes, metadata, strict=True)):

@@ -1,91 +1,54 @@
-"""Run untrusted, model-written Python so that an escape attempt fails the program, not the host.
+"""Run untrusted, model-written Python behind a real boundary: bubblewrap, one sandbox per run.
 
-Layers, each enough on its own for the attempts it names, together defence in depth:
+Each run gets, from bubblewrap (``bwrap``, a Debian package) and the kernel:
 
-- a fresh process group in its own network namespace (no interfaces: sockets cannot
-  reach anything) when the host allows ``unshare``;
-- an unprivileged user id of its own (when started as root), so RLIMIT_NPROC applies
-  and a fork bomb runs out of processes, and root-only files stay closed;
-- rlimits: CPU seconds, address space (memory), file size (caps stdout/stderr, which go to
-  files, and anything written), open files, processes, no core dumps;
-- an audit hook installed before the program runs (``python -I -S``): opening, listing or
-  changing paths outside the sandbox directory (the standard library stays readable),
-  sockets, fork/exec/subprocess/kill, ctypes and frame/GC introspection raise
-  ``PermissionError``;
-- a wall-clock limit after which the whole process group is killed, and a temporary
-  directory (the program's cwd) removed afterwards.
+- new user, pid, network, ipc, uts and cgroup namespaces; no capabilities; no-new-privs; no
+  further user namespaces; a new terminal session; killed with its parent;
+- a mount namespace holding only the interpreter, its standard library and the system
+  libraries (read-only), a minimal ``/proc`` of its own processes and ``/dev`` (read-only),
+  and a private size-capped tmpfs, ``/box``, the only writable place (mode 0700, seen by
+  no other run); nothing of the host's ``/tmp``, ``/dev/shm``, ``/var/tmp`` or sockets;
+- a seccomp filter (built with libseccomp through ctypes: its Python binding is not in the
+  venv, and Debian's python3-seccomp serves only the system Python) that denies the
+  syscalls a Python program never needs and kernel exploits love (ptrace, mount, keyctl,
+  bpf, io_uring, ...);
+- rlimits, set by the harness before the sample runs, on CPU seconds, address space, file
+  size (stdin, stdout and stderr are memfds; output is capped), open files, core dumps and
+  processes (counted per user namespace, so per run); and a cgroup per run where the host
+  delegates one (``sandbox_cgroup``), joined by the run's pid 1 while bubblewrap holds it
+  (``--block-fd``), for the memory, process and CPU use of all its processes together;
+- when started as root, an unprivileged host uid of its own from a pool (``setpriv`` runs
+  bubblewrap as it); a uid goes back to the pool only once no process runs under it.
+
+The run is the harness (``code_harness``) as the namespace's pid 1, so killing it kills
+every process of the run, setsid daemons included; the sample's code, job and report pass
+through memfds, never through a host directory. If bubblewrap cannot build this here,
+``require_sandbox`` raises ``SandboxUnavailableError``: there is no weaker fallback.
 """
 
 import contextlib
-import ctypes
 import functools
+import json
+import marshal
 import os
-import resource
-import shutil
+import secrets
+import select
 import signal
-import stat
 import subprocess
-import sys
-import tempfile
-import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-_CLONE_NEWNET = 0x40000000
-# Unprivileged ids for sandboxes, one per concurrent run; processes sharing a host take
-# different 256-id blocks (by pid) so their runs rarely share a uid's process count.
-_UID_FIRST, _UID_BLOCKS, _UID_BLOCK = 61000, 16, 256
+from nemo_rl_core.environments import code_harness
+from nemo_rl_core.environments.code_harness import decode_plain
+from nemo_rl_core.environments.sandbox_cgroup import RunCgroup
+from nemo_rl_core.environments.sandbox_host import Boundary, SandboxUnavailableError, host_boundary
+from nemo_rl_core.environments.sandbox_uids import UidPool
 
-_GUARD = r"""
-import os, sys, sysconfig
-
-def _install(root, read_roots):
-    # Closure state only: the program cannot reach this function to rewrite it.
-    blocked = ("socket.", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
-               "os.system", "subprocess.", "os.kill", "os.setuid", "os.setsid", "ctypes.",
-               "gc.get_", "sys._current_frames", "resource.setrlimit", "pty.", "sys.setprofile",
-               "sys.settrace", "os.chroot")
-    blocked_imports = ("ctypes", "_ctypes", "_posixsubprocess", "_xxsubinterpreters", "gc")
-    path_events = {"os.listdir", "os.scandir", "os.remove", "os.rename", "os.rmdir", "os.mkdir",
-                   "os.chmod", "os.chown", "os.link", "os.symlink", "os.truncate", "os.utime",
-                   "os.chdir", "shutil.rmtree", "shutil.copyfile", "shutil.move"}
-    realpath, fsdecode, sep = os.path.realpath, os.fsdecode, os.sep
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT
-
-    def inside(path, roots):
-        if isinstance(path, int):
-            return True
-        real = realpath(fsdecode(path) if isinstance(path, bytes) else str(path))
-        return any(real == r or real.startswith(r + sep) for r in roots)
-
-    def guard(event, args):
-        if event.startswith(blocked):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "import" and args[0] in blocked_imports:
-            raise PermissionError(f"sandbox: import of {args[0]} is not allowed")
-        if event == "open":
-            path, mode, flags = args
-            writes = (mode and any(c in mode for c in "wax+")) or (flags or 0) & write_flags
-            if path is not None and not inside(path, (root,) if writes else (root,) + read_roots):
-                raise PermissionError(f"sandbox: open of {path!r} outside the sandbox is refused")
-        elif event in path_events:
-            listing = event in ("os.listdir", "os.scandir")
-            roots = (root,) + read_roots if listing else (root,)
-            for path in args:
-                if isinstance(path, (str, bytes, os.PathLike)) and not inside(path, roots):
-                    raise PermissionError(f"sandbox: {event} on {path!r} outside the sandbox is refused")
-        elif event == "object.__setattr__" and type(args[0]).__name__ in ("function", "code"):
-            raise PermissionError("sandbox: rewriting functions is not allowed")
-
-    sys.addaudithook(guard)
-
-_paths = sysconfig.get_paths()
-_install(os.path.realpath(sys.argv[1]),
-         tuple({os.path.realpath(_paths[k]) for k in ("stdlib", "platstdlib")}))
-del _install, _paths
-with open("solution.py") as _file:
-    _source = _file.read()
-exec(compile(_source, "solution.py", "exec"), {"__name__": "__main__"})
-"""
+BOX = "/box"
+_INSIDE_UID = 1000
+_HARNESS = Path(code_harness.__file__).read_text()
 
 
 @dataclass(frozen=True)
@@ -98,191 +61,303 @@ class SandboxLimits:
     output_bytes: int = 1 << 20
     max_processes: int = 16
     max_open_files: int = 64
+    box_mb: int = 16
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """One probe's plain value, or ``error`` saying why it has none."""
+
+    value: object = None
+    error: str = ""
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """What one run did; ``reason`` says why it failed ("" when it exited 0)."""
+    """What one run did; ``reason`` says why it failed ("" when it exited 0 and reported).
+
+    ``probes`` holds one outcome per probe in probe mode, in order, and is empty otherwise.
+    """
 
     exit_code: int | None
     stdout: str
     stderr: str
     reason: str
+    probes: tuple[ProbeOutcome, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.reason
 
 
-class _UidPool:
-    """Hands each concurrent run its own unprivileged uid (NPROC is counted per uid)."""
-
-    def __init__(self) -> None:
-        start = _UID_FIRST + (os.getpid() % _UID_BLOCKS) * _UID_BLOCK
-        self._free = list(range(start, start + _UID_BLOCK))
-        self._lock = threading.Lock()
-
-    def take(self) -> int:
-        with self._lock:
-            if not self._free:
-                raise RuntimeError("more concurrent sandboxes than sandbox uids")
-            return self._free.pop()
-
-    def give(self, uid: int) -> None:
-        with self._lock:
-            self._free.append(uid)
-
-
-_UIDS = _UidPool()
+_UIDS = UidPool()
 
 
 @functools.cache
-def network_namespace_available() -> bool:
-    """Whether this host lets a child enter an empty network namespace (probed once)."""
-    if os.geteuid() != 0:
-        return False
-    probe = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", "pass"],
-        preexec_fn=_enter_network_namespace,  # noqa: PLW1509
-        capture_output=True,
-    )
-    return probe.returncode == 0
+def require_sandbox() -> Boundary:
+    """The sandbox this host can build, checked by one real run; SandboxUnavailableError if none."""
+    return probe_boundary("bwrap")
 
 
-def _enter_network_namespace() -> None:
-    if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWNET) != 0:
-        os._exit(125)  # never run the program with the network it was meant to lack
-
-
-@functools.cache
-def sandbox_interpreter() -> tuple[str, bool]:
-    """(python executable, drop to an unprivileged uid) for sandboxed programs.
-
-    As root the program runs under a uid of its own, which needs an interpreter that
-    uid can reach: this one if its whole path is world-executable, else the system's.
-    """
-    if os.geteuid() != 0:
-        return sys.executable, False
-    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        if os.path.exists(candidate) and _world_reachable(os.path.realpath(candidate)):
-            return candidate, True
-    return sys.executable, False
-
-
-def _world_reachable(path: str) -> bool:
-    parts = path.split(os.sep)
-    dirs = [os.sep.join(parts[:i]) or os.sep for i in range(1, len(parts))]
-    if not all(os.stat(d).st_mode & stat.S_IXOTH for d in dirs):
-        return False
-    return bool(os.stat(path).st_mode & stat.S_IXOTH)
-
-
-def _limit_child(limits: SandboxLimits, uid: int | None, isolate_network: bool) -> None:
-    """Runs in the child between fork and exec: namespace, rlimits, then drop privileges."""
-    if isolate_network:
-        _enter_network_namespace()
-    cap = limits.output_bytes
-    memory = limits.memory_mb * 1024 * 1024
-    for limit, value in (
-        (resource.RLIMIT_CPU, (limits.cpu_time_s, limits.cpu_time_s + 1)),
-        (resource.RLIMIT_AS, (memory, memory)),
-        (resource.RLIMIT_FSIZE, (cap, cap)),
-        (resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)),
-        (resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes)),
-        (resource.RLIMIT_CORE, (0, 0)),
-    ):
-        resource.setrlimit(limit, value)
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-
-
-def run_sandboxed(code: str, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``code`` as a Python program fed ``stdin``; never raises for what the program does."""
-    limits = limits or SandboxLimits()
-    interpreter, drop_uid = sandbox_interpreter()
-    uid = _UIDS.take() if drop_uid else None
-    workdir = tempfile.mkdtemp(prefix="nemo_rl_sandbox_")
-    os.chmod(workdir, 0o711)  # the sandbox uid may pass through to its own directory
-    outdir = tempfile.mkdtemp(prefix="nemo_rl_sandbox_out_")  # outside the program's reach
+def probe_boundary(bwrap: str) -> Boundary:
+    """Build the boundary with the ``bwrap`` executable given and prove it runs a program."""
+    boundary = host_boundary(bwrap)
+    limits = SandboxLimits()
     try:
-        sandbox = os.path.join(workdir, "box")
-        os.mkdir(sandbox)
-        with open(os.path.join(sandbox, "solution.py"), "w") as handle:
-            handle.write(code)
-        if uid is not None:
-            os.chown(sandbox, uid, uid)
-            os.chown(os.path.join(sandbox, "solution.py"), uid, uid)
-        return _run(interpreter, sandbox, outdir, stdin, limits, uid)
+        result = _run(boundary, _job("print('sandbox ok')", None, limits, True), "", limits)
+    except (SandboxUnavailableError, OSError) as error:
+        result = SandboxResult(None, "", str(error), "it did not start")
+    if result.stdout.strip() != "sandbox ok":
+        raise SandboxUnavailableError(
+            f"bubblewrap ({boundary.bwrap}) could not start a sandbox here ({result.reason}): "
+            f"{result.stderr.strip()[-500:]!r}. It needs unprivileged user namespaces "
+            "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone = 1, and "
+            "no AppArmor/SELinux rule against them; in a container: a seccomp profile that "
+            "allows unshare/clone of namespaces). The code environment does not fall back."
+        )
+    return boundary
+
+
+def _job(
+    code: str, probes: Sequence[str] | None, limits: SandboxLimits, first_filter: bool
+) -> dict:
+    return {
+        "nonce": secrets.token_hex(16),
+        "source": code,
+        "probes": None if probes is None else list(probes),
+        "rlimits": {
+            "RLIMIT_CPU": [limits.cpu_time_s] * 2,
+            "RLIMIT_AS": [limits.memory_mb << 20] * 2,
+            "RLIMIT_FSIZE": [limits.output_bytes] * 2,
+            "RLIMIT_NOFILE": [limits.max_open_files] * 2,
+            "RLIMIT_NPROC": [limits.max_processes] * 2,
+            "RLIMIT_CORE": [0, 0],
+        },
+        "first_filter": first_filter,
+    }
+
+
+def run_sandboxed(
+    code: str,
+    stdin: str = "",
+    limits: SandboxLimits | None = None,
+    probes: Sequence[str] | None = None,
+    first_filter: bool = True,
+) -> SandboxResult:
+    """Run ``code`` in a fresh sandbox; never raises for what the program does.
+
+    Without ``probes`` the code runs as a program fed ``stdin``. With ``probes`` it runs as
+    a module and each probe expression is evaluated after it; their plain values come back
+    in ``SandboxResult.probes``. ``first_filter=False`` leaves out the audit-hook filter,
+    so tests can show that the boundary holds on its own.
+    """
+    limits = limits or SandboxLimits()
+    return _run(require_sandbox(), _job(code, probes, limits, first_filter), stdin, limits)
+
+
+def _run(boundary: Boundary, job: dict, stdin: str, limits: SandboxLimits) -> SandboxResult:
+    uid = _UIDS.take() if boundary.setpriv else None
+    cgroup = None
+    try:
+        if boundary.cgroups is not None:
+            cgroup = RunCgroup(boundary.cgroups, limits.memory_mb << 20, limits.max_processes)
+        return _spawn(boundary, job, stdin, limits, uid, cgroup)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(outdir, ignore_errors=True)
+        if cgroup is not None:
+            cgroup.remove()
         if uid is not None:
             _UIDS.give(uid)
 
 
-def _run(
-    interpreter: str,
-    sandbox: str,
-    outdir: str,
+def _memfd(name: str, data: bytes = b"") -> int:
+    fd = os.memfd_create(name)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _bwrap_command(
+    boundary: Boundary, limits: SandboxLimits, fds: dict[str, int], uid: int | None
+) -> list[str]:
+    # setpriv instead of Popen(user=...): that would fork this (often large) process
+    # rather than vfork it, ~10 ms per run with torch loaded
+    command = [] if uid is None else [
+        boundary.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
+    ]  # fmt: skip
+    command += [
+        boundary.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+        "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--clearenv",
+        "--uid", str(_INSIDE_UID), "--gid", str(_INSIDE_UID),
+    ]  # fmt: skip
+    for path in boundary.binds:
+        command += ["--ro-bind", path, path]
+    for link, target in boundary.links:
+        command += ["--symlink", target, link]
+    command += [
+        "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+        "--perms", "0700", "--size", str(limits.box_mb << 20), "--tmpfs", BOX,
+        "--remount-ro", "/", "--chdir", BOX,
+        "--setenv", "HOME", BOX, "--setenv", "TMPDIR", BOX, "--setenv", "LANG", "C.UTF-8",
+        "--seccomp", str(fds["seccomp"]), "--json-status-fd", str(fds["status"]),
+        "--block-fd", str(fds["block"]),
+        "--", boundary.interpreter, "-I", "-S", "-B", "-c", _HARNESS, str(fds["job"]), str(fds["result"]),
+    ]  # fmt: skip
+    return command
+
+
+def _spawn(
+    boundary: Boundary,
+    job: dict,
     stdin: str,
     limits: SandboxLimits,
     uid: int | None,
+    cgroup: RunCgroup | None,
 ) -> SandboxResult:
-    out_path, err_path = os.path.join(outdir, "stdout"), os.path.join(outdir, "stderr")
-    command = [interpreter, "-I", "-S", "-B", "-c", _GUARD, sandbox]
-    isolate = network_namespace_available()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            cwd=sandbox,
-            env={"PATH": "/usr/bin:/bin", "HOME": sandbox, "TMPDIR": sandbox, "LANG": "C.UTF-8"},
-            start_new_session=True,
-            preexec_fn=lambda: _limit_child(limits, uid, isolate),  # noqa: PLW1509
-        )
-        reason = ""
+    with contextlib.ExitStack() as stack:
+        fds = {
+            "job": _memfd("job", marshal.dumps(job)),
+            "result": _memfd("result"),
+            "stdin": _memfd("stdin", stdin.encode()),
+            "stdout": _memfd("stdout"),
+            "stderr": _memfd("stderr"),
+            "seccomp": _memfd("seccomp", boundary.seccomp_filter),
+        }
+        for fd in fds.values():
+            stack.callback(os.close, fd)
+        status_read, status = os.pipe()  # bubblewrap reports its child's pid here
+        block, unblock = os.pipe()  # and waits on this before it runs the harness
+        stack.callback(os.close, status_read)
+        stack.callback(os.close, unblock)
+        start = time.monotonic()
         try:
-            process.communicate(stdin.encode(), timeout=limits.wall_time_s)
-        except subprocess.TimeoutExpired:
-            reason = f"wall time limit of {limits.wall_time_s:g}s exceeded"
-        except (BrokenPipeError, OSError):
-            pass  # the program exited without reading its input
+            process = subprocess.Popen(
+                _bwrap_command(boundary, limits, {**fds, "status": status, "block": block}, uid),
+                stdin=fds["stdin"],
+                stdout=fds["stdout"],
+                stderr=fds["stderr"],
+                pass_fds=(fds["job"], fds["result"], fds["seccomp"], status, block),
+                env={},
+                start_new_session=True,
+            )
         finally:
-            _kill_group(process)
-    code = process.returncode
-    # Python ignores SIGXFSZ, so a capped write shows up as a full file and an OSError.
-    capped = max(os.path.getsize(out_path), os.path.getsize(err_path)) >= limits.output_bytes
+            os.close(status)  # bubblewrap holds the only copies of these two now
+            os.close(block)
+        monitor = os.pidfd_open(process.pid)
+        stack.callback(os.close, monitor)
+        init = None
+        try:
+            pid, init = _namespace_init(status_read, start + limits.wall_time_s)
+            if cgroup is not None:
+                cgroup.add(pid)  # before it runs: all it starts is born inside
+            os.write(unblock, b"x")
+            remaining = start + limits.wall_time_s - time.monotonic()
+            exited = _readable(monitor, remaining)
+        except SandboxUnavailableError as error:
+            _kill_namespace(process, init)
+            stderr = _read(fds["stderr"], 2000).strip()
+            raise SandboxUnavailableError(
+                f"{error} (exit code {process.returncode}): {stderr!r}"
+            ) from None
+        _kill_namespace(process, init)
+        reason = "" if exited else f"wall time limit of {limits.wall_time_s:g}s exceeded"
+        return _result(process.returncode, reason, job, fds, limits)
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Whether ``fd`` becomes readable within ``timeout_s`` (poll: fds past 1024 work too)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, int(timeout_s * 1000))))
+
+
+def _namespace_init(status_read: int, deadline: float) -> tuple[int, int]:
+    """The host pid of the run's pid 1 and a pidfd to kill it by, from bubblewrap's status.
+
+    Bubblewrap reports the pid, then blocks until unblocked, so the pid is still ours here.
+    """
+    data = b""
+    while b"\n" not in data:
+        if not _readable(status_read, deadline - time.monotonic()):
+            raise SandboxUnavailableError("bubblewrap did not start the sandbox in time")
+        chunk = os.read(status_read, 4096)
+        if not chunk:
+            raise SandboxUnavailableError("bubblewrap did not start the sandbox")
+        data += chunk
+    pid = json.loads(data.split(b"\n", 1)[0])["child-pid"]
+    try:
+        return pid, os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise SandboxUnavailableError("bubblewrap's sandbox died before it ran") from None
+
+
+def _kill_namespace(process: subprocess.Popen, init: int | None) -> None:
+    """SIGKILL the namespace's pid 1, which takes every process of the run with it."""
+    if init is not None:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(init, signal.SIGKILL)
+        os.close(init)
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()  # --die-with-parent takes the namespace down with bubblewrap
+        process.wait()
+
+
+def _result(
+    code: int | None, reason: str, job: dict, fds: dict[str, int], limits: SandboxLimits
+) -> SandboxResult:
+    stdout, stderr = (_read(fds[name], limits.output_bytes) for name in ("stdout", "stderr"))
+    capped = (
+        max(os.fstat(fds["stdout"]).st_size, os.fstat(fds["stderr"]).st_size) >= limits.output_bytes
+    )
+    probes: tuple[ProbeOutcome, ...] = ()
     if not reason and capped:
         reason = f"output limit of {limits.output_bytes} bytes exceeded"
-    elif not reason and code is not None and code < 0:
-        reason = _signal_reason(-code, limits)
-    elif not reason and code == 125 and isolate:
-        reason = "could not enter an isolated network namespace"
+    elif not reason and code is not None and code > 128 and code - 128 in signal.valid_signals():
+        reason = _signal_reason(code - 128, limits)
     elif not reason and code != 0:
         reason = f"exited with code {code}"
-    return SandboxResult(
-        code, _read_capped(out_path, limits), _read_capped(err_path, limits), reason
-    )
+    elif not reason and job["probes"] is not None:
+        try:
+            probes = _read_report(fds["result"], job, limits)
+        except ValueError as error:
+            reason = str(error)
+    return SandboxResult(code, stdout, stderr, reason, probes)
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+def _read_report(fd: int, job: dict, limits: SandboxLimits) -> tuple[ProbeOutcome, ...]:
+    """The harness's report, checked: this run's nonce, one plain outcome per probe."""
+    data = os.pread(fd, limits.output_bytes, 0)
+    nonce, _, body = data.partition(b"\n")
+    if not data:
+        raise ValueError("the program ended before the harness reported (an early exit?)")
+    if nonce != job["nonce"].encode():
+        raise ValueError("the harness's report does not carry this run's nonce")
+    try:
+        results = json.loads(body)["results"]
+        if type(results) is not list or len(results) != len(job["probes"]):
+            raise ValueError("wrong number of results")
+        outcomes = []
+        for entry in results:
+            if type(entry) is dict and set(entry) == {"error"} and type(entry["error"]) is str:
+                outcomes.append(ProbeOutcome(error=entry["error"]))
+            elif type(entry) is dict and set(entry) == {"value"}:
+                outcomes.append(ProbeOutcome(value=decode_plain(entry["value"])))
+            else:
+                raise ValueError(f"malformed result {str(entry)[:100]}")
+        return tuple(outcomes)
+    except (ValueError, TypeError, KeyError, RecursionError) as error:  # a forged report
+        raise ValueError(f"the harness's report is not plain JSON: {error}") from None
+
+
+def _read(fd: int, limit: int) -> str:
+    return os.pread(fd, limit, 0).decode("utf-8", errors="replace")
 
 
 def _signal_reason(signum: int, limits: SandboxLimits) -> str:
+    name = signal.Signals(signum).name
     if signum == signal.SIGXFSZ:
         return f"output limit of {limits.output_bytes} bytes exceeded"
     if signum in (signal.SIGXCPU, signal.SIGKILL):
-        return f"killed by {signal.Signals(signum).name} (CPU limit {limits.cpu_time_s}s or memory)"
-    return f"killed by {signal.Signals(signum).name}"
-
-
-def _read_capped(path: str, limits: SandboxLimits) -> str:
-    with open(path, "rb") as handle:
-        return handle.read(limits.output_bytes).decode("utf-8", errors="replace")
+        return f"killed by {name} (CPU limit {limits.cpu_time_s}s or memory)"
+    return f"killed by {name}"

@@ -1,119 +1,105 @@
-"""CodeEnvironment: correct solutions pass; every escape attempt fails its sample only."""
+"""CodeEnvironment: correct solutions pass; limits hold; the environment refuses to start
+without a real sandbox."""
 
 import os
+import resource
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from sandbox_attacks import answer
 
-from nemo_rl_core.environments.code_environment import extract_code
+from nemo_rl_core.environments.code_environment import CodeEnvironment, extract_code
 from nemo_rl_core.environments.code_sandbox import (
-    _UID_BLOCK,
-    _UID_BLOCKS,
-    _UID_FIRST,
     SandboxLimits,
-    _enter_network_namespace,
-    network_namespace_available,
+    SandboxUnavailableError,
+    probe_boundary,
+    require_sandbox,
     run_sandboxed,
 )
-from nemo_rl_core.environments.utils import create_env
+from nemo_rl_core.environments.sandbox_uids import SANDBOX_UIDS, live_processes
 
 REVERSE_TESTS = [{"input": "abc\n", "output": "cba"}, {"input": "hello\n", "output": "olleh"}]
+ADD_TESTS = [{"assert": "assert add(2, 3) == 5"}, {"assert": "assert add(-1, 1) == 0"}]
 
 
-def _answer(code: str) -> list[dict]:
-    return [
-        {"role": "user", "content": "Write the program."},
-        {"role": "assistant", "content": f"Here it is:\n```python\n{code}\n```\n"},
-    ]
+def sandbox_processes() -> list[int]:
+    """Live processes owned by any sandbox uid right now."""
+    return [pid for uid in SANDBOX_UIDS for pid in live_processes(uid)] if os.geteuid() == 0 else []
 
 
-def _sandbox_processes() -> list[int]:
-    """Processes owned by sandbox uids right now."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if _UID_FIRST <= entry.stat().st_uid < _UID_FIRST + _UID_BLOCKS * _UID_BLOCK:
-                    pids.append(int(entry.name))
-            except FileNotFoundError:
-                pass
-    return pids
-
-
-@pytest.fixture(scope="module")
-def env():
-    environment = create_env(
-        "code",
-        {
-            "num_workers": 2,
-            "wall_time_limit_s": 4,
-            "cpu_time_limit_s": 2,
-            "memory_limit_mb": 256,
-            "output_limit_bytes": 4096,
-        },
-    )
-    yield environment
-    environment.shutdown()
-
-
-def _step(env, code: str, tests=None):
-    result = env.step([_answer(code)], [{"tests": tests or REVERSE_TESTS}])
+def step(env, code: str, tests=None):
+    result = env.step([answer(code)], [{"tests": tests or REVERSE_TESTS}])
     return result.rewards.item(), result.metadata[0]
 
 
-def test_correct_solutions_pass(env):
-    reward, meta = _step(env, "print(input()[::-1])")
+def test_correct_solutions_pass(code_env):
+    reward, meta = step(code_env, "print(input()[::-1])")
     assert reward == 1.0 and meta["tests_passed"] == 2
-    asserts = [{"assert": "assert add(2, 3) == 5"}, {"assert": "assert add(-1, 1) == 0"}]
-    assert _step(env, "def add(a, b):\n    return a + b", asserts)[0] == 1.0
+    assert step(code_env, "def add(a, b):\n    return a + b", ADD_TESTS)[0] == 1.0
     stdlib = "import json, re, collections, itertools, math\nprint(json.dumps(sorted('cba'))[2])"
-    assert _step(env, stdlib, [{"input": "", "output": "a"}])[0] == 1.0
+    assert step(code_env, stdlib, [{"input": "", "output": "a"}])[0] == 1.0
+    unicode = "print('héllo ✓')"
+    assert step(code_env, unicode, [{"input": "", "output": "héllo ✓"}])[0] == 1.0
 
 
-def test_wrong_or_missing_code_fails(env):
-    reward, meta = _step(env, "print(input())")
+def test_assert_tests_compare_typed_values_in_the_parent(code_env):
+    tests = [
+        {"assert": "assert pair(1) == (1, 2)"},
+        {"assert": "import math\nassert math.isclose(half(1), 0.5, rel_tol=1e-9)"},
+        {"assert": "assert sorted(keys({'b': 1, 'a': 2})) == ['a', 'b']"},
+    ]
+    good = "def pair(x): return (x, x + 1)\ndef half(x): return x / 2\ndef keys(d): return list(d)"
+    assert step(code_env, good, tests)[0] == 1.0
+    # a list is not the tuple the assert expects, exactly as in plain Python
+    reward, meta = step(code_env, good.replace("(x, x + 1)", "[x, x + 1]"), tests)
+    assert reward == 0.0 and meta["tests_passed"] == 2
+    assert "test 0: assertion failed: pair(1) == (1, 2)" in meta["reward_reason"]
+
+
+def test_wrong_or_missing_code_fails(code_env):
+    reward, meta = step(code_env, "print(input())")
     assert reward == 0.0 and meta["tests_passed"] == 0 and "wrong output" in meta["reward_reason"]
-    result = env.step(
+    result = code_env.step(
         [[{"role": "assistant", "content": "no code here"}]], [{"tests": REVERSE_TESTS}]
     )
     assert result.rewards.item() == 0.0
     assert "no fenced code block" in result.metadata[0]["reward_reason"]
+    reward, meta = step(code_env, "def add(a, b):\n    return a * b + 1", ADD_TESTS)
+    assert reward == 0.0 and meta["tests_passed"] == 1
 
 
-def test_reading_files_outside_the_sandbox_fails(env, tmp_path):
+def test_host_files_are_out_of_reach(code_env, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET-VALUE")
+    keep = tmp_path / "keep.txt"
+    keep.write_text("keep me")
     for code in (
         f"print(open({str(secret)!r}).read())",
         "print(open('/etc/passwd').read())",
         f"import os\nos.symlink({str(secret)!r}, 'link')\nprint(open('link').read())",
-        "import os\nprint(os.listdir('/'))",
+        f"open({str(tmp_path / 'pwned.txt')!r}, 'w').write('x')\nprint('TOP-SECRET-VALUE')",
+        f"import os\nos.remove({str(keep)!r})\nprint('TOP-SECRET-VALUE')",
+        f"import shutil\nshutil.rmtree({str(tmp_path)!r})\nprint('TOP-SECRET-VALUE')",
     ):
-        reward, meta = _step(env, code, [{"input": "", "output": "TOP-SECRET-VALUE"}])
+        reward, meta = step(code_env, code, [{"input": "", "output": "TOP-SECRET-VALUE"}])
         assert reward == 0.0, code
         assert "TOP-SECRET-VALUE" not in meta["reward_reason"]
-        assert "outside the sandbox" in meta["reward_reason"], meta["reward_reason"]
+        assert "FileNotFoundError" in meta["reward_reason"], meta["reward_reason"]
+    assert keep.read_text() == "keep me" and not (tmp_path / "pwned.txt").exists()
 
 
-def test_writing_or_deleting_outside_the_sandbox_fails_and_host_is_untouched(env, tmp_path):
-    keep = tmp_path / "keep.txt"
-    keep.write_text("keep me")
-    target = tmp_path / "pwned.txt"
-    for code in (
-        f"open({str(target)!r}, 'w').write('x')\nprint('done')",
-        f"import os\nos.remove({str(keep)!r})\nprint('done')",
-        f"import shutil\nshutil.rmtree({str(tmp_path)!r})\nprint('done')",
-    ):
-        assert _step(env, code, [{"input": "", "output": "done"}])[0] == 0.0, code
-    assert keep.read_text() == "keep me"
-    assert not target.exists()
+def test_the_sandbox_sees_only_the_interpreter_and_its_box():
+    code = "import os\nprint(sorted(os.listdir('/')), os.listdir('/box'), os.getcwd())"
+    result = run_sandboxed(code)
+    assert result.ok, result
+    assert result.stdout.split("]")[0] + "]" == str(
+        sorted(["box", "dev", "lib", "lib64", "proc", "usr"])
+    )
+    assert result.stdout.strip().endswith("[] /box")
 
 
-def test_network_access_fails_and_reaches_nothing(env):
+def test_network_access_fails_and_reaches_nothing(code_env):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -125,7 +111,7 @@ def test_network_access_fails_and_reaches_nothing(env):
             f"s = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
             "s.sendall(b'hi')\nprint('connected')"
         )
-        reward, meta = _step(env, code, [{"input": "", "output": "connected"}])
+        reward, meta = step(code_env, code, [{"input": "", "output": "connected"}])
         assert reward == 0.0 and "socket" in meta["reward_reason"]
         with pytest.raises(TimeoutError):
             server.accept()
@@ -133,29 +119,37 @@ def test_network_access_fails_and_reaches_nothing(env):
         server.close()
 
 
-def test_fork_bombs_fail_and_leave_no_processes(env):
-    before = _sandbox_processes()
+def test_fork_bombs_fail_and_leave_no_processes(code_env):
+    before = sandbox_processes()
     for code in (
         "import os\nwhile True:\n    os.fork()",
         "import multiprocessing as mp\nps = [mp.Process(target=print) for _ in range(500)]\n"
         "[p.start() for p in ps]\nprint('done')",
         "import subprocess\nsubprocess.run(['sh', '-c', ':(){ :|:& };:'])\nprint('done')",
         "import os\nos.system('sleep 100 &')\nprint('done')",
+        "import threading, time\n"
+        "ts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range(100)]\n"
+        "[t.start() for t in ts]\nprint('done')",
     ):
-        assert _step(env, code, [{"input": "", "output": "done"}])[0] == 0.0, code
-    assert _sandbox_processes() == before == []
+        assert step(code_env, code, [{"input": "", "output": "done"}])[0] == 0.0, code
+    assert sandbox_processes() == before == []
 
 
-def test_huge_output_hang_and_memory_fail(env):
+def test_huge_output_hang_and_memory_fail(code_env):
     start = time.monotonic()
-    reward, meta = _step(env, "while True:\n    print('x' * 1000)", [{"input": "", "output": ""}])
+    reward, meta = step(
+        code_env, "while True:\n    print('x' * 1000)", [{"input": "", "output": ""}]
+    )
     assert reward == 0.0 and "output limit of 4096 bytes" in meta["reward_reason"]
-    reward, meta = _step(env, "import time\ntime.sleep(60)", [{"input": "", "output": ""}])
+    reward, meta = step(code_env, "import time\ntime.sleep(60)", [{"input": "", "output": ""}])
     assert reward == 0.0 and "wall time limit" in meta["reward_reason"]
-    reward, meta = _step(
-        env, "x = bytearray(1 << 30)\nprint(len(x))", [{"input": "", "output": ""}]
+    reward, meta = step(
+        code_env, "x = bytearray(1 << 30)\nprint(len(x))", [{"input": "", "output": ""}]
     )
     assert reward == 0.0 and "MemoryError" in meta["reward_reason"]
+    write = "with open('big', 'wb') as f:\n    f.write(b'x' * 8192)\nprint(1)"
+    reward, meta = step(code_env, write, [{"input": "", "output": "1"}])
+    assert reward == 0.0 and "File too large" in meta["reward_reason"]
     assert time.monotonic() - start < 30
 
 
@@ -167,17 +161,25 @@ def test_cpu_time_limit_kills_a_busy_loop():
     assert time.monotonic() - start < 30
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="uid drop and process limit apply when run as root")
 def test_program_runs_unprivileged_with_limits():
-    code = "import os, resource\nprint(os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC)[0])"
-    result = run_sandboxed(code, "", SandboxLimits(max_processes=7))
-    uid, nproc = map(int, result.stdout.split())
-    assert result.ok and uid != 0 and nproc == 7
+    code = (
+        "import os, resource\n"
+        "print(os.getuid(), resource.getrlimit(resource.RLIMIT_NPROC)[0], "
+        "resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)\n"
+        "status = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+        "print(status['CapEff'].strip(), status['NoNewPrivs'].strip(), status['Seccomp'].strip())"
+    )
+    result = run_sandboxed(code, "", SandboxLimits(max_processes=7, memory_mb=300))
+    assert result.ok, result
+    ids, security = result.stdout.splitlines()
+    assert ids.split() == ["1000", "7", "300"]
+    # no capabilities, no-new-privs set (setuid binaries gain nothing), seccomp filtering
+    assert security.split() == ["0000000000000000", "1", "2"]
 
 
-def test_a_batch_with_attacks_still_scores_the_good_samples(env):
+def test_a_batch_with_attacks_still_scores_the_good_samples(code_env):
     codes = ["print(input()[::-1])", "import os\nwhile True: os.fork()", "print(input()[::-1])"]
-    result = env.step([_answer(c) for c in codes], [{"tests": REVERSE_TESTS}] * 3)
+    result = code_env.step([answer(c) for c in codes], [{"tests": REVERSE_TESTS}] * 3)
     assert result.rewards.tolist() == [1.0, 0.0, 1.0]
 
 
@@ -188,28 +190,49 @@ def test_extract_code_takes_the_last_block():
     assert extract_code("none") is None
 
 
-def test_bad_tests_metadata_names_the_sample(env):
+def test_bad_tests_metadata_names_the_sample(code_env):
     with pytest.raises(KeyError, match="sample 0"):
-        env.step([_answer("print(1)")], [{"tests": [{"input": "x"}]}])
-
-
-@pytest.mark.skipif(not network_namespace_available(), reason="host cannot unshare a netns")
-def test_network_namespace_alone_reaches_nothing():
-    """The OS layer under the audit hook: a plain child in the namespace cannot connect."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.5)
-    code = f"import socket; socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), 2)"
-    try:
-        child = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", code],
-            preexec_fn=_enter_network_namespace,
-            capture_output=True,
-            text=True,
+        code_env.step([answer("print(1)")], [{"tests": [{"input": "x"}]}])
+    with pytest.raises(ValueError, match="sample 0, test 1: the 'assert' test compares"):
+        code_env.step(
+            [answer("print(1)")],
+            [
+                {
+                    "tests": [
+                        {"assert": "assert f(1) == 1"},
+                        {"assert": "assert all(f(i) == i for i in [1])"},
+                    ]
+                }
+            ],
         )
-        assert child.returncode != 0 and "Error" in child.stderr
-        with pytest.raises(TimeoutError):
-            server.accept()
+
+
+def test_refuses_to_start_without_bubblewrap(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap anywhere on it
+    require_sandbox.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
+            CodeEnvironment({})
     finally:
-        server.close()
+        monkeypatch.undo()
+        require_sandbox.cache_clear()
+    assert require_sandbox().bwrap.endswith("bwrap")
+
+
+def test_refuses_when_bubblewrap_cannot_build_the_sandbox():
+    """A bwrap that cannot create namespaces (here: one that only fails) is refused, loudly."""
+    with pytest.raises(SandboxUnavailableError, match="user namespaces"):
+        probe_boundary("false")
+
+
+def test_runs_from_a_process_with_over_a_thousand_open_files():
+    """A training process holds many descriptors: select() would fail past 1024, poll() works."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), max(hard, 2048)))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert run_sandboxed("print(input()[::-1])", "abc\n").stdout == "cba\n"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
