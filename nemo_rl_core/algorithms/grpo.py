@@ -501,6 +501,8 @@ def generate_one_turn(
     batch, _, metrics = generate_responses(
         generation, generation_input, batch, tokenizer, input_lengths, greedy=greedy
     )
+    # NeMo RL's one-turn rollouts go through its multi-turn loop, which reports this name.
+    metrics["mean_gen_tokens_per_sample"] = metrics["mean_generation_length"]
     return batch, metrics
 
 
@@ -788,7 +790,7 @@ def train_policy(
         raise FloatingPointError(f"iteration {iteration}: {err}") from err
     finally:
         policy.finish_training()
-    metrics = {k: _scalar(v) for k, v in results.items() if _scalar(v) is not None}
+    metrics = merge_step_metrics(results)
     bad = [
         k
         for k in ("loss", "grad_norm")
@@ -799,9 +801,34 @@ def train_policy(
     return metrics
 
 
-def _scalar(value: Any) -> float | None:
-    if isinstance(value, bool | int | float):
-        return float(value)
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value)
-    return None
+# Settings and counts every microbatch repeats: NeMo RL logs their mean.
+_REPEATED_METRICS = frozenset({"lr", "wd", "global_valid_seqs", "global_valid_toks"})
+
+
+def merge_step_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """One number per metric of a training step, reduced over its microbatches as NeMo RL's
+    ``grpo_train`` does: the loss's metrics are shares of the global batch's (normalised
+    by its valid tokens or sequences), so they add up; ``*_min``/``*_max`` take the
+    extreme of the finite values (-1 if none: every microbatch was empty); settings and
+    counts each microbatch repeats take the mean."""
+    per_microbatch = {
+        "loss": results["loss"],
+        "grad_norm": results["grad_norm"],
+        **results.get("all_mb_metrics", {}),
+    }
+    merged: dict[str, float] = {}
+    for key, values in per_microbatch.items():
+        flat = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        if flat.numel() == 0:
+            continue
+        if key.endswith(("_min", "_max")):
+            finite = flat[torch.isfinite(flat)]
+            if finite.numel() == 0:
+                merged[key] = -1.0
+            else:
+                merged[key] = float(finite.min() if key.endswith("_min") else finite.max())
+        elif key in _REPEATED_METRICS:
+            merged[key] = float(flat.mean())
+        else:
+            merged[key] = float(flat.sum())
+    return merged
