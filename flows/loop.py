@@ -92,7 +92,7 @@ def run_iterations(
         iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run)
         history = []
         remade: list[str] = []
-        metrics_log = Logger(config.logger, run_name=run.run_id)
+        metrics_log = Logger(config.logger, run.run_id)
         try:
             with IterationReports(pipeline, run, iterations) as reports:
                 for iteration in iterations:
