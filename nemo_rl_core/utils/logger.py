@@ -16,6 +16,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import threading
 import time
@@ -239,12 +240,17 @@ class MLflowBackend:
     def log_metrics(self, scalars: dict[str, float], step: int, step_metric: str | None) -> None:
         now = int(time.time() * 1000)
         metrics = [
-            self._metric(name, value, now, step)
+            self._metric(self._name(name), value, now, step)
             for name, value in scalars.items()
             if math.isfinite(value)
         ]
         for start in range(0, len(metrics), 1000):  # MLflow's batch limit
             self.client.log_batch(self.mlflow_run_id, metrics=metrics[start : start + 1000])
+
+    @staticmethod
+    def _name(metric: str) -> str:
+        """MLflow allows letters, digits and ``_-. :/`` in a name: ``pass@4`` -> ``pass_4``."""
+        return re.sub(r"[^\w\-. :/]", "_", metric)
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         """Once per MLflow run: its params cannot change, and a resumed run may change some."""

@@ -73,6 +73,7 @@ def test_mlflow_local_store_reads_back_and_a_resume_continues_the_run(tmp_path, 
     log_two_steps(config)
     resumed = Logger(config, RUN)  # a later flow run of the same run
     resumed.log_metrics({"loss": 0.125}, 3, prefix="train")
+    resumed.log_metrics({"pass@4": 0.75}, 3, prefix="validation")
     resumed.close()
     store_uri = uri or f"sqlite:///{tmp_path / RUN / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
@@ -82,6 +83,7 @@ def test_mlflow_local_store_reads_back_and_a_resume_continues_the_run(tmp_path, 
     assert run["tags.nemo_rl_core.run_id"] == RUN and run["tags.mlflow.runName"] == RUN
     assert run["metrics.train/loss"] == 0.125  # the latest value
     assert run["params.grpo.num_prompts_per_step"] == "4"
+    assert run["metrics.validation/pass_4"] == 0.75  # '@' is not allowed in MLflow names
     history = mlflow.MlflowClient(tracking_uri=store_uri)
     steps = [(m.step, m.value) for m in history.get_metric_history(run["run_id"], "train/loss")]
     assert sorted(steps) == [(1, 0.5), (2, 0.25), (3, 0.125)]
