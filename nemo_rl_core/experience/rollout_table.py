@@ -115,7 +115,7 @@ def format_samples(table: pa.Table, count: int, width: int = 400) -> str:
     texts longer than ``width`` characters are cut."""
 
     def cut(text: str | None) -> str:
-        text = (text or "").strip()
+        text = " ".join((text or "").split())  # one line each: chat templates hold newlines
         return text if len(text) <= width else text[:width] + " ..."
 
     blocks = []
