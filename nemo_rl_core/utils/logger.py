@@ -248,15 +248,18 @@ class MLflowBackend:
             self.client.log_batch(self.mlflow_run_id, metrics=metrics[start : start + 1000])
 
     @staticmethod
-    def _name(metric: str) -> str:
-        """MLflow allows letters, digits and ``_-. :/`` in a name: ``pass@4`` -> ``pass_4``."""
-        return re.sub(r"[^\w\-. :/]", "_", metric)
+    def _name(key: str) -> str:
+        """MLflow allows letters, digits and ``_-. :/`` in a metric or param name:
+        ``pass@4`` -> ``pass_4``."""
+        return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", key)
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         """Once per MLflow run: its params cannot change, and a resumed run may change some."""
         if self.continued:
             return
-        flat = [self._param(k, str(v)[:6000]) for k, v in _flatten_params(params).items()]
+        flat = [
+            self._param(self._name(k), str(v)[:6000]) for k, v in _flatten_params(params).items()
+        ]
         for start in range(0, len(flat), 100):  # MLflow's batch limit
             self.client.log_batch(self.mlflow_run_id, params=flat[start : start + 100])
 
@@ -271,6 +274,7 @@ class WandbBackend:
     def __init__(self, config: WandbConfig, run_dir: Path, run_id: str) -> None:
         import wandb
 
+        self._wandb = wandb
         self.run = wandb.init(
             project=config.project,
             entity=config.entity,
@@ -296,6 +300,9 @@ class WandbBackend:
 
     def close(self) -> None:
         self.run.finish()
+        # finish() may return before W&B's service has written the run file (seen on
+        # wandb 0.31 offline); shutting the service down waits for it.
+        self._wandb.teardown()
 
 
 def _flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -12,7 +12,13 @@ import pytest
 from pydantic import BaseModel
 
 from nemo_rl_core.utils.gpu_monitor import GpuMonitor, host_memory, parse_nvidia_smi
-from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support
+from nemo_rl_core.utils.key_support import (
+    Machine,
+    UnsupportedConfigError,
+    Wired,
+    check_support,
+    resolve_reader,
+)
 from nemo_rl_core.utils.key_support import declared_keys as walk_keys
 from nemo_rl_core.utils.logger import Logger, LoggerConfig
 
@@ -171,6 +177,9 @@ def test_every_logger_key_carries_a_rule():
     assert leaves and all(key.rule is not None for key in leaves), [
         key.key for key in leaves if key.rule is None
     ]
+    for key in leaves:
+        if isinstance(key.rule, Wired):
+            assert callable(resolve_reader(key.rule.by)), key.key
 
 
 def test_nvidia_smi_listing_parses_into_nemo_rl_names():
