@@ -723,6 +723,27 @@ def compute_advantages(
         **metrics,
         "mean_baseline": float(baseline.mean()),
         "mean_reward_std": float(std.mean()),
+        **advantage_metrics(train_data, baseline),
+    }
+
+
+def advantage_metrics(train_data: BatchedDataDict, baseline: torch.Tensor) -> dict[str, float]:
+    """NeMo RL's per-step view of the advantages (over response tokens), of the groups'
+    baselines (the share, in percent, of samples whose group always or never scored 1)
+    and of the tokens in the batch (prompts and responses)."""
+    response = train_data["advantages"][train_data["token_mask"].bool()].float()
+    pct_0 = 100 * float((baseline == 0).float().mean())
+    pct_1 = 100 * float((baseline == 1).float().mean())
+    empty = response.numel() == 0
+    return {
+        "advantages/mean": 0.0 if empty else float(response.mean()),
+        "advantages/max": 0.0 if empty else float(response.max()),
+        "advantages/min": 0.0 if empty else float(response.min()),
+        "advantages/sum": float(response.sum()),
+        "baseline_reward/pct_0": pct_0,
+        "baseline_reward/pct_1": pct_1,
+        "baseline_reward/pct_mixed": 100 - pct_0 - pct_1,
+        "total_num_tokens": float(train_data["input_lengths"].sum()),
     }
 
 

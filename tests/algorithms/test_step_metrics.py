@@ -9,12 +9,14 @@ from test_forward_shortcuts import CONFIG, rollouts
 from transformers import AutoTokenizer
 
 from nemo_rl_core.algorithms.grpo import (
+    advantage_metrics,
     build_loss_fn,
     compute_advantages,
     compute_logprobs,
     load_master_config,
     merge_step_metrics,
 )
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy import make_policy
 
 
@@ -78,3 +80,24 @@ def test_merged_metrics_do_not_depend_on_the_microbatch_size(tiny_model_dir):
         assert four[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     assert one["kl_penalty"] > 0 and one["probs_ratio_clamped_fraction"] > 0
     assert one["num_valid_samples"] == 16
+
+
+def test_advantage_metrics_hand_values():
+    data = BatchedDataDict(
+        advantages=torch.tensor([[9.0, 1.0, -1.0], [9.0, 0.5, 9.0]]),
+        token_mask=torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]]),  # prompt/padding: 9
+        input_lengths=torch.tensor([3, 2]),
+    )
+    baseline = torch.tensor([0.0, 0.0, 1.0, 0.5])
+    assert advantage_metrics(data, baseline) == pytest.approx(
+        {
+            "advantages/mean": 0.5 / 3,
+            "advantages/max": 1.0,
+            "advantages/min": -1.0,
+            "advantages/sum": 0.5,
+            "baseline_reward/pct_0": 50.0,
+            "baseline_reward/pct_1": 25.0,
+            "baseline_reward/pct_mixed": 25.0,
+            "total_num_tokens": 5.0,
+        }
+    )

@@ -59,6 +59,9 @@ def test_metrics_jsonl_holds_nemo_rl_metrics_with_the_run_id(observed):
             "train/approx_entropy",
             "train/token_mult_prob_error",
             "train/mean_gen_tokens_per_sample",
+            "train/advantages/mean",
+            "train/baseline_reward/pct_mixed",
+            "train/total_num_tokens",
         ):
             assert key in record, key
     validation = sorted(r["step"] for r in records if "validation/accuracy" in r)
