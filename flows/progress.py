@@ -16,6 +16,7 @@ import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Self
 
+import pyarrow as pa
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
@@ -134,7 +135,9 @@ class IterationReports:
         )
         update_progress_artifact(self.progress_id, progress=100.0 * (iteration + 1) / self.total)
 
-    def _table(self, stages: dict[str, Any], stage: str, iteration: int, folder: str) -> Any:
+    def _table(
+        self, stages: dict[str, Any], stage: str, iteration: int, folder: str
+    ) -> pa.Table | None:
         """The stage's batch as a readable table, written to ``<folder>/iter_N.parquet``."""
         entry = _final_round(stages, stage)
         if entry is None:
