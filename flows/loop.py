@@ -1,6 +1,8 @@
 """What every training flow is: open the run, hold its lease, plan the iterations, run each
 one's due stages in their declared order (re-making a damaged input on the way), then
-report its metrics and progress; warm objects are closed when the flow run ends."""
+report it (``flows.progress``: a terminal line, the loggers, readable rollouts, Prefect
+artifacts; a summary and the curves at the end); warm objects are closed when the flow
+run ends."""
 
 from collections.abc import Callable
 from typing import Any
@@ -8,13 +10,12 @@ from typing import Any
 from prefect import Flow, flow
 
 from flows.lease import hold_lease
-from flows.report import IterationReports
+from flows.progress import IterationReports
 from flows.run_setup import lease_owner, open_run, plan_iterations
 from nemo_rl_core.pipeline.context import PREVIOUS, DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.spec import Pipeline, round_name
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from nemo_rl_core.utils.logger import Logger
 from tasks.stage import stage, stage_logger
 
 
@@ -90,11 +91,11 @@ def run_iterations(
     run, config = open_run(pipeline, config_path, overrides, run_id, storage_root, storage_block)
     with hold_lease(run, owner=lease_owner()):
         iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run)
+        total = pipeline.last_iteration(config, final_step)
         history = []
         remade: list[str] = []
-        metrics_log = Logger(config.logger, run_name=run.run_id)
         try:
-            with IterationReports(pipeline, run, iterations) as reports:
+            with IterationReports(pipeline, run, config, iterations, total) as reports:
                 for iteration in iterations:
                     remade += run_iteration(
                         lambda it=iteration: run_pipeline_iteration(
@@ -104,10 +105,8 @@ def run_iterations(
                         iteration,
                     )
                     history.append(reports.iteration_done(iteration))
-                    metrics_log.log_metrics(history[-1], step=iteration)
         finally:
             close_runtime(run)
-            metrics_log.close()
     return {
         "run_id": run.run_id,
         "storage_root": run.storage_root,

@@ -529,6 +529,8 @@ def generate_one_turn(
     batch, _, metrics = generate_responses(
         generation, generation_input, batch, tokenizer, input_lengths, greedy=greedy
     )
+    # NeMo RL's one-turn rollouts go through its multi-turn loop, which reports this name.
+    metrics["mean_gen_tokens_per_sample"] = metrics["mean_generation_length"]
     return batch, metrics
 
 
@@ -747,6 +749,27 @@ def compute_advantages(
         **metrics,
         "mean_baseline": float(baseline.mean()),
         "mean_reward_std": float(std.mean()),
+        **advantage_metrics(train_data, baseline),
+    }
+
+
+def advantage_metrics(train_data: BatchedDataDict, baseline: torch.Tensor) -> dict[str, float]:
+    """NeMo RL's per-step view of the advantages (over response tokens), of the groups'
+    baselines (the share, in percent, of samples whose group always or never scored 1)
+    and of the tokens in the batch (prompts and responses)."""
+    response = train_data["advantages"][train_data["token_mask"].bool()].float()
+    pct_0 = 100 * float((baseline == 0).float().mean())
+    pct_1 = 100 * float((baseline == 1).float().mean())
+    empty = response.numel() == 0
+    return {
+        "advantages/mean": 0.0 if empty else float(response.mean()),
+        "advantages/max": 0.0 if empty else float(response.max()),
+        "advantages/min": 0.0 if empty else float(response.min()),
+        "advantages/sum": float(response.sum()),
+        "baseline_reward/pct_0": pct_0,
+        "baseline_reward/pct_1": pct_1,
+        "baseline_reward/pct_mixed": 100 - pct_0 - pct_1,
+        "total_num_tokens": float(train_data["input_lengths"].sum()),
     }
 
 
@@ -814,7 +837,7 @@ def train_policy(
         raise FloatingPointError(f"iteration {iteration}: {err}") from err
     finally:
         policy.finish_training()
-    metrics = {k: _scalar(v) for k, v in results.items() if _scalar(v) is not None}
+    metrics = merge_step_metrics(results)
     bad = [
         k
         for k in ("loss", "grad_norm")
@@ -825,9 +848,34 @@ def train_policy(
     return metrics
 
 
-def _scalar(value: Any) -> float | None:
-    if isinstance(value, bool | int | float):
-        return float(value)
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value)
-    return None
+# Settings and counts every microbatch repeats: NeMo RL logs their mean.
+_REPEATED_METRICS = frozenset({"lr", "wd", "global_valid_seqs", "global_valid_toks"})
+
+
+def merge_step_metrics(results: dict[str, Any]) -> dict[str, float]:
+    """One number per metric of a training step, reduced over its microbatches as NeMo RL's
+    ``grpo_train`` does: the loss's metrics are shares of the global batch's (normalised
+    by its valid tokens or sequences), so they add up; ``*_min``/``*_max`` take the
+    extreme of the finite values (-1 if none: every microbatch was empty); settings and
+    counts each microbatch repeats take the mean."""
+    per_microbatch = {
+        "loss": results["loss"],
+        "grad_norm": results["grad_norm"],
+        **results.get("all_mb_metrics", {}),
+    }
+    merged: dict[str, float] = {}
+    for key, values in per_microbatch.items():
+        flat = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        if flat.numel() == 0:
+            continue
+        if key.endswith(("_min", "_max")):
+            finite = flat[torch.isfinite(flat)]
+            if finite.numel() == 0:
+                merged[key] = -1.0
+            else:
+                merged[key] = float(finite.min() if key.endswith("_min") else finite.max())
+        elif key in _REPEATED_METRICS:
+            merged[key] = float(flat.mean())
+        else:
+            merged[key] = float(flat.sum())
+    return merged

@@ -1,96 +1,373 @@
-"""NeMo RL's ``logger:`` section and a metrics logger.
+"""NeMo RL's ``logger:`` section and the metrics logger of a run.
 
-Metrics always go to ``<log_dir>/metrics.jsonl`` (one line per step and prefix) so a run
-can be inspected without any service; TensorBoard and MLflow are optional backends,
-enabled by the same keys as NeMo RL's (``tensorboard_enabled``, ``mlflow_enabled``).
+Each run logs into one folder of its own, ``<log_dir>/<run_id>/``, and never to the network:
+
+    metrics.jsonl     always: one record per ``log_metrics`` call, with the run id and step
+    tensorboard/      TensorBoard event files (``tensorboard_enabled``)
+    mlflow.db         MLflow's local SQLite store (``mlflow_enabled``; MLflow 3 keeps its
+                      plain-file store in maintenance mode, ``tracking_uri: file:...`` still
+                      selects it)
+    wandb/            a W&B offline run (``wandb_enabled``), for ``wandb sync`` later
+
+Metric names are NeMo RL's: ``prefix/name`` (``train/loss``, ``validation/accuracy``).
 """
 
+import importlib.util
 import json
 import math
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nemo_rl_core.utils.gpu_monitor import GpuMonitor
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 
-class LoggerConfig(BaseModel):
+_LOGGER = "nemo_rl_core.utils.logger"
+
+
+class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    log_dir: str = "logs"
-    num_val_samples_to_print: int = 0
-    wandb_enabled: bool = False
-    tensorboard_enabled: bool = False
-    mlflow_enabled: bool = False
-    swanlab_enabled: bool = False
-    monitor_gpus: bool = False
-    wandb: dict[str, Any] = Field(default_factory=dict)
-    tensorboard: dict[str, Any] = Field(default_factory=dict)
-    mlflow: dict[str, Any] = Field(default_factory=dict)
-    gpu_monitoring: dict[str, Any] = Field(default_factory=dict)
+
+def _missing_package(package: str, key: str, enabled: bool) -> str | None:
+    if enabled and importlib.util.find_spec(package) is None:
+        return f"{key} needs the {package} package, which is not installed"
+    return None
 
 
-def _scalars(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
-    """Flatten to ``prefix/key`` -> finite-or-not float; non-numeric values are skipped."""
+def _needs_package(package: str, key: str) -> Check:
+    """Refuse turning a logger on when its package is not installed."""
+    return Check(
+        lambda enabled, _: _missing_package(package, key, enabled),
+        f"works where the {package} package is installed",
+    )
+
+
+def _local_mlflow_store(enabled: bool, context: SupportContext) -> str | None:
+    uri = context.value("logger.mlflow.tracking_uri")
+    if enabled and uri is not None and not str(uri).startswith(("sqlite:", "file:")):
+        return (
+            f"logger.mlflow.tracking_uri={uri!r} names a tracking server; this deployment "
+            "logs to a local store only (leave it unset for <log_dir>/<run_id>/mlflow.db, "
+            "or give a sqlite: or file: URI)"
+        )
+    return _missing_package("mlflow", "logger.mlflow_enabled", enabled)
+
+
+def _gpus_to_monitor(enabled: bool, context: SupportContext) -> str | None:
+    if not enabled:
+        return None
+    if context.machine.cuda_devices == 0:
+        return "GPU monitoring samples the GPUs; this machine has none"
+    if shutil.which("nvidia-smi") is None:
+        return "GPU monitoring reads nvidia-smi, which is not on PATH"
+    return None
+
+
+class WandbConfig(_Section):
+    """``logger.wandb``: passed to ``wandb.init`` (offline; ``name`` defaults to the run id)."""
+
+    project: Annotated[str | None, PartOf("logger.wandb_enabled")] = None
+    name: Annotated[str | None, PartOf("logger.wandb_enabled")] = None
+    entity: Annotated[str | None, PartOf("logger.wandb_enabled")] = None
+
+
+class SwanlabConfig(_Section):
+    project: Annotated[str | None, PartOf("logger.swanlab_enabled")] = None
+    name: Annotated[str | None, PartOf("logger.swanlab_enabled")] = None
+
+
+class TensorboardConfig(_Section):
+    """``logger.tensorboard``: ``log_dir`` moves the event files (``<log_dir>/<run_id>``)."""
+
+    log_dir: Annotated[str | None, PartOf("logger.tensorboard_enabled")] = None
+
+
+class MLflowConfig(_Section):
+    """``logger.mlflow``: ``run_id`` continues that MLflow run; otherwise the run tagged with
+    this run's id continues, or a new one named ``run_name`` (default: the run id) starts."""
+
+    experiment_name: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
+    run_id: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
+    run_name: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
+    tracking_uri: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
+    artifact_location: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
+
+
+class GPUMonitoringConfig(_Section):
+    collection_interval: Annotated[float, Field(gt=0), PartOf("logger.monitor_gpus")] = 10
+    flush_interval: Annotated[float, Field(gt=0), PartOf("logger.monitor_gpus")] = 10
+
+
+class LoggerConfig(_Section):
+    """NeMo RL's ``logger:`` keys."""
+
+    log_dir: Annotated[str, Wired(f"{_LOGGER}:run_log_dir")] = "logs"
+    num_val_samples_to_print: Annotated[
+        int, Field(ge=0), Wired("nemo_rl_core.experience.rollout_table:format_samples")
+    ] = 0
+    wandb_enabled: Annotated[bool, _needs_package("wandb", "logger.wandb_enabled")] = False
+    tensorboard_enabled: Annotated[
+        bool, _needs_package("tensorboard", "logger.tensorboard_enabled")
+    ] = False
+    mlflow_enabled: Annotated[
+        bool, Check(_local_mlflow_store, "a local MLflow store, where mlflow is installed")
+    ] = False
+    swanlab_enabled: Annotated[
+        bool,
+        Only(
+            False,
+            reason="SwanLab logging is not built in this deployment (its package is not "
+            "installed); use tensorboard_enabled, mlflow_enabled or wandb_enabled",
+        ),
+    ] = False
+    monitor_gpus: Annotated[
+        bool, Check(_gpus_to_monitor, "needs a CUDA GPU and nvidia-smi to sample it")
+    ] = False
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    swanlab: SwanlabConfig = Field(default_factory=SwanlabConfig)
+    tensorboard: TensorboardConfig = Field(default_factory=TensorboardConfig)
+    mlflow: MLflowConfig = Field(default_factory=MLflowConfig)
+    gpu_monitoring: GPUMonitoringConfig = Field(default_factory=GPUMonitoringConfig)
+
+
+def run_log_dir(config: LoggerConfig, run_id: str) -> Path:
+    """The run's log folder: ``<log_dir>/<run_id>``."""
+    return Path(config.log_dir) / run_id
+
+
+def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """``prefix/key`` -> float for every number (nested dicts joined with ``/``; one-element
+    tensors and arrays taken as numbers); other values are left out."""
     flat: dict[str, float] = {}
     for key, value in metrics.items():
         name = f"{prefix}/{key}" if prefix else key
-        if isinstance(value, dict):
-            flat.update(_scalars(value, name))
+        if isinstance(value, Mapping):
+            flat.update(flatten_metrics(value, name))
         elif isinstance(value, bool | int | float):
             flat[name] = float(value)
-        elif hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
-            flat[name] = float(value.item())
+        elif hasattr(value, "item"):  # tensors and arrays of one element
+            try:
+                flat[name] = float(value.item())
+            except (TypeError, ValueError, RuntimeError):
+                continue
     return flat
 
 
-class Logger:
-    """Writes step metrics to JSONL and to the optional backends the config enables."""
+class JsonlBackend:
+    """``metrics.jsonl``: readable without any service; non-finite numbers as strings."""
 
-    def __init__(self, config: LoggerConfig, run_name: str = "run") -> None:
-        self.config = config
-        self.log_dir = Path(config.log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = self.log_dir / "metrics.jsonl"
-        self._tensorboard = None
-        self._mlflow = None
-        if config.wandb_enabled or config.swanlab_enabled:
-            raise ValueError(
-                "logger.wandb_enabled / logger.swanlab_enabled need a hosted service, which this "
-                "deployment does not reach; use logger.tensorboard_enabled or logger.mlflow_enabled"
-            )
-        if config.tensorboard_enabled:
-            from torch.utils.tensorboard import SummaryWriter
+    def __init__(self, path: Path, run_id: str) -> None:
+        self.path, self.run_id = path, run_id
 
-            self._tensorboard = SummaryWriter(log_dir=str(self.log_dir / "tensorboard" / run_name))
-        if config.mlflow_enabled:
-            import mlflow
+    def log_metrics(self, scalars: dict[str, float], step: int, step_metric: str | None) -> None:
+        values = {k: (v if math.isfinite(v) else str(v)) for k, v in scalars.items()}
+        with self.path.open("a") as handle:
+            handle.write(json.dumps({"run_id": self.run_id, "step": step, **values}) + "\n")
 
-            mlflow.set_tracking_uri(
-                config.mlflow.get("tracking_uri", f"file:{self.log_dir}/mlruns")
-            )
-            mlflow.set_experiment(config.mlflow.get("experiment_name", "nemo-rl-core"))
-            self._mlflow = mlflow
-            mlflow.start_run(run_name=config.mlflow.get("run_name", run_name))
-
-    def log_metrics(self, metrics: dict[str, Any], step: int, prefix: str = "") -> None:
-        scalars = _scalars(metrics, prefix)
-        record = {
-            "step": step,
-            **{k: (v if math.isfinite(v) else str(v)) for k, v in scalars.items()},
-        }
-        with self._jsonl.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        if self._tensorboard is not None:
-            for key, value in scalars.items():
-                self._tensorboard.add_scalar(key, value, step)
-            self._tensorboard.flush()
-        if self._mlflow is not None:
-            self._mlflow.log_metrics(
-                {k.replace("/", "."): v for k, v in scalars.items() if math.isfinite(v)}, step=step
-            )
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        """The config is in run storage (``config.yaml``); the JSONL holds metrics only."""
 
     def close(self) -> None:
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-        if self._mlflow is not None:
-            self._mlflow.end_run()
+        """Each record is written and closed at once."""
+
+
+class TensorBoardBackend:
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log_metrics(self, scalars: dict[str, float], step: int, step_metric: str | None) -> None:
+        for name, value in scalars.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        # add_hparams would start a sub-run per call; the config as text stays with the run.
+        self.writer.add_text("config", f"```\n{json.dumps(params, indent=1, default=str)}\n```")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class MLflowBackend:
+    """One MLflow run per run id, continued when a flow run resumes it."""
+
+    RUN_ID_TAG = "nemo_rl_core.run_id"
+
+    def __init__(self, config: MLflowConfig, run_dir: Path, run_id: str) -> None:
+        uri = config.tracking_uri or f"sqlite:///{run_dir.resolve() / 'mlflow.db'}"
+        if uri.startswith("file:"):  # asked for by name: MLflow 3 wants the opt-in
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.entities import Metric, Param
+        from mlflow.tracking import MlflowClient
+
+        self._metric, self._param = Metric, Param
+        self.client = MlflowClient(tracking_uri=uri)
+        self.continued = True
+        self.mlflow_run_id = config.run_id or self._tagged_run(config, run_dir, run_id)
+
+    def _tagged_run(self, config: MLflowConfig, run_dir: Path, run_id: str) -> str:
+        experiment_id = "0"  # MLflow's default experiment, as NeMo RL uses without a name
+        if config.experiment_name is not None:
+            found = self.client.get_experiment_by_name(config.experiment_name)
+            location = config.artifact_location or str(run_dir.resolve() / "mlflow-artifacts")
+            experiment_id = (
+                found.experiment_id
+                if found
+                else self.client.create_experiment(config.experiment_name, location)
+            )
+        runs = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.`{self.RUN_ID_TAG}` = '{run_id}'"
+        )
+        if runs:
+            self.client.update_run(runs[0].info.run_id, status="RUNNING")
+            return runs[0].info.run_id
+        self.continued = False
+        created = self.client.create_run(
+            experiment_id, run_name=config.run_name or run_id, tags={self.RUN_ID_TAG: run_id}
+        )
+        return created.info.run_id
+
+    def log_metrics(self, scalars: dict[str, float], step: int, step_metric: str | None) -> None:
+        now = int(time.time() * 1000)
+        metrics = [
+            self._metric(self._name(name), value, now, step)
+            for name, value in scalars.items()
+            if math.isfinite(value)
+        ]
+        for start in range(0, len(metrics), 1000):  # MLflow's batch limit
+            self.client.log_batch(self.mlflow_run_id, metrics=metrics[start : start + 1000])
+
+    @staticmethod
+    def _name(key: str) -> str:
+        """MLflow allows letters, digits and ``_-. :/`` in a metric or param name:
+        ``pass@4`` -> ``pass_4``."""
+        return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", key)
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        """Once per MLflow run: its params cannot change, and a resumed run may change some."""
+        if self.continued:
+            return
+        flat = [
+            self._param(self._name(k), str(v)[:6000]) for k, v in _flatten_params(params).items()
+        ]
+        for start in range(0, len(flat), 100):  # MLflow's batch limit
+            self.client.log_batch(self.mlflow_run_id, params=flat[start : start + 100])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.mlflow_run_id)
+
+
+class WandbBackend:
+    """A W&B run in offline mode (nothing leaves the machine); its id is the run id, so a
+    resumed run continues it when synced."""
+
+    def __init__(self, config: WandbConfig, run_dir: Path, run_id: str) -> None:
+        import wandb
+
+        self._wandb = wandb
+        self.run = wandb.init(
+            project=config.project,
+            entity=config.entity,
+            name=config.name or run_id,
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            mode="offline",
+            # No system-metrics sampler beside the training on a few cores.
+            settings=wandb.Settings(
+                silent=True, disable_git=True, save_code=False, x_disable_stats=True
+            ),
+        )
+
+    def log_metrics(self, scalars: dict[str, float], step: int, step_metric: str | None) -> None:
+        if step_metric is not None:  # own x-axis (GPU samples over seconds): not the step
+            self.run.log(scalars, commit=False)
+        else:
+            self.run.log(scalars, step=step)
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        self.run.config.update(dict(params), allow_val_change=True)
+
+    def close(self) -> None:
+        self.run.finish()
+        # finish() may return before W&B's service has written the run file (seen on
+        # wandb 0.31 offline); shutting the service down waits for it.
+        self._wandb.teardown()
+
+
+def _flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(_flatten_params(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+Backend = JsonlBackend | TensorBoardBackend | MLflowBackend | WandbBackend
+
+
+class Logger:
+    """NeMo RL's ``Logger`` for one run: every metric to ``metrics.jsonl`` and to each
+    backend the config enables, all in the run's log folder. Safe to call from several
+    threads (the GPU monitor logs from its own)."""
+
+    def __init__(self, config: LoggerConfig, run_id: str) -> None:
+        self.config, self.run_id = config, run_id
+        self.run_dir = run_log_dir(config, run_id)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self.backends: list[Backend] = [JsonlBackend(self.run_dir / "metrics.jsonl", run_id)]
+        if config.tensorboard_enabled:
+            board = config.tensorboard.log_dir
+            where = Path(board) / run_id if board else self.run_dir / "tensorboard"
+            self.backends.append(TensorBoardBackend(where))
+        if config.mlflow_enabled:
+            self.backends.append(MLflowBackend(config.mlflow, self.run_dir, run_id))
+        if config.wandb_enabled:
+            self.backends.append(WandbBackend(config.wandb, self.run_dir, run_id))
+        self.gpu_monitor: GpuMonitor | None = None
+        if config.monitor_gpus:
+            monitoring = config.gpu_monitoring
+            self.gpu_monitor = GpuMonitor(
+                monitoring.collection_interval, monitoring.flush_interval, self.log_metrics
+            )
+            self.gpu_monitor.start()
+
+    def log_metrics(
+        self,
+        metrics: Mapping[str, Any],
+        step: int,
+        prefix: str = "",
+        step_metric: str | None = None,
+    ) -> None:
+        """Log ``metrics`` at ``step`` as ``prefix/name``; ``step_metric`` names a metric
+        that is its own x-axis (W&B then keeps it off the step counter)."""
+        scalars = flatten_metrics(metrics, prefix)
+        with self._lock:
+            for backend in self.backends:
+                backend.log_metrics(scalars, step, step_metric)
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        with self._lock:
+            for backend in self.backends:
+                backend.log_hyperparams(params)
+
+    def close(self) -> None:
+        if self.gpu_monitor is not None:
+            self.gpu_monitor.stop()
+        with self._lock:
+            for backend in self.backends:
+                backend.close()

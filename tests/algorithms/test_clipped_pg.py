@@ -28,6 +28,7 @@ def test_ratio_clipping_hand_values(pg_data):
     assert loss.item() == pytest.approx((-0.5 - 1.0 - 1.2) / 3)
     assert metrics["probs_ratio"] == pytest.approx(1.0)
     assert metrics["probs_ratio_clamped"] == pytest.approx((0.8 + 1.0 + 1.2) / 3)
+    assert metrics["probs_ratio_clamped_fraction"] == pytest.approx(2 / 3)  # 0.5 and 1.5
     assert (metrics["probs_ratio_min"], metrics["probs_ratio_max"]) == pytest.approx((0.5, 1.5))
     assert (metrics["probs_ratio_clamped_min"], metrics["probs_ratio_clamped_max"]) == (
         pytest.approx((0.8, 1.2))

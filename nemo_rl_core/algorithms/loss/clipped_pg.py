@@ -220,6 +220,10 @@ class ClippedPGLossFn:
                 "loss": loss.item(),
                 "probs_ratio": token_mean(ratios.detach()).item(),
                 "probs_ratio_clamped": token_mean(ratios_clamped.detach()).item(),
+                # Not in NeMo RL: the share of tokens whose ratio left the clip range.
+                "probs_ratio_clamped_fraction": token_mean(
+                    (ratios.detach() != ratios_clamped.detach()).float()
+                ).item(),
                 "probs_ratio_min": float("inf") if empty else kept_ratios.min().item(),
                 "probs_ratio_max": float("-inf") if empty else kept_ratios.max().item(),
                 "probs_ratio_clamped_min": float("inf") if empty else kept_clamped.min().item(),

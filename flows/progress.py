@@ -1,0 +1,175 @@
+"""A training flow run's reports, iteration by iteration: a terminal line, the loggers
+(NeMo RL's names), the rollouts as Parquet in the run's log folder, Prefect artifacts (the
+metrics, a table of the rollouts, the run's progress); at the end a summary table and a
+PNG of the curves.
+
+Run log folder (``<logger.log_dir>/<run_id>/``)::
+
+    metrics.jsonl, tensorboard/, mlflow.db, wandb/    what the loggers write
+    rollouts/iter_000003.parquet                     every sample the iteration trained on
+    validation/iter_000003.parquet                   every validation sample (when validated)
+    curves.png                                       the run's curves so far
+"""
+
+import contextvars
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Self
+
+import pyarrow as pa
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from flows.report import (
+    VALIDATION_STAGE,
+    IterationSummary,
+    format_line,
+    manifest_metrics,
+    nemo_rl_records,
+    plot_curves,
+    run_summaries,
+    summary_table,
+)
+from nemo_rl_core.experience.rollout_table import format_samples, rollout_table, write_parquet
+from nemo_rl_core.pipeline.spec import Pipeline, split_round
+from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.run_storage import ObjectRef
+from nemo_rl_core.utils.logger import Logger
+
+ROLLOUT_STAGE = "reward"  # its batch holds every scored sample the iteration trains on
+TEXT_IN_ARTIFACT = 500  # characters of a prompt or response shown in the Prefect table
+
+
+def artifact_key(run_id: str, *parts: object) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) from the run id."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", run_id.lower())
+    return "-".join([slug, *(str(part) for part in parts)])
+
+
+def metrics_markdown(
+    pipeline: Pipeline, run: RunRef, iteration: int, metrics: dict[str, float]
+) -> str:
+    """The iteration's Markdown table: the metrics its stages report, then seconds per stage."""
+    rows = [
+        f"| {stage}/{name} | {metrics[f'{stage}/{name}']:.4g} |"
+        for stage, name in pipeline.reported_metrics()
+        if f"{stage}/{name}" in metrics
+    ]
+    rows += [
+        f"| {key} | {value:.2f} |"
+        for key, value in sorted(metrics.items())
+        if key.startswith("seconds/")
+    ]
+    table = "\n".join(["| metric | value |", "|---|---|", *rows])
+    return f"### run `{run.run_id}` iteration {iteration}\n\n{table}\n"
+
+
+def _final_round(stages: dict[str, Any], stage: str) -> dict[str, Any] | None:
+    rounds = [name for name in stages if split_round(name)[0] == stage]
+    return stages[max(rounds, key=lambda name: split_round(name)[1])] if rounds else None
+
+
+class IterationReports:
+    """The reports of one flow run's iterations.
+
+    The terminal line is printed as each iteration ends; everything else (loggers, Parquet,
+    Prefect artifacts) runs in one background thread, in the flow run's context, while the
+    next iteration's stages run: nothing downstream waits for it (on 2 shared cores the
+    artifact calls alone took ~0.1 s per iteration, bench/RESULTS.md, issue 8). Leaving the
+    ``with`` block waits for every publication and raises the first failure (unless the
+    block is already raising), then prints the summary table and writes the curves.
+    """
+
+    def __init__(
+        self, pipeline: Pipeline, run: RunRef, config: Any, iterations: list[int], total: int
+    ) -> None:
+        self.pipeline, self.run, self.config = pipeline, run, config
+        self.total = max(total, 1)
+        self.logger = Logger(config.logger, run.run_id)
+        self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="report")
+        self._published: list[Future] = []
+        first = iterations[0] if iterations else total
+        self.progress_id = create_progress_artifact(
+            progress=100.0 * first / self.total,
+            key=artifact_key(run.run_id, "progress"),
+            description=f"run {run.run_id}: iterations done of {total}",
+        )
+        self._submit(self.logger.log_hyperparams, config.model_dump(mode="json"))
+
+    def _submit(self, work: Any, *args: Any) -> None:
+        context = contextvars.copy_context()
+        self._published.append(self._publisher.submit(context.run, work, *args))
+
+    def iteration_done(self, iteration: int) -> dict[str, float]:
+        """Print the iteration's line and publish its reports; returns its metrics."""
+        stages = open_storage(self.run).read_manifest(iteration).get("stages", {})
+        metrics = manifest_metrics(stages)
+        print(format_line(IterationSummary.from_metrics(iteration, metrics)))
+        self._submit(self._publish, iteration, stages, metrics)
+        return metrics
+
+    def _publish(self, iteration: int, stages: dict[str, Any], metrics: dict[str, float]) -> None:
+        for record in nemo_rl_records(metrics, iteration):
+            self.logger.log_metrics(record.metrics, record.step, prefix=record.prefix)
+        rollouts = self._table(stages, ROLLOUT_STAGE, iteration, "rollouts")
+        if rollouts is not None:
+            create_table_artifact(
+                table=[_shown(row) for row in rollouts.to_pylist()],
+                key=artifact_key(self.run.run_id, "rollouts", "iter", iteration),
+                description=f"run {self.run.run_id}: the samples of iteration {iteration}",
+            )
+        validation = self._table(stages, VALIDATION_STAGE, iteration, "validation")
+        to_print = self.config.logger.num_val_samples_to_print
+        if validation is not None and to_print:
+            print(
+                f"validation samples, iteration {iteration}:\n{format_samples(validation, to_print)}"
+            )
+        create_markdown_artifact(
+            key=artifact_key(self.run.run_id, "iter", iteration),
+            markdown=metrics_markdown(self.pipeline, self.run, iteration, metrics),
+            description=f"metrics of iteration {iteration}",
+        )
+        update_progress_artifact(self.progress_id, progress=100.0 * (iteration + 1) / self.total)
+
+    def _table(
+        self, stages: dict[str, Any], stage: str, iteration: int, folder: str
+    ) -> pa.Table | None:
+        """The stage's batch as a readable table, written to ``<folder>/iter_N.parquet``."""
+        entry = _final_round(stages, stage)
+        if entry is None:
+            return None
+        storage = open_storage(self.run)
+        batch = storage.read_batch(ObjectRef.from_dict(entry["outputs"]["batch"]))
+        table = rollout_table(batch, self.run.run_id, iteration)
+        write_parquet(table, self.logger.run_dir / folder / f"iter_{iteration:06d}.parquet")
+        return table
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self._publisher.shutdown(wait=True)
+        try:
+            if exc_type is None:
+                for publication in self._published:
+                    publication.result()
+                summaries = run_summaries(open_storage(self.run))
+                print(summary_table(self.run.run_id, summaries))
+                curves = plot_curves(self.run.run_id, summaries, self.logger.run_dir / "curves.png")
+                print(f"curves: {curves}; logs, rollouts: {self.logger.run_dir}")
+        finally:
+            self.logger.close()
+
+
+def _shown(row: dict[str, Any]) -> dict[str, Any]:
+    """A rollout row for the Prefect UI: long texts cut."""
+    cut = {}
+    for key, value in row.items():
+        if isinstance(value, str) and len(value) > TEXT_IN_ARTIFACT:
+            value = value[:TEXT_IN_ARTIFACT] + " ..."
+        cut[key] = value
+    return cut
