@@ -37,6 +37,16 @@ TINY_CONFIG = "examples/configs/grpo_math_tiny.yaml"
 SMOKE_OVERRIDES = ["policy.generation.backend=hf"]
 
 
+def _every_iteration_stages() -> tuple[str, ...]:
+    from nemo_rl_core.pipeline.algorithms import GRPO
+
+    return tuple(stage.name for stage in GRPO.stages if stage.due is None)
+
+
+# GRPO's stages that run in every iteration (validation runs on its own schedule)
+EVERY_ITERATION_STAGES = _every_iteration_stages()
+
+
 def cpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
@@ -115,15 +125,11 @@ def flow_iteration_times(manifests: list[dict]) -> list[dict]:
     iteration's ``checkpoint``) to its own; the first iteration has no start and is left
     out (it also pays model loading and engine start-up). ``update`` is the policy update
     inside the train stage (the rest is the checkpoint commit)."""
-    from nemo_rl_core.pipeline.algorithms import GRPO
-
     timings = []
     for previous, stages in zip(manifests, manifests[1:], strict=False):
         last = _committed_at(previous["checkpoint"])
         timing = {"total": _committed_at(stages["checkpoint"]) - last}
-        for stage in GRPO.stage_names:
-            if stage not in stages:  # not due this iteration (validation)
-                continue
+        for stage in EVERY_ITERATION_STAGES:
             committed = _committed_at(stages[stage])
             timing[stage] = committed - last
             timing[f"{stage}_compute"] = stages[stage]["metrics"]["seconds"]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from nemo_rl_core.algorithms.advantage_estimator import GeneralizedAdvantageEstimator
+from nemo_rl_core.algorithms.config import PPOAdvEstimatorConfig
 from nemo_rl_core.algorithms.loss import ClippedPGLossFn, next_token_logprobs_from_logits
 from nemo_rl_core.algorithms.utils import calculate_global_valid_counts
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
@@ -67,6 +68,7 @@ def main() -> None:
             "ratio_clip_c": 3.0,
             "use_importance_sampling_correction": True,
             "truncated_importance_sampling_ratio": 2.0,
+            "truncated_importance_sampling_type": "tis",
             "use_on_policy_kl_approximation": True,
         }
     )
@@ -89,7 +91,7 @@ def main() -> None:
         f"dual-clip+TIS+on-policy-KL {t_knobs * 1e3:.1f} ms, ratio {t_knobs / t_plain:.2f}"
     )
 
-    gae = GeneralizedAdvantageEstimator({"gae_lambda": 0.95, "gae_gamma": 1.0})
+    gae = GeneralizedAdvantageEstimator(PPOAdvEstimatorConfig(name="gae").model_dump())
     values, rewards = torch.randn(big_b, big_s), torch.randn(big_b)
     prompt_ids = torch.arange(big_b)
     t_gae = best_of(

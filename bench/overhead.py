@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 from common import (
+    EVERY_ITERATION_STAGES,
     SMOKE_OVERRIDES,
     TINY_CONFIG,
     batch_overrides,
@@ -36,8 +37,6 @@ from common import (
     plain_loop,
     record,
 )
-
-from nemo_rl_core.pipeline.algorithms import GRPO
 
 VARIANTS = ("plain", "flow-file", "flow-s3")
 
@@ -91,7 +90,7 @@ def measure(
 
 def format_table(label: str, results: dict[str, dict]) -> str:
     """Seconds per iteration, each stage's median seconds and share, and the ratios to plain."""
-    head = f"{'variant':<11}{'s/iter':>8}" + "".join(f"{s:>11}" for s in GRPO.stage_names)
+    head = f"{'variant':<11}{'s/iter':>8}" + "".join(f"{s:>11}" for s in EVERY_ITERATION_STAGES)
     lines = [f"batch {label}", head]
     plain_total = median([t["total"] for t in results["plain"]["timings"]])
     for variant, result in results.items():
@@ -99,12 +98,12 @@ def format_table(label: str, results: dict[str, dict]) -> str:
         total = median([t["total"] for t in timings])
         cells = "".join(
             f"{median([t[s] for t in timings]):>7.2f} {median([t[s] for t in timings]) / total:>3.0%}"
-            for s in GRPO.stage_names
+            for s in EVERY_ITERATION_STAGES
         )
         lines.append(f"{variant:<11}{total:>8.2f}{cells}")
     for variant in VARIANTS[1:]:
         timings = results[variant]["timings"]
-        compute = median([sum(t[f"{s}_compute"] for s in GRPO.stage_names) for t in timings])
+        compute = median([sum(t[f"{s}_compute"] for s in EVERY_ITERATION_STAGES) for t in timings])
         total = median([t["total"] for t in timings])
         server = median(results[variant]["server_cpu"])
         lines.append(

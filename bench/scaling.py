@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from common import (
+    EVERY_ITERATION_STAGES,
     PLOTS,
     SMOKE_OVERRIDES,
     TINY_CONFIG,
@@ -24,8 +25,6 @@ from common import (
     median,
     record,
 )
-
-from nemo_rl_core.pipeline.algorithms import GRPO
 
 GENERATIONS = 4
 
@@ -65,11 +64,12 @@ def plot(sizes: list[int], per_stage: dict[str, list[float]], path: str) -> None
 def format_table(sizes: list[int], per_stage: dict[str, list[float]]) -> str:
     """Seconds per iteration and per stage at each size, the step ratios and the exponents."""
     lines = [
-        f"{'sequences':>9}{'s/iter':>9}{'ratio':>7}" + "".join(f"{s:>11}" for s in GRPO.stage_names)
+        f"{'sequences':>9}{'s/iter':>9}{'ratio':>7}"
+        + "".join(f"{s:>11}" for s in EVERY_ITERATION_STAGES)
     ]
     for i, n in enumerate(sizes):
         ratio = per_stage["total"][i] / per_stage["total"][i - 1] if i else 1.0
-        cells = "".join(f"{per_stage[s][i]:>11.2f}" for s in GRPO.stage_names)
+        cells = "".join(f"{per_stage[s][i]:>11.2f}" for s in EVERY_ITERATION_STAGES)
         lines.append(f"{n:>9}{per_stage['total'][i]:>9.2f}{ratio:>7.2f}{cells}")
     exponents = {name: fitted_exponent(sizes, s) for name, s in per_stage.items()}
     lines.append(
@@ -91,7 +91,7 @@ def main() -> None:
         args.sequences, args.iterations = [2, 4], 2
     print(f"{machine_line()}, torch threads {torch.get_num_threads()}", flush=True)
     generations = min(GENERATIONS, min(args.sequences))
-    per_stage: dict[str, list[float]] = {name: [] for name in ("total", *GRPO.stage_names)}
+    per_stage: dict[str, list[float]] = {name: [] for name in ("total", *EVERY_ITERATION_STAGES)}
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sequences:
             overrides = batch_overrides(n // generations, generations, args.iterations)

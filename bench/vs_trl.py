@@ -38,7 +38,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import PLOTS, SMOKE_OVERRIDES, batch_overrides, flow_run, machine_line, median, record
+from common import (
+    EVERY_ITERATION_STAGES,
+    PLOTS,
+    SMOKE_OVERRIDES,
+    batch_overrides,
+    flow_run,
+    machine_line,
+    median,
+    record,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 TRL_VENV = REPO / ".bench-venvs" / "trl"
@@ -318,7 +327,6 @@ def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -
     """Seconds per step (median, first step left out) of both sides, of each of our stages
     (wall: from the previous stage's commit to its own), and both reward curves."""
     from nemo_rl_core.models.local_models import resolve_model
-    from nemo_rl_core.pipeline.algorithms import GRPO
 
     settings = shared_settings(model, args.prompts, args.generations, args.steps, args.tokens)
     settings["model_dir"] = str(resolve_model(model))
@@ -329,7 +337,7 @@ def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -
     trl_times = [b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]
     return {
         "ours": median([t["total"] for t in ours_times]),
-        "ours_stages": {s: median([t[s] for t in ours_times]) for s in GRPO.stage_names},
+        "ours_stages": {s: median([t[s] for t in ours_times]) for s in EVERY_ITERATION_STAGES},
         "ours_update": median([t["update"] for t in ours_times]),
         "ours_tokens": median(ours_curves["response_tokens"][1:]),
         "trl_tokens": median(trl["response_tokens"][1:]),

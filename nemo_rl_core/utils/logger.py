@@ -27,7 +27,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_rl_core.utils.gpu_monitor import GpuMonitor
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
+from nemo_rl_core.utils.key_support import Check, Machine, Only, PartOf, SupportContext, Wired
 
 _LOGGER = "nemo_rl_core.utils.logger"
 
@@ -65,7 +65,7 @@ def _gpus_to_monitor(enabled: bool, context: SupportContext) -> str | None:
     if not enabled:
         return None
     if context.machine.cuda_devices == 0:
-        return "GPU monitoring samples the GPUs; this machine has none"
+        return None  # no GPU to sample: the monitor does not start (said in the run's log)
     if shutil.which("nvidia-smi") is None:
         return "GPU monitoring reads nvidia-smi, which is not on PATH"
     return None
@@ -129,7 +129,10 @@ class LoggerConfig(_Section):
         ),
     ] = False
     monitor_gpus: Annotated[
-        bool, Check(_gpus_to_monitor, "needs a CUDA GPU and nvidia-smi to sample it")
+        bool,
+        Check(
+            _gpus_to_monitor, "samples the GPUs through nvidia-smi; none here: nothing to sample"
+        ),
     ] = False
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     swanlab: SwanlabConfig = Field(default_factory=SwanlabConfig)
@@ -339,7 +342,7 @@ class Logger:
         if config.wandb_enabled:
             self.backends.append(WandbBackend(config.wandb, self.run_dir, run_id))
         self.gpu_monitor: GpuMonitor | None = None
-        if config.monitor_gpus:
+        if config.monitor_gpus and Machine.current().cuda_devices > 0:
             monitoring = config.gpu_monitoring
             self.gpu_monitor = GpuMonitor(
                 monitoring.collection_interval, monitoring.flush_interval, self.log_metrics

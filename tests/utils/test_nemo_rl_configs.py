@@ -36,8 +36,6 @@ LOADING = [
     "grpo_math_1B_sglang",
     "grpo_smoke",
     "grpo_multiple_datasets",
-    "grpo_rm_1B",
-    "gdpo_math_1B",
     "prorlv2.v2",
 ]
 # Model, data and sizes: what a CPU run may change, nothing else.
@@ -61,6 +59,7 @@ CPU_OVERRIDES = {
     ],
     "grpo_math_8B": [
         *SMALL,
+        "cluster.gpus_per_node=1",
         "data.train.dataset_name=arithmetic",
         "grpo.num_prompts_per_step=2",
         "grpo.num_generations_per_prompt=4",
@@ -70,6 +69,7 @@ CPU_OVERRIDES = {
     ],
     "grpo_sliding_puzzle": [
         *SMALL,
+        "data.train=null",  # NeMo RL's puzzle runner ignores data.train: games come from env
         "policy.max_total_sequence_length=512",
         "grpo.num_prompts_per_step=2",
         "grpo.num_generations_per_prompt=4",

@@ -129,6 +129,11 @@ def _task_of(dataset: DatasetConfig) -> str:
     return dataset.env_name or DEFAULT_TASKS.get(dataset.dataset_name or LOCAL_DATASET, "math")
 
 
+def _carved_validation(config: DataConfig, split: str) -> bool:
+    """Validation rows come out of the training datasets (``split_validation_size``)."""
+    return split == "validation" and config.validation is None and config.train is not None
+
+
 def load_rows(
     config: DataConfig, split: str = "train", setup: DataSetup | None = None
 ) -> list[dict[str, Any]]:
@@ -138,7 +143,7 @@ def load_rows(
     training dataset that ``split_validation_size`` sets aside (and training loses them)."""
     setup = setup or DataSetup()
     rows: list[dict[str, Any]] = []
-    if split == "validation" and config.validation is None:
+    if _carved_validation(config, split):
         for dataset in split_datasets(config, "train", setup):
             held = _carve(_dataset_rows(dataset, "train", setup), dataset)[1]
             rows += [{**row, "task_name": _task_of(dataset)} for row in held]
@@ -183,7 +188,7 @@ def build_dataset(
     """Rows of ``split`` as a dataset of ``DatumSpec``s templated with ``tokenizer``, each
     row processed by its own dataset's processor and prompt."""
     setup = setup or DataSetup()
-    source = "train" if split == "validation" and config.validation is None else split
+    source = "train" if _carved_validation(config, split) else split
     datasets = split_datasets(config, source, setup)
     processors = task_processors(datasets)
     default_spec = next(iter(processors.values()))[0] if processors else TaskDataSpec()
