@@ -14,3 +14,6 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 # cores the tiny model's iteration ran 8-16x slower (bench/RESULTS.md, issue 8). libgomp
 # reads this only when torch first loads it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The ephemeral server's telemetry reaches for the network (there is none here) and, beside
+# the runs' own writes, hits "database is locked" on its SQLite file: a traceback per run.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -91,6 +91,9 @@ def run_iterations(
     run, config = open_run(pipeline, config_path, overrides, run_id, storage_root, storage_block)
     with hold_lease(run, owner=lease_owner()):
         iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run)
+        if not iterations:
+            close_runtime(run)  # planning opened it; the next flow run may bring a new config
+            return nothing_to_do(pipeline, run, final_step)
         total = pipeline.last_iteration(config, final_step)
         history = []
         remade: list[str] = []
@@ -116,6 +119,36 @@ def run_iterations(
     }
 
 
+def nothing_to_do(pipeline: Pipeline, run: RunRef, final_step: int) -> Any:
+    """A finished run continued (a nightly past its last step): say so in the log, in an
+    artifact and in the flow run's final state, instead of completing without a word."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.states import Completed
+
+    section = pipeline.name
+    message = (
+        f"run {run.run_id} is finished: all {final_step} steps are committed "
+        f"({section}.max_num_steps / max_num_epochs), so there is nothing to run. To train "
+        f"further, pass the flow parameter max_num_steps (above {final_step}) or the override "
+        f"{section}.max_num_steps=<more>"
+    )
+    stage_logger().warning(message)
+    create_markdown_artifact(
+        key=f"{run.run_id.lower()}-nothing-to-do"[:64].replace("_", "-").replace(".", "-"),
+        markdown=f"### {message}\n",
+        description="a continued run that had no step left",
+    )
+    summary = {
+        "run_id": run.run_id,
+        "storage_root": run.storage_root,
+        "iterations": [],
+        "metrics": [],
+        "remade": [],
+        "message": message,
+    }
+    return Completed(message=message, data=summary)
+
+
 def training_flow(pipeline: Pipeline) -> Flow:
     """The Prefect flow of ``pipeline``: named after it, with the parameters every training
     deployment takes."""
@@ -127,7 +160,10 @@ def training_flow(pipeline: Pipeline) -> Flow:
         storage_root: str | None = None,
         steps_per_run: int | None = None,
         storage_block: str | None = None,
+        max_num_steps: int | None = None,
     ) -> dict:
+        if max_num_steps is not None:  # last, so it wins over the config and overrides
+            overrides = [*(overrides or []), f"{pipeline.name}.max_num_steps={max_num_steps}"]
         return run_iterations(
             pipeline, config_path, overrides, run_id, storage_root, steps_per_run, storage_block
         )
@@ -137,6 +173,7 @@ def training_flow(pipeline: Pipeline) -> Flow:
         f"``{pipeline.name}.max_num_steps``).\n\n``run_id`` continues that run (a new id "
         "otherwise); ``storage_root`` defaults to ``checkpointing.checkpoint_dir``; "
         "``storage_block`` names a prefect-aws ``AwsCredentials`` block for an ``s3://`` root "
-        "(else ``AWS_*`` environment variables)."
+        "(else ``AWS_*`` environment variables); ``max_num_steps`` sets "
+        f"``{pipeline.name}.max_num_steps``, to continue a finished run past it."
     )
     return flow(name=pipeline.name, log_prints=True)(train)
