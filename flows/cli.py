@@ -9,6 +9,8 @@ flow run's log above it holds the details; ``--traceback`` prints Python's trace
 import argparse
 import importlib
 import json
+import logging
+import os
 import sys
 
 from nemo_rl_core.utils.config import ConfigError
@@ -30,8 +32,15 @@ def run_cli(algorithm: str) -> None:
     parser.add_argument(
         "--traceback", action="store_true", help="print Python's traceback of an error"
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show vLLM's, Prefect's and the stages' own start-up and state logs",
+    )
     parser.add_argument("overrides", nargs="*", help="key.path=value overrides")
     args = parser.parse_args()
+    if not args.verbose:
+        quiet_library_logs()
     try:
         from flows.run_setup import check_run_config
         from nemo_rl_core.pipeline.spec import pipeline_named
@@ -44,6 +53,8 @@ def run_cli(algorithm: str) -> None:
                 raise ConfigError(str(err)) from None
         check_run_config(pipeline_named(algorithm), args.config, args.overrides)
         training = getattr(importlib.import_module(f"flows.{algorithm}"), algorithm)
+        if not args.verbose:
+            quiet_prefect_logs()
         summary = training(
             config_path=args.config,
             overrides=args.overrides,
@@ -56,6 +67,32 @@ def run_cli(algorithm: str) -> None:
             raise
         fail(err)
     print(json.dumps({k: summary[k] for k in ("run_id", "storage_root", "iterations")}))
+
+
+def quiet_library_logs() -> None:
+    """Before vLLM, torch and transformers load: only their errors, no progress bars."""
+    for name, value in {
+        "VLLM_LOGGING_LEVEL": "ERROR",
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+        "TQDM_DISABLE": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning",
+    }.items():
+        os.environ.setdefault(name, value)
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+def quiet_prefect_logs() -> None:
+    """After Prefect and torch load: the terminal keeps the flow run's lines (one per iteration, the summary, warnings);
+    task-state lines and the temporary server's notices stay in Prefect's own records."""
+    logging.getLogger("prefect").setLevel(logging.WARNING)
+    logging.getLogger("prefect.flow_runs").setLevel(logging.INFO)
+    logging.getLogger("prefect.task_runs").setLevel(logging.WARNING)
+    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)  # "Triton not available"
 
 
 def fail(err: Exception) -> None:

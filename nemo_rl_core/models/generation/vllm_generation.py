@@ -127,6 +127,7 @@ class VllmGeneration(GenerationInterface):
             "skip_tokenizer_init": vllm_cfg.skip_tokenizer_init,
             "load_format": vllm_cfg.load_format,
             "logprobs_mode": "processed_logprobs",
+            "use_tqdm_on_load": vllm_cfg.use_tqdm,  # the same switch as the generation bars
             "enable_sleep_mode": self.on_gpu and self.cfg.colocated.enabled,
         }
         if not self.on_gpu:
