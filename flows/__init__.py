@@ -17,3 +17,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The ephemeral server's telemetry reaches for the network (there is none here) and, beside
 # the runs' own writes, hits "database is locked" on its SQLite file: a traceback per run.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The library's own loggers (a storage outage's retries, the stage log) reach the run's
+# Prefect log, not only the process's stderr.
+os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "nemo_rl_core")
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")

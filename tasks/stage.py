@@ -27,6 +27,7 @@ from nemo_rl_core.pipeline.context import StageContext, StageRef, StageResult
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
 from nemo_rl_core.pipeline.spec import Stage
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.outage import StorageUnreachableError
 from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, RunStorage, StorageError
 
 FAULT_ENV = "NEMO_RL_CORE_FAULT"
@@ -48,8 +49,8 @@ def stage_logger() -> logging.Logger | logging.LoggerAdapter:
 def is_transient(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect ``retry_condition_fn``: retry storage/worker outages, never deterministic errors."""
     exc = state.data
-    if isinstance(exc, IntegrityError):
-        return False
+    if isinstance(exc, IntegrityError | StorageUnreachableError):
+        return False  # corrupt data, or an outage that already spent the whole budget
     return isinstance(exc, StorageError | ConnectionError | TimeoutError)
 
 

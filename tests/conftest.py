@@ -2,6 +2,7 @@
 S3-compatible server (moto) for the storage tests, and the real local stack (started once
 per session for every test that asks for it)."""
 
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -11,6 +12,9 @@ from pathlib import Path
 import pytest
 
 import flows  # noqa: F401  (first: its process settings, e.g. OMP_WAIT_POLICY, precede torch)
+
+# Outage tests stop the store on purpose: give up after seconds, not the default minutes.
+os.environ.setdefault("NEMO_RL_CORE_STORAGE_BUDGET_S", "8")
 from nemo_rl_core.models.local_models import build_tiny_model
 
 # The stack driver lives with the scripts it drives (infra/), shared with bench/soak.py.

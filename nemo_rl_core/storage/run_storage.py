@@ -57,6 +57,13 @@ from nemo_rl_core.storage.lease import (
     LocalObject,
     S3Object,
 )
+from nemo_rl_core.storage.outage import (
+    S3_FAST_FAIL,
+    S3_TRIES,
+    StorageError,
+    StorageUnreachableError,
+    retry_within_budget,
+)
 
 T = TypeVar("T")
 
@@ -77,10 +84,6 @@ try:  # s3fs raises botocore's errors for connection trouble; other backends onl
     _TRANSIENT: tuple[type[BaseException], ...] = (OSError, BotoCoreError, ClientError)
 except ImportError:  # pragma: no cover - botocore comes with s3fs
     _TRANSIENT = (OSError,)
-
-
-class StorageError(RuntimeError):
-    """Storage unreachable or an operation on it failed; names the URL. Retrying may help."""
 
 
 class IntegrityError(StorageError):
@@ -152,13 +155,19 @@ class RunStorage:
         self.batch_format = check_format(batch_format)
         self.root = str(root).rstrip("/") or "/"
         options = dict(storage_options or {})
-        if fsspec.utils.get_protocol(self.root) not in ("file", "local"):
+        protocol = fsspec.utils.get_protocol(self.root)
+        if protocol not in ("file", "local"):
             # Other writers (stages in other processes) change the run: never trust a listing.
             options.setdefault("use_listings_cache", False)
+        if protocol in ("s3", "s3a"):
+            for name, value in S3_FAST_FAIL.items():
+                options.setdefault(name, value)
         try:
             self.fs, root_path = fsspec.core.url_to_fs(self.root, **options)
         except (ValueError, ImportError, TypeError) as exc:
             raise StorageError(f"cannot open storage root {self.root!r}: {exc}") from exc
+        if protocol in ("s3", "s3a"):
+            self.fs.retries = S3_TRIES
         self._local = isinstance(self.fs, LocalFileSystem)
         self._run_path = posixpath.join(root_path.rstrip("/"), "runs", self.run_id)
         self.run_url = f"{self.root}/runs/{self.run_id}"
@@ -514,7 +523,9 @@ class RunStorage:
         absence means); when writing it means a missing bucket, a ``StorageError``.
         """
         try:
-            return op()
+            return retry_within_budget(op, f"storage operation on {self._url(key)}", _TRANSIENT)
+        except StorageUnreachableError:
+            raise
         except FileNotFoundError as exc:
             if reading:
                 raise
