@@ -14,6 +14,8 @@ from nemo_rl_core.models.megatron.config import MegatronConfig
 from nemo_rl_core.models.policy.utils import check_kwargs_accepted, import_class_from_path
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 
+_TOKENIZER = "nemo_rl_core.models.policy.hf_loading:load_tokenizer"
+
 
 class StrictModel(BaseModel):
     """Base for config sections: unknown keys are errors naming their path."""
@@ -22,9 +24,14 @@ class StrictModel(BaseModel):
 
 
 class TokenizerConfig(StrictModel):
-    name: str | None = None  # None: the policy's model_name
-    chat_template: str | None = None  # None: the tokenizer's own template
-    chat_template_kwargs: dict[str, Any] | None = None
+    """``tokenizer:`` as NeMo RL's ``get_tokenizer`` reads it. ``chat_template``: absent or
+    ``"default"`` keeps the tokenizer's own template, ``null`` the plain passthrough one, any
+    other string is a Jinja template or a ``.jinja`` file; ``chat_template_kwargs`` go to
+    every ``apply_chat_template`` call (``enable_thinking: true``)."""
+
+    name: Annotated[str | None, Wired(_TOKENIZER)] = None  # None: the model's model_name
+    chat_template: Annotated[str | None, Wired(_TOKENIZER)] = "default"
+    chat_template_kwargs: Annotated[dict[str, Any] | None, Wired(_TOKENIZER)] = None
 
 
 class OptimizerConfig(StrictModel):

@@ -12,7 +12,7 @@ from nemo_rl_core.algorithms.loss import ClippedPGLossFn, LossInputType, LossTyp
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.local_models import ModelNotFoundError, build_tiny_model
 from nemo_rl_core.models.policy import make_policy
-from nemo_rl_core.models.policy.hf_loading import VocabMismatchError
+from nemo_rl_core.models.policy.hf_loading import VocabMismatchError, load_tokenizer
 from nemo_rl_core.models.policy.hf_policy import HFPolicy
 from nemo_rl_core.models.policy.hf_trainer import NonFiniteTrainingError
 from nemo_rl_core.utils.config import ConfigError
@@ -130,6 +130,32 @@ def test_train_metrics_follow_nemo_rl(tiny_model_dir: Path) -> None:
     assert metrics["loss"][0].item() == pytest.approx(mb_losses[0] + mb_losses[1], rel=1e-6)
     eval_metrics = policy.train(data, NLLLossFn(), eval_mode=True, gbs=4, mbs=2)
     assert eval_metrics["grad_norm"].numel() == 0
+
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "rendered"),
+    [
+        ({}, "<|im_start|>user\nhi<|im_end|>\n"),  # absent: the tokenizer's own template
+        ({"chat_template": "default"}, "<|im_start|>user\nhi<|im_end|>\n"),
+        ({"chat_template": None}, "hi"),  # null: NeMo RL's passthrough
+        ({"chat_template": "{{ messages[0]['content'] | upper }}"}, "HI"),
+        (
+            {
+                "chat_template": "{{ messages[0]['content'] }}{% if shout %}!{% endif %}",
+                "chat_template_kwargs": {"shout": True},
+            },
+            "hi!",
+        ),
+    ],
+)
+def test_tokenizer_keys_act_as_nemo_rl_get_tokenizer(
+    tiny_model_dir: Path, tokenizer: dict[str, Any], rendered: str
+) -> None:
+    loaded = load_tokenizer(policy_config(tiny_model_dir, tokenizer=tokenizer))
+    assert loaded.apply_chat_template(CHAT, tokenize=False) == rendered
 
 
 def test_sft_steps_drive_nll_down(tiny_model_dir: Path) -> None:
