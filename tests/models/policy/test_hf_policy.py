@@ -132,6 +132,32 @@ def test_train_metrics_follow_nemo_rl(tiny_model_dir: Path) -> None:
     assert eval_metrics["grad_norm"].numel() == 0
 
 
+def layer_calls_in_one_step(policy: HFPolicy) -> tuple[int, dict[str, torch.Tensor]]:
+    """How often the first decoder layer ran with grad in one training step, and the weights
+    after. A pre-hook: recomputation stops early, inside the layer, once backward has what
+    it needs."""
+    calls = []
+    layer = policy.model.get_decoder().layers[0]
+    handle = layer.register_forward_pre_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    policy.train(token_batch(batch=4, seed=7), NLLLossFn(), gbs=4, mbs=2)
+    handle.remove()
+    return sum(calls), params_of(policy)
+
+
+def test_activation_checkpointing_recomputes_and_gives_the_same_step(tiny_model_dir: Path):
+    plain, checkpointed = (
+        layer_calls_in_one_step(
+            make_policy(
+                policy_config(tiny_model_dir, dtensor_cfg={"activation_checkpointing": on}),
+                init_reference_model=False,
+            )
+        )
+        for on in (False, True)
+    )
+    assert plain[0] == 2 and checkpointed[0] == 4  # each microbatch's layer ran again in backward
+    assert max_param_diff(plain[1], checkpointed[1]) < 1e-6
+
+
 CHAT = [{"role": "user", "content": "hi"}]
 
 
