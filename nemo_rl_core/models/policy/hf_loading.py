@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from nemo_rl_core.data.chat_templates import configure_chat_template
 from nemo_rl_core.models.local_models import resolve_model
@@ -37,6 +43,17 @@ def load_tokenizer(config: TrainedModelConfig) -> PreTrainedTokenizerBase:
     return configure_chat_template(tokenizer, settings.chat_template)
 
 
+def load_hf_config(
+    path: str | Path, config: TrainedModelConfig, **config_overrides: Any
+) -> PretrainedConfig:
+    """The model's HF config with ``hf_config_overrides`` and ``config_overrides`` set on it,
+    the one both training backends build their model from."""
+    hf_config = AutoConfig.from_pretrained(str(path))
+    for key, value in {**config.hf_config_overrides, **config_overrides}.items():
+        setattr(hf_config, key, value)
+    return hf_config
+
+
 def load_pretrained(
     model_cls: Any, path: str | Path, config: TrainedModelConfig, **config_overrides: Any
 ) -> PreTrainedModel:
@@ -45,9 +62,7 @@ def load_pretrained(
     ``policy.hf_config_overrides`` and ``config_overrides`` are set on the HF config first.
     """
     directory = resolve_model(str(path))
-    hf_config = AutoConfig.from_pretrained(str(directory))
-    for key, value in {**config.hf_config_overrides, **config_overrides}.items():
-        setattr(hf_config, key, value)
+    hf_config = load_hf_config(directory, config, **config_overrides)
     model = model_cls.from_pretrained(
         str(directory), config=hf_config, dtype=torch.float32, attn_implementation="sdpa"
     )

@@ -63,6 +63,21 @@ def test_topk_and_reference_match_hf(megatron_policy, hf_policy, vocab_size) -> 
     )
 
 
+def test_hf_config_overrides_shape_both_backends_alike(tiny_model_dir, hf_policy, vocab_size):
+    data = make_batch(vocab_size, seed=2)
+    logprobs = []
+    for backend in ("megatron", "hf"):
+        config = policy_config(tiny_model_dir, backend).model_copy(
+            update={"hf_config_overrides": {"rms_norm_eps": 0.5}}
+        )
+        policy = make_policy(config, init_optimizer=False, init_reference_model=False)
+        logprobs.append(policy.get_logprobs(data)["logprobs"])
+        policy.shutdown()
+    torch.testing.assert_close(logprobs[0], logprobs[1], atol=1e-5, rtol=0)
+    plain = hf_policy.get_logprobs(data)["logprobs"]
+    assert (logprobs[0] - plain).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("loss_fn", [ClippedPGLossFn({}), NLLLossFn()], ids=["pg", "nll"])
 def test_train_step_matches_hf(tiny_model_dir, vocab_size, tmp_path, loss_fn) -> None:
     """Same batch, loss, AdamW settings: same loss and, to 1e-4, the same updated weights."""

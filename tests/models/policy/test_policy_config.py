@@ -1,14 +1,11 @@
 """PolicyConfig accepts NeMo RL's policy: section and names the key of every mistake."""
 
-from pathlib import Path
-
 import pytest
+from policy_testing import NO_GPU, ONE_GPU, support_refusals
 
-from nemo_rl_core.algorithms.grpo import MasterConfig, load_master_config
-from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.utils.config import ConfigError, validate_config
-from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support
+from nemo_rl_core.utils.key_support import Machine
 
 BASE = {
     "model_name": "tiny-llama",
@@ -115,21 +112,6 @@ def test_megatron_enabled_selects_megatron_backend() -> None:
 def test_bad_keys_are_named(override: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         validate_config(PolicyConfig, {**BASE, **override}, source="policy")
-
-
-CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
-NO_GPU, ONE_GPU = Machine(cuda_devices=0), Machine(cuda_devices=1)
-
-
-def support_refusals(config_name: str, overrides: list[str], machine: Machine) -> str:
-    """What ``check_support`` refuses of an example config with ``overrides`` ('' if nothing)."""
-    config_class = PPOMasterConfig if config_name.startswith("ppo") else MasterConfig
-    config = load_master_config(str(CONFIGS / config_name), overrides, config_class)
-    try:
-        check_support(config, machine, source=config_name)
-    except UnsupportedConfigError as err:
-        return str(err)
-    return ""
 
 
 @pytest.mark.parametrize(
