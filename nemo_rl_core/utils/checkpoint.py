@@ -23,7 +23,7 @@ from typing import Annotated, Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nemo_rl_core.storage.run_storage import RunStorage
-from nemo_rl_core.utils.key_support import Check, Only, Wired
+from nemo_rl_core.utils.key_support import Only, Wired, inert
 from nemo_rl_core.utils.timer import convert_to_seconds
 
 # Where each trained model of an algorithm sits inside a checkpoint ("" = its root).
@@ -67,8 +67,7 @@ class CheckpointingConfig(BaseModel):
     ] = "safetensors"
     save_consolidated: Annotated[
         bool,
-        Check(
-            lambda value, context: None,
+        inert(
             "consolidated or sharded across NeMo RL's DTensor ranks: the one training process "
             "here writes one consolidated HF directory either way",
         ),

@@ -137,6 +137,11 @@ class PartOf(KeyRule):
         return f"tunes `{self.feature}` (matters only while it is on)"
 
 
+def inert(why: str) -> Check:
+    """The rule of a key whose value changes nothing here, at any value; ``why`` says so."""
+    return Check(lambda value, context: None, why)
+
+
 def needs_gpus(count: Callable[[Any], int], what: str) -> Check:
     """Refuse a value that asks for more CUDA devices than this machine has."""
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired, inert
 
 _VLLM = "nemo_rl_core.models.generation.vllm_generation:VllmGeneration"
 _ENGINE = Wired(f"{_VLLM}._engine_kwargs")
@@ -19,8 +19,7 @@ _REQUESTS = Wired("nemo_rl_core.models.generation.sequences:build_requests")
 
 # NeMo RL serves generation from Ray actors with HTTP endpoints on these ports; the engine
 # here runs inside the stage's own process and opens none, so no range can collide.
-NO_SERVER_PORTS = Check(
-    lambda value, context: None,
+NO_SERVER_PORTS = inert(
     "ports for NeMo RL's Ray-hosted generation servers; the engine here runs in the stage's "
     "process and opens no port",
 )
@@ -140,8 +139,7 @@ class VllmSpecificArgs(_Strict):
     compilation_config: Annotated[dict[str, Any] | None, _ENGINE] = None
     use_deep_gemm: Annotated[
         bool,
-        Check(
-            lambda value, context: None,
+        inert(
             "a GPU kernel (DeepGEMM) for fp8 matrix products; vLLM's own kernel here computes "
             "the same products",
         ),

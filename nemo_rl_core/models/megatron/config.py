@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired, inert
 
 _MODEL = "nemo_rl_core.models.megatron.model:transformer_config"
 _WORKER = "nemo_rl_core.models.megatron.worker:MegatronWorker"
@@ -32,8 +32,7 @@ _PEFT = "policy.megatron_cfg.peft.enabled"
 # Mixture-of-experts knobs: NeMo RL applies them to MoE layers only, and the converter here
 # builds dense Llama/Qwen2 models (it refuses an MoE checkpoint), so on every model it loads
 # they change nothing, as in NeMo RL on a dense model.
-MOE_KNOB = Check(
-    lambda value, context: None,
+MOE_KNOB = inert(
     "tunes mixture-of-experts layers; dense models only here (the converter refuses MoE), "
     "where NeMo RL ignores it too",
 )
@@ -81,8 +80,7 @@ def _ranks_fit(value: int, context: SupportContext) -> str | None:
 
 
 _RANKS = Check(_ranks_fit, "TP x DP ranks: processes on CPU, one GPU each where there is CUDA")
-_NOT_READ_IN_V07 = Check(
-    lambda value, context: None,
+_NOT_READ_IN_V07 = inert(
     "NeMo RL v0.7 reads it nowhere; the converter here takes the architecture from config.json",
 )
 
@@ -244,8 +242,7 @@ class MegatronConfig(_Strict):
     bias_activation_fusion: Annotated[bool, Wired(_MODEL)] = True
     defer_fp32_logits: Annotated[
         bool | None,
-        Check(
-            lambda value, context: None,
+        inert(
             "when the half-precision logits become float32 (memory only, the same values); "
             "the worker here casts them at once",
         ),

@@ -19,6 +19,7 @@ from nemo_rl_core.utils.key_support import (
     SupportContext,
     Wired,
     gpu_memory_knob,
+    inert,
 )
 
 _TRAINER = "nemo_rl_core.models.policy.hf_trainer:HFTrainable"
@@ -163,8 +164,7 @@ class LoraConfig(StrictModel):
     ] = "xavier"
     use_triton: Annotated[
         bool,
-        Check(
-            lambda value, context: None,
+        inert(
             "Triton LoRA kernels on GPU; the torch path here computes the same adapters",
         ),
     ] = True
@@ -194,8 +194,7 @@ class DTensorConfig(StrictModel):
     ] = True
     v2: Annotated[
         bool,
-        Check(
-            lambda value, context: None,
+        inert(
             "which of NeMo RL's two DTensor workers; both compute the same training step, "
             "the one HF trainer here does too",
         ),
@@ -210,8 +209,9 @@ class DTensorConfig(StrictModel):
         int, Only(1, reason=f"context parallelism is not built: {_ONE_PROCESS}")
     ] = Field(1, ge=1)
     custom_parallel_plan: Annotated[str | None, PartOf(_TP)] = None
+    # Every n-th microbatch frees the CUDA cache; None or 0: never.
     clear_cache_every_n_steps: Annotated[int | None, Wired(f"{_TRAINER}._train")] = Field(
-        None, ge=1
+        None, ge=0
     )
     env_vars: Annotated[
         dict[str, str] | None,
@@ -358,15 +358,13 @@ class PolicyConfig(TrainedModelConfig):
 
     generation_batch_size: Annotated[
         int | None,
-        Check(
-            lambda value, context: None,
+        inert(
             "NeMo RL v0.7 reads it nowhere (its TypedDict keeps it for older configs)",
         ),
     ] = Field(None, ge=1)
     logprob_chunk_size: Annotated[
         int | None,
-        Check(
-            lambda value, context: None,
+        inert(
             "splits NeMo RL's float32 logits along the sequence to save memory, the same "
             "logprobs; here only the wanted positions reach the LM head",
         ),
@@ -376,8 +374,7 @@ class PolicyConfig(TrainedModelConfig):
     ] = False
     refit_buffer_size_gb: Annotated[
         float | None,
-        Check(
-            lambda value, context: None,
+        inert(
             "the chunk size of NeMo RL's weight transfer between processes; the engine here "
             "is refit in its own process from the whole state dict, the same weights",
         ),
