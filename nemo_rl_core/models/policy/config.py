@@ -171,7 +171,11 @@ class LoraConfig(StrictModel):
 
 
 def _dtensor_or_megatron(enabled: bool, context: SupportContext) -> str | None:
-    if not enabled and context.section_value("training_backend") == "hf":
+    """Exactly one backend, as NeMo RL's Policy requires: the HF one is its DTensor worker."""
+    megatron = context.section_value("training_backend") == "megatron"
+    if enabled and megatron:
+        return "Megatron-core trains, and NeMo RL takes one backend: set dtensor_cfg.enabled: false"
+    if not enabled and not megatron:
         return (
             "with megatron_cfg.enabled false too, NeMo RL has no training backend; the HF "
             "backend here is its DTensor worker: set dtensor_cfg.enabled: true"
@@ -190,7 +194,7 @@ class DTensorConfig(StrictModel):
     """NeMo RL's FSDP2/DTensor worker, which the HF backend is with one rank."""
 
     enabled: Annotated[
-        bool, Check(_dtensor_or_megatron, "picks the HF backend unless Megatron-core trains")
+        bool, Check(_dtensor_or_megatron, "true exactly when the HF backend trains")
     ] = True
     v2: Annotated[
         bool,

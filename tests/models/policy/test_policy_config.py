@@ -124,6 +124,7 @@ def test_bad_keys_are_named(override: dict, named: str) -> None:
         ),
         (["policy.dtensor_cfg.context_parallel_size=2"], NO_GPU, "context parallelism"),
         (["policy.dtensor_cfg.enabled=false"], NO_GPU, "NeMo RL has no training backend"),
+        (["policy.megatron_cfg.enabled=true"], NO_GPU, "dtensor_cfg.enabled=True: Megatron-core"),
         (["policy.dtensor_cfg.cpu_offload=true"], ONE_GPU, "CPU offload of parameters is not"),
         (["policy.offload_optimizer_for_logprob=true"], ONE_GPU, "optimizer state to the CPU"),
         (["+policy.dtensor_cfg.env_vars.NCCL_DEBUG=INFO"], NO_GPU, "dtensor_cfg.env_vars="),
