@@ -227,7 +227,8 @@ class MegatronWorker:
             # The precision-aware path needs TE's FusedAdam.
             use_precision_aware_optimizer=opt.use_precision_aware_optimizer and self.use_te,
             clip_grad=opt.clip_grad,
-            optimizer_cpu_offload=opt.optimizer_cpu_offload,
+            # Host memory is where everything already is without CUDA: nothing to offload.
+            optimizer_cpu_offload=opt.optimizer_cpu_offload and torch.cuda.is_available(),
             optimizer_offload_fraction=opt.optimizer_offload_fraction,
         )
         with cuda_as_cpu():

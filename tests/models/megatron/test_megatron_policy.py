@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_batch, policy_config
+from conftest import LR, make_batch, policy_config
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -76,6 +76,21 @@ def test_hf_config_overrides_shape_both_backends_alike(tiny_model_dir, hf_policy
     torch.testing.assert_close(logprobs[0], logprobs[1], atol=1e-5, rtol=0)
     plain = hf_policy.get_logprobs(data)["logprobs"]
     assert (logprobs[0] - plain).abs().max() > 1e-3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on GPU megatron-core offloads for real")
+def test_optimizer_cpu_offload_is_moot_without_cuda(tiny_model_dir, vocab_size) -> None:
+    """Everything already sits in host memory: the same step, where megatron-core's offload
+    would have asked CUDA for streams."""
+    losses = []
+    for offload in (False, True):
+        optimizer = {"lr": LR, "min_lr": LR, "weight_decay": 0.0, "clip_grad": 1.0}
+        optimizer |= {"optimizer_cpu_offload": offload, "optimizer_offload_fraction": 1.0}
+        policy = make_policy(policy_config(tiny_model_dir, "megatron", optimizer=optimizer))
+        policy.train(make_batch(vocab_size, seed=4), NLLLossFn())
+        losses.append(policy.train(make_batch(vocab_size, seed=5), NLLLossFn())["loss"])
+        policy.shutdown()
+    torch.testing.assert_close(losses[0], losses[1], atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("loss_fn", [ClippedPGLossFn({}), NLLLossFn()], ids=["pg", "nll"])
