@@ -47,6 +47,16 @@ def _engine_devices(value: int, context: SupportContext) -> str | None:
 _ENGINE_DEVICES = Check(_engine_devices, "vLLM shards: one GPU each must be present")
 
 
+def _fp8_on_a_gpu_engine(precision: str, context: SupportContext) -> str | None:
+    if precision != "fp8":
+        return None
+    if context.value("policy.generation.backend") != "vllm":
+        return "fp8 generation is vLLM's quantization; the hf backend runs bfloat16 or float32"
+    if context.machine.cuda_devices == 0:
+        return "vLLM's fp8 quantization needs a GPU; this machine has none"
+    return None
+
+
 def _runs_the_policy(name: str | None, context: SupportContext) -> str | None:
     policy = context.value("policy.model_name")
     if name is None or name == policy:
@@ -110,7 +120,9 @@ class VllmSpecificArgs(_Strict):
     max_model_len: Annotated[
         int | None, Wired("nemo_rl_core.models.generation.model_files:setup_backend")
     ] = Field(None, ge=1)
-    precision: Annotated[Precision, _ENGINE] = "bfloat16"
+    precision: Annotated[
+        Precision, Check(_fp8_on_a_gpu_engine, "the engine's dtype; fp8 on a vLLM GPU engine")
+    ] = "bfloat16"
     enforce_eager: Annotated[bool, _ENGINE] = False
     async_engine: Annotated[
         bool,

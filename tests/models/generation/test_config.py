@@ -89,6 +89,8 @@ GEN = "policy.generation"
         ),
         ([f"{GEN}.backend=sglang"], NO_GPU, "SGLang and Megatron inference engines"),
         ([f"{GEN}.vllm_cfg.load_format=dummy"], NO_GPU, "random ('dummy') weights"),
+        ([f"{GEN}.vllm_cfg.precision=fp8"], NO_GPU, "fp8 quantization needs a GPU"),
+        ([f"{GEN}.backend=hf", f"{GEN}.vllm_cfg.precision=fp8"], ONE_GPU, "the hf backend"),
         ([f"{GEN}.vllm_cfg.async_engine=true"], NO_GPU, "async engine"),
         ([f"{GEN}.vllm_cfg.expert_parallel_size=2"], NO_GPU, "expert parallelism"),
         ([f"{GEN}.vllm_cfg.num_last_layers_in_bf16=1"], NO_GPU, "out of fp8 generation"),
