@@ -16,6 +16,7 @@ from nemo_rl_core.pipeline.context import PREVIOUS, DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.spec import Pipeline, round_name
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.utils.timer import TimeoutChecker
 from tasks.stage import stage, stage_logger
 
 
@@ -86,8 +87,9 @@ def run_iterations(
     steps_per_run: int | None,
     storage_block: str | None,
 ) -> dict:
-    """Run the planned iterations of ``pipeline``; returns the run's id, root, iterations,
-    per-iteration metrics and the keys of damaged inputs that were re-made."""
+    """Run the planned iterations of ``pipeline`` (fewer when ``checkpoint_must_save_by``
+    comes near); returns the run's id, root, the iterations run, per-iteration metrics and
+    the keys of damaged inputs that were re-made."""
     run, config = open_run(pipeline, config_path, overrides, run_id, storage_root, storage_block)
     with hold_lease(run, owner=lease_owner()):
         iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run)
@@ -95,8 +97,12 @@ def run_iterations(
             close_runtime(run)  # planning opened it; the next flow run may bring a new config
             return nothing_to_do(pipeline, run, final_step)
         total = pipeline.last_iteration(config, final_step)
+        done: list[int] = []
         history = []
         remade: list[str] = []
+        # NeMo RL's checkpoint_must_save_by: stop one average iteration before the limit.
+        deadline = TimeoutChecker(config.checkpointing.checkpoint_must_save_by, True)
+        deadline.start_iterations()
         try:
             with IterationReports(pipeline, run, config, iterations, total) as reports:
                 for iteration in iterations:
@@ -107,13 +113,23 @@ def run_iterations(
                         run,
                         iteration,
                     )
+                    done.append(iteration)
                     history.append(reports.iteration_done(iteration))
+                    deadline.mark_iteration()
+                    if deadline.check_save():
+                        stage_logger().info(
+                            "run %s: checkpointing.checkpoint_must_save_by is near; stopping "
+                            "after iteration %d, whose checkpoint is committed",
+                            run.run_id,
+                            iteration,
+                        )
+                        break
         finally:
             close_runtime(run)
     return {
         "run_id": run.run_id,
         "storage_root": run.storage_root,
-        "iterations": iterations,
+        "iterations": done,
         "metrics": history,
         "remade": remade,
     }

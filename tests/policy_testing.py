@@ -5,8 +5,14 @@ from typing import Any
 
 import torch
 
+from nemo_rl_core.algorithms.grpo import MasterConfig, load_master_config
+from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support
+
+CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+NO_GPU, ONE_GPU = Machine(cuda_devices=0), Machine(cuda_devices=1)
 
 
 def policy_config(model_dir: Path, **overrides: Any) -> PolicyConfig:
@@ -53,3 +59,14 @@ def manual_logprobs(model_dir: Path, data: BatchedDataDict) -> torch.Tensor:
         logits = model(input_ids=ids, attention_mask=valid.long()).logits
     picked = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     return torch.nn.functional.pad(picked, (1, 0)) * valid
+
+
+def support_refusals(config_name: str, overrides: list[str], machine: Machine) -> str:
+    """What ``check_support`` refuses of an example config with ``overrides`` ('' if nothing)."""
+    config_class = PPOMasterConfig if config_name.startswith("ppo") else MasterConfig
+    config = load_master_config(str(CONFIGS / config_name), overrides, config_class)
+    try:
+        check_support(config, machine, source=config_name)
+    except UnsupportedConfigError as err:
+        return str(err)
+    return ""

@@ -30,6 +30,7 @@ from nemo_rl_core.models.generation import configure_generation_config, make_gen
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy import make_policy
+from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import make_value_model
 from nemo_rl_core.models.value.interfaces import ValueInterface
@@ -81,13 +82,9 @@ class RunRuntime:
 
     @property
     def tokenizer(self) -> Any:
+        """The policy's tokenizer; the value model reads the same tokens (as in NeMo RL)."""
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            name = self.config.policy.tokenizer.name or str(self.model_dir)
-            self._tokenizer = AutoTokenizer.from_pretrained(resolve_model(name))
-            if self.config.policy.tokenizer.chat_template:
-                self._tokenizer.chat_template = self.config.policy.tokenizer.chat_template
+            self._tokenizer = load_tokenizer(self.config.policy)
         return self._tokenizer
 
     @property

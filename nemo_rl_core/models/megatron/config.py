@@ -10,9 +10,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, Wired
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired, inert
 
 _MODEL = "nemo_rl_core.models.megatron.model:transformer_config"
+_WORKER = "nemo_rl_core.models.megatron.worker:MegatronWorker"
+_OPTIMIZER = Wired(f"{_WORKER}._build_optimizer")
+_DDP = Wired(f"{_WORKER}._wrap")
 _MTP = "policy.megatron_cfg.mtp_num_layers"
 _PP = "policy.megatron_cfg.pipeline_model_parallel_size"
 _DENSE = "expert parallelism needs mixture-of-experts layers; the converter builds dense models"
@@ -29,10 +32,56 @@ _PEFT = "policy.megatron_cfg.peft.enabled"
 # Mixture-of-experts knobs: NeMo RL applies them to MoE layers only, and the converter here
 # builds dense Llama/Qwen2 models (it refuses an MoE checkpoint), so on every model it loads
 # they change nothing, as in NeMo RL on a dense model.
-MOE_KNOB = Check(
-    lambda value, context: None,
+MOE_KNOB = inert(
     "tunes mixture-of-experts layers; dense models only here (the converter refuses MoE), "
     "where NeMo RL ignores it too",
+)
+
+
+def _megatron_trains(context: SupportContext) -> bool:
+    return context.section_value("training_backend") == "megatron"
+
+
+def _half_matches_precision(value: bool, context: SupportContext) -> str | None:
+    """NeMo RL asserts these agree with ``precision``; the worker sets them from it."""
+    flag = context.key.rpartition(".")[2]
+    precision = context.section_value("precision")
+    wanted = precision == {"bf16": "bfloat16", "fp16": "float16"}[flag]
+    if value == wanted or not _megatron_trains(context):
+        return None
+    return (
+        f"must agree with precision={precision!r} (mixed precision with float32 main weights "
+        f"is what the Megatron worker runs, as NeMo RL requires): set it to {wanted}"
+    )
+
+
+def _decay_iters_given(value: int | None, context: SupportContext) -> str | None:
+    if value is not None or not _megatron_trains(context):
+        return None
+    styles = context.section_value("megatron_cfg.scheduler")
+    if styles.lr_decay_style == "constant" and styles.weight_decay_incr_style == "constant":
+        return None
+    return (
+        "null decays over NeMo RL's train_iters (the run's planned steps), which the Megatron "
+        "worker here is not given: set the number of decay steps"
+    )
+
+
+def _ranks_fit(value: int, context: SupportContext) -> str | None:
+    """TP x DP ranks: processes on CPU (gloo), one CUDA device each on a GPU machine."""
+    gpus = context.machine.cuda_devices
+    if not gpus or not _megatron_trains(context):
+        return None
+    section = context.section_value("megatron_cfg")
+    ranks = section.tensor_model_parallel_size * section.data_parallel_size
+    if ranks <= gpus:
+        return None
+    return f"tensor x data parallel = {ranks} ranks need {ranks} GPUs, this machine has {gpus}"
+
+
+_RANKS = Check(_ranks_fit, "TP x DP ranks: processes on CPU, one GPU each where there is CUDA")
+_NOT_READ_IN_V07 = inert(
+    "NeMo RL v0.7 reads it nowhere; the converter here takes the architecture from config.json",
 )
 
 
@@ -45,22 +94,26 @@ class _Strict(BaseModel):
 class MegatronOptimizerConfig(_Strict):
     """``megatron_cfg.optimizer``: fields of megatron-core's ``OptimizerConfig``."""
 
-    optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = 5.0e-6
-    min_lr: float = 5.0e-7
-    weight_decay: float = 0.01
-    bf16: bool = False
-    fp16: bool = False
-    params_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    sgd_momentum: float = 0.9
-    use_distributed_optimizer: bool = True
-    use_precision_aware_optimizer: bool = True
-    clip_grad: float = 1.0
-    optimizer_cpu_offload: bool = False
-    optimizer_offload_fraction: float = 0.0
+    optimizer: Annotated[Literal["adam", "sgd"], _OPTIMIZER] = "adam"
+    lr: Annotated[float, _OPTIMIZER] = 5.0e-6
+    min_lr: Annotated[float, _OPTIMIZER] = 5.0e-7
+    weight_decay: Annotated[float, _OPTIMIZER] = 0.01
+    bf16: Annotated[bool, Check(_half_matches_precision, "true exactly when precision is bf16")] = (
+        False
+    )
+    fp16: Annotated[bool, Check(_half_matches_precision, "true exactly when precision is fp16")] = (
+        False
+    )
+    params_dtype: Annotated[Literal["float32", "bfloat16", "float16"], _OPTIMIZER] = "float32"
+    adam_beta1: Annotated[float, _OPTIMIZER] = 0.9
+    adam_beta2: Annotated[float, _OPTIMIZER] = 0.999
+    adam_eps: Annotated[float, _OPTIMIZER] = 1e-8
+    sgd_momentum: Annotated[float, _OPTIMIZER] = 0.9
+    use_distributed_optimizer: Annotated[bool, _OPTIMIZER] = True
+    use_precision_aware_optimizer: Annotated[bool, _OPTIMIZER] = True
+    clip_grad: Annotated[float, _OPTIMIZER] = 1.0
+    optimizer_cpu_offload: Annotated[bool, _OPTIMIZER] = False
+    optimizer_offload_fraction: Annotated[float, _OPTIMIZER] = 0.0
 
     @model_validator(mode="after")
     def _one_half_precision(self) -> "MegatronOptimizerConfig":
@@ -76,29 +129,43 @@ class MegatronSchedulerConfig(_Strict):
     (NeMo RL writes them as ``${policy.megatron_cfg.optimizer.weight_decay}``).
     """
 
-    start_weight_decay: float | None = None
-    end_weight_decay: float | None = None
-    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
-    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = (
+    start_weight_decay: Annotated[float | None, _OPTIMIZER] = None
+    end_weight_decay: Annotated[float | None, _OPTIMIZER] = None
+    weight_decay_incr_style: Annotated[Literal["constant", "linear", "cosine"], _OPTIMIZER] = (
         "constant"
     )
-    lr_decay_iters: int | None = 1000
-    lr_warmup_iters: int = 13
-    lr_warmup_init: float = 5.0e-7
-    lr_wsd_decay_iters: int | None = None
-    lr_wsd_decay_style: Literal["exponential", "linear", "cosine"] | None = None
+    lr_decay_style: Annotated[
+        Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"], _OPTIMIZER
+    ] = "constant"
+    lr_decay_iters: Annotated[
+        int | None, Check(_decay_iters_given, "decay steps; null only with constant styles")
+    ] = 1000
+    lr_warmup_iters: Annotated[int, _OPTIMIZER] = 13
+    lr_warmup_init: Annotated[float, _OPTIMIZER] = 5.0e-7
+    lr_wsd_decay_iters: Annotated[int | None, _OPTIMIZER] = None
+    lr_wsd_decay_style: Annotated[Literal["exponential", "linear", "cosine"] | None, _OPTIMIZER] = (
+        None
+    )
 
 
 class DistributedDataParallelSettings(_Strict):
     """``megatron_cfg.distributed_data_parallel_config``: megatron-core's DDP config."""
 
-    grad_reduce_in_fp32: bool = False
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True
-    average_in_collective: bool = True
-    use_custom_fsdp: bool = False
-    data_parallel_sharding_strategy: Literal[
-        "no_shard", "optim", "optim_grads", "optim_grads_params"
+    grad_reduce_in_fp32: Annotated[bool, _DDP] = False
+    overlap_grad_reduce: Annotated[bool, _DDP] = True
+    overlap_param_gather: Annotated[bool, _DDP] = True
+    average_in_collective: Annotated[bool, _DDP] = True
+    use_custom_fsdp: Annotated[
+        bool,
+        Only(
+            False,
+            reason="Megatron's own FSDP is not built; this backend shards with Megatron DDP "
+            "and the distributed optimizer",
+        ),
+    ] = False
+    data_parallel_sharding_strategy: Annotated[
+        Literal["no_shard", "optim", "optim_grads", "optim_grads_params"],
+        PartOf("megatron_cfg.distributed_data_parallel_config.use_custom_fsdp"),
     ] = "optim_grads_params"
 
 
@@ -135,19 +202,24 @@ class MegatronConfig(_Strict):
     the ranks run under ``torchrun --standalone``.
     """
 
-    enabled: bool = False
+    enabled: Annotated[
+        bool,
+        Wired("nemo_rl_core.models.policy.config:TrainedModelConfig._backend_from_megatron_cfg"),
+    ] = False
     # The converter has no cache: every load converts the HF checkpoint afresh, which is
     # what ``true`` asks for and gives ``false``'s result.
     force_reconvert_from_hf: Annotated[
         bool, Wired("nemo_rl_core.models.megatron.converters:hf_to_megatron")
     ] = False
-    empty_unused_memory_level: int = Field(default=0, ge=0, le=2)
-    activation_checkpointing: bool = False
+    empty_unused_memory_level: Annotated[int, Wired(f"{_WORKER}._empty_unused_memory")] = Field(
+        default=0, ge=0, le=2
+    )
+    activation_checkpointing: Annotated[bool, Wired(_MODEL)] = False
     recompute_granularity: Annotated[Literal["full", "selective"], Wired(_MODEL)] = "full"
     recompute_modules: Annotated[list[str] | None, Wired(_MODEL)] = None
-    converter_type: str | None = None
-    tensor_model_parallel_size: int = Field(default=1, ge=1)
-    data_parallel_size: int = Field(default=1, ge=1)
+    converter_type: Annotated[str | None, _NOT_READ_IN_V07] = None
+    tensor_model_parallel_size: Annotated[int, _RANKS] = Field(default=1, ge=1)
+    data_parallel_size: Annotated[int, _RANKS] = Field(default=1, ge=1)
     expert_tensor_parallel_size: Annotated[int, Only(1, reason=_DENSE)] = 1
     expert_model_parallel_size: Annotated[int, Only(1, reason=_DENSE)] = 1
     pipeline_model_parallel_size: Annotated[int, Only(1, reason=_NO_PP)] = 1
@@ -156,17 +228,26 @@ class MegatronConfig(_Strict):
     context_parallel_size: Annotated[
         int, Only(1, reason="context parallelism is not built on this backend")
     ] = 1
-    pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    sequence_parallel: bool = False
-    freeze_moe_router: bool = True
-    moe_router_dtype: str | None = "fp64"
-    moe_router_load_balancing_type: str = "none"
-    moe_router_bias_update_rate: float = 0.0
-    moe_permute_fusion: bool = False
-    apply_rope_fusion: bool = True
-    bias_activation_fusion: bool = True
-    defer_fp32_logits: bool | None = False
-    moe_per_layer_logging: bool = False
+    pipeline_dtype: Annotated[Literal["float32", "bfloat16", "float16"] | None, Wired(_MODEL)] = (
+        None
+    )
+    sequence_parallel: Annotated[bool, Wired(_MODEL)] = False
+    freeze_moe_router: Annotated[bool, MOE_KNOB] = True
+    moe_router_dtype: Annotated[str | None, MOE_KNOB] = "fp64"
+    moe_router_load_balancing_type: Annotated[str, MOE_KNOB] = "none"
+    moe_router_bias_update_rate: Annotated[float, MOE_KNOB] = 0.0
+    moe_permute_fusion: Annotated[bool, MOE_KNOB] = False
+    # Fused kernels: transformer_config turns each on where its kernel exists (GPU, TE).
+    apply_rope_fusion: Annotated[bool, Wired(_MODEL)] = True
+    bias_activation_fusion: Annotated[bool, Wired(_MODEL)] = True
+    defer_fp32_logits: Annotated[
+        bool | None,
+        inert(
+            "when the half-precision logits become float32 (memory only, the same values); "
+            "the worker here casts them at once",
+        ),
+    ] = False
+    moe_per_layer_logging: Annotated[bool, MOE_KNOB] = False
     moe_enable_deepep: Annotated[bool, MOE_KNOB] = False
     moe_token_dispatcher_type: Annotated[str, MOE_KNOB] = "alltoall"
     moe_shared_expert_overlap: Annotated[bool, MOE_KNOB] = False
@@ -182,14 +263,25 @@ class MegatronConfig(_Strict):
     ] = False
     use_fused_weighted_squared_relu: Annotated[bool, MOE_KNOB] = False
     peft: MegatronPeftConfig = Field(default_factory=MegatronPeftConfig)
-    transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"
+    transformer_impl: Annotated[
+        Literal["auto", "local", "transformer_engine"],
+        Wired("nemo_rl_core.models.megatron.model:use_transformer_engine"),
+    ] = "auto"
     optimizer: MegatronOptimizerConfig = Field(default_factory=MegatronOptimizerConfig)
     scheduler: MegatronSchedulerConfig = Field(default_factory=MegatronSchedulerConfig)
     distributed_data_parallel_config: DistributedDataParallelSettings = Field(
         default_factory=DistributedDataParallelSettings
     )
     fp8_cfg: Annotated[dict[str, Any] | None, Check(_no_fp8, "FP8 training is not built")] = None
-    env_vars: dict[str, str] | None = None
+    env_vars: Annotated[
+        dict[str, str] | None,
+        Only(
+            None,
+            {},
+            reason="the Megatron ranks inherit the stage process's environment, set when the "
+            "worker starts",
+        ),
+    ] = None
 
     @property
     def weight_decay_range(self) -> tuple[float, float]:

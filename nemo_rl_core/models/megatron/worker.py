@@ -13,6 +13,7 @@ so the gradient is that of the global loss.
 """
 
 import copy
+import gc
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from nemo_rl_core.models.megatron.model import (
 )
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, padded_layout
+from nemo_rl_core.models.policy.hf_loading import load_hf_config
 
 Head = Literal["lm", "value"]
 
@@ -86,8 +88,6 @@ class MegatronWorker:
     """The model shard of this rank and every operation the policy/value object forwards."""
 
     def __init__(self, spec: WorkerSpec) -> None:
-        from transformers import AutoConfig
-
         self.spec = spec
         self.cfg = spec.config
         mcfg = spec.megatron_cfg
@@ -98,7 +98,7 @@ class MegatronWorker:
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
-        self.hf_config = AutoConfig.from_pretrained(spec.model_path)
+        self.hf_config = load_hf_config(spec.model_path, self.cfg)
         self.layout = GPTLayout.from_hf_config(self.hf_config)
         self.use_te = use_transformer_engine(mcfg)
         self.half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.cfg.precision)
@@ -227,7 +227,8 @@ class MegatronWorker:
             # The precision-aware path needs TE's FusedAdam.
             use_precision_aware_optimizer=opt.use_precision_aware_optimizer and self.use_te,
             clip_grad=opt.clip_grad,
-            optimizer_cpu_offload=opt.optimizer_cpu_offload,
+            # Host memory is where everything already is without CUDA: nothing to offload.
+            optimizer_cpu_offload=opt.optimizer_cpu_offload and torch.cuda.is_available(),
             optimizer_offload_fraction=opt.optimizer_offload_fraction,
         )
         with cuda_as_cpu():
@@ -312,10 +313,12 @@ class MegatronWorker:
             )
         current = self._weights_snapshot()
         self.gpt.load_state_dict(self.reference_state, strict=False)
+        self._empty_unused_memory(1)
         try:
             return self.get_logprobs(data, micro_batch_size)
         finally:
             self.gpt.load_state_dict(current, strict=False)
+            self._empty_unused_memory(1)
 
     def get_topk_logits(
         self, data: BatchedDataDict, k: int, micro_batch_size: int | None
@@ -364,11 +367,13 @@ class MegatronWorker:
         for gb_idx in range(data.size // gbs):
             batch = data.get_batch(gb_idx, gbs)
             loss = self._forward_backward(batch, loss_fn, eval_mode, mbs, all_mb_metrics)
+            self._empty_unused_memory(1)
             self._check_finite(loss, gb_idx)
             if not eval_mode:
                 with cuda_as_cpu():
                     _, grad_norm, _ = self.optimizer.step()
                 grad_norms.append(float(grad_norm))
+                self._empty_unused_memory(2)
             losses.append(float(loss))
         if not eval_mode:
             self.scheduler.step(increment=1)
@@ -444,6 +449,14 @@ class MegatronWorker:
                 f"loss is not finite at global batch {gb_idx}; the optimizer step was skipped. "
                 "Lower the learning rate or check the rewards/advantages for NaN"
             )
+
+    def _empty_unused_memory(self, level: int) -> None:
+        """``megatron_cfg.empty_unused_memory_level`` as NeMo RL's worker: from level 1 the
+        CUDA allocator's unused blocks go back after each forward-backward and reference-weight
+        swap, from level 2 after each optimizer step too (nothing to do without CUDA)."""
+        if self.mcfg.empty_unused_memory_level >= level and torch.cuda.is_available():
+            gc.collect()
+            torch.cuda.empty_cache()
 
     def current_lr(self) -> float:
         if self.optimizer is None:

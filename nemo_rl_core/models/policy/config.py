@@ -12,7 +12,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from nemo_rl_core.models.generation.config import GenerationConfig
 from nemo_rl_core.models.megatron.config import MegatronConfig
 from nemo_rl_core.models.policy.utils import check_kwargs_accepted, import_class_from_path
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
+from nemo_rl_core.utils.key_support import (
+    Check,
+    Only,
+    PartOf,
+    SupportContext,
+    Wired,
+    gpu_memory_knob,
+    inert,
+)
+
+_TRAINER = "nemo_rl_core.models.policy.hf_trainer:HFTrainable"
+_TOKENIZER = "nemo_rl_core.models.policy.hf_loading:load_tokenizer"
+_OPTIM = "nemo_rl_core.models.policy.optim"
 
 
 class StrictModel(BaseModel):
@@ -22,16 +34,21 @@ class StrictModel(BaseModel):
 
 
 class TokenizerConfig(StrictModel):
-    name: str | None = None  # None: the policy's model_name
-    chat_template: str | None = None  # None: the tokenizer's own template
-    chat_template_kwargs: dict[str, Any] | None = None
+    """``tokenizer:`` as NeMo RL's ``get_tokenizer`` reads it. ``chat_template``: absent or
+    ``"default"`` keeps the tokenizer's own template, ``null`` the plain passthrough one, any
+    other string is a Jinja template or a ``.jinja`` file; ``chat_template_kwargs`` go to
+    every ``apply_chat_template`` call (``enable_thinking: true``)."""
+
+    name: Annotated[str | None, Wired(_TOKENIZER)] = None  # None: the model's model_name
+    chat_template: Annotated[str | None, Wired(_TOKENIZER)] = "default"
+    chat_template_kwargs: Annotated[dict[str, Any] | None, Wired(_TOKENIZER)] = None
 
 
 class OptimizerConfig(StrictModel):
     """A torch optimizer by dotted class name; ``kwargs`` go to its constructor."""
 
-    name: str = "torch.optim.AdamW"
-    kwargs: dict[str, Any] = Field(
+    name: Annotated[str, Wired(f"{_OPTIM}:build_optimizer")] = "torch.optim.AdamW"
+    kwargs: Annotated[dict[str, Any], Wired(f"{_OPTIM}:build_optimizer")] = Field(
         default_factory=lambda: {
             "lr": 5.0e-6,
             "weight_decay": 0.01,
@@ -51,8 +68,10 @@ class OptimizerConfig(StrictModel):
 class SchedulerConfig(StrictModel):
     """One ``torch.optim.lr_scheduler`` class by dotted name, with its kwargs."""
 
-    name: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    name: Annotated[str, Wired(f"{_OPTIM}:build_scheduler")]
+    kwargs: Annotated[dict[str, Any], Wired(f"{_OPTIM}:build_scheduler")] = Field(
+        default_factory=dict
+    )
 
     @model_validator(mode="after")
     def _kwargs_fit_class(self) -> Self:
@@ -63,31 +82,47 @@ class SchedulerConfig(StrictModel):
 class SchedulerMilestones(StrictModel):
     """The step indices where a ``SequentialLR`` switches to the next scheduler."""
 
-    milestones: list[int]
+    milestones: Annotated[list[int], Wired(f"{_OPTIM}:build_scheduler")]
 
 
 SchedulerEntry = SchedulerConfig | SchedulerMilestones
 
 
+def _hf_backend_only(feature: str) -> Check:
+    """A microbatching feature the HF trainer builds and the Megatron worker does not."""
+
+    def test(enabled: bool, context: SupportContext) -> str | None:
+        if enabled and context.section_value("training_backend") == "megatron":
+            return f"{feature} is built on the HF training backend, not on Megatron-core"
+        return None
+
+    return Check(test, f"{feature} on the HF training backend (refused on Megatron)")
+
+
+_PLAN = Wired(f"{_TRAINER}.plan")
+
+
 class DynamicBatchingConfig(StrictModel):
     """Microbatches by token budget instead of sample count (sorted by length)."""
 
-    enabled: bool = False
-    train_mb_tokens: int | None = None  # None: max_total_sequence_length * train_micro_batch_size
-    logprob_mb_tokens: int | None = None  # None: max_total_sequence_length * logprob_batch_size
-    sequence_length_round: int = Field(64, ge=1)
+    enabled: Annotated[bool, _hf_backend_only("dynamic batching")] = False
+    # None: max_total_sequence_length * train_micro_batch_size (logprob_batch_size)
+    train_mb_tokens: Annotated[int | None, _PLAN] = None
+    logprob_mb_tokens: Annotated[int | None, _PLAN] = None
+    sequence_length_round: Annotated[int, _PLAN] = Field(64, ge=1)
 
 
 class SequencePackingConfig(StrictModel):
     """Several sequences concatenated into one row with position-id resets."""
 
-    enabled: bool = False
-    train_mb_tokens: int | None = None
-    logprob_mb_tokens: int | None = None
-    algorithm: Literal[
-        "modified_first_fit_decreasing", "first_fit_decreasing", "first_fit_shuffle"
+    enabled: Annotated[bool, _hf_backend_only("sequence packing")] = False
+    train_mb_tokens: Annotated[int | None, _PLAN] = None
+    logprob_mb_tokens: Annotated[int | None, _PLAN] = None
+    algorithm: Annotated[
+        Literal["modified_first_fit_decreasing", "first_fit_decreasing", "first_fit_shuffle"],
+        _PLAN,
     ] = "modified_first_fit_decreasing"
-    sequence_length_round: int = Field(64, ge=1)
+    sequence_length_round: Annotated[int, Wired(f"{_TRAINER}.layout")] = Field(64, ge=1)
 
 
 _LORA_READER = "nemo_rl_core.models.policy.lora:peft_config"
@@ -129,26 +164,68 @@ class LoraConfig(StrictModel):
     ] = "xavier"
     use_triton: Annotated[
         bool,
-        Check(
-            lambda value, context: None,
+        inert(
             "Triton LoRA kernels on GPU; the torch path here computes the same adapters",
         ),
     ] = True
 
 
-class DTensorConfig(StrictModel):
-    """FSDP2/DTensor knobs of NeMo RL; accepted so YAMLs validate, single-process here."""
+def _dtensor_or_megatron(enabled: bool, context: SupportContext) -> str | None:
+    """Exactly one backend, as NeMo RL's Policy requires: the HF one is its DTensor worker."""
+    megatron = context.section_value("training_backend") == "megatron"
+    if enabled and megatron:
+        return "Megatron-core trains, and NeMo RL takes one backend: set dtensor_cfg.enabled: false"
+    if not enabled and not megatron:
+        return (
+            "with megatron_cfg.enabled false too, NeMo RL has no training backend; the HF "
+            "backend here is its DTensor worker: set dtensor_cfg.enabled: true"
+        )
+    return None
 
-    enabled: bool = True
-    v2: bool = Field(True, alias="_v2")
-    cpu_offload: bool = False
-    sequence_parallel: bool = False
-    activation_checkpointing: bool = False
-    tensor_parallel_size: int = Field(1, ge=1)
-    context_parallel_size: int = Field(1, ge=1)
-    custom_parallel_plan: str | None = None
-    clear_cache_every_n_steps: int | None = None
-    env_vars: dict[str, str] = Field(default_factory=dict)
+
+_TP = "dtensor_cfg.tensor_parallel_size"
+_ONE_PROCESS = (
+    "the HF backend trains in one process on one device; "
+    "Megatron-core (megatron_cfg.enabled) has tensor parallelism"
+)
+
+
+class DTensorConfig(StrictModel):
+    """NeMo RL's FSDP2/DTensor worker, which the HF backend is with one rank."""
+
+    enabled: Annotated[
+        bool, Check(_dtensor_or_megatron, "true exactly when the HF backend trains")
+    ] = True
+    v2: Annotated[
+        bool,
+        inert(
+            "which of NeMo RL's two DTensor workers; both compute the same training step, "
+            "the one HF trainer here does too",
+        ),
+    ] = Field(True, alias="_v2")
+    cpu_offload: Annotated[bool, gpu_memory_knob(False, "FSDP's CPU offload of parameters")] = False
+    sequence_parallel: Annotated[bool, PartOf(_TP)] = False
+    activation_checkpointing: Annotated[bool, Wired(f"{_TRAINER}.__init__")] = False
+    tensor_parallel_size: Annotated[
+        int, Only(1, reason=f"tensor parallelism is not built here: {_ONE_PROCESS}")
+    ] = Field(1, ge=1)
+    context_parallel_size: Annotated[
+        int, Only(1, reason=f"context parallelism is not built: {_ONE_PROCESS}")
+    ] = Field(1, ge=1)
+    custom_parallel_plan: Annotated[str | None, PartOf(_TP)] = None
+    # Every n-th microbatch frees the CUDA cache; None or 0: never.
+    clear_cache_every_n_steps: Annotated[int | None, Wired(f"{_TRAINER}._train")] = Field(
+        None, ge=0
+    )
+    env_vars: Annotated[
+        dict[str, str] | None,
+        Only(
+            None,
+            {},
+            reason="the HF trainer runs in the stage's own process, whose environment is "
+            "set when the worker starts",
+        ),
+    ] = None
     lora_cfg: LoraConfig | None = None
     automodel_kwargs: Annotated[
         dict[str, Any],
@@ -179,24 +256,32 @@ class DraftConfig(StrictModel):
 class TrainedModelConfig(StrictModel):
     """The keys every trained HF model shares (policy and value): model, batches, optimizer."""
 
-    model_name: str
+    model_name: Annotated[str, Wired("nemo_rl_core.pipeline.runtime:RunRuntime")]
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
-    train_global_batch_size: int = Field(ge=1)
-    train_micro_batch_size: int = Field(ge=1)
-    logprob_batch_size: int | None = Field(None, ge=1)  # None: train_micro_batch_size
-    max_total_sequence_length: int = Field(ge=2)
-    precision: Literal["float32", "bfloat16"] = "bfloat16"
-    hf_config_overrides: dict[str, Any] = Field(default_factory=dict)
+    train_global_batch_size: Annotated[int, Wired(f"{_TRAINER}.train")] = Field(ge=1)
+    train_micro_batch_size: Annotated[int, Wired(f"{_TRAINER}.train")] = Field(ge=1)
+    # None: train_micro_batch_size
+    logprob_batch_size: Annotated[int | None, Wired(f"{_TRAINER}.map_microbatches")] = Field(
+        None, ge=1
+    )
+    max_total_sequence_length: Annotated[int, Wired(f"{_TRAINER}.check_inputs")] = Field(ge=2)
+    precision: Annotated[Literal["float32", "bfloat16"], Wired(f"{_TRAINER}.autocast")] = "bfloat16"
+    hf_config_overrides: Annotated[
+        dict[str, Any], Wired("nemo_rl_core.models.policy.hf_loading:load_pretrained")
+    ] = Field(default_factory=dict)
     # null in NeMo RL's Megatron YAMLs: megatron_cfg.optimizer serves that backend
     optimizer: OptimizerConfig | None = Field(default_factory=OptimizerConfig)
     scheduler: Annotated[list[SchedulerEntry] | SchedulerConfig | None, Field()] = None
-    max_grad_norm: float | None = 1.0
+    # The HF backend's clipping norm; Megatron's is megatron_cfg.optimizer.clip_grad.
+    max_grad_norm: Annotated[float | None, Wired(f"{_TRAINER}._clip_and_step")] = 1.0
     dynamic_batching: DynamicBatchingConfig = Field(default_factory=DynamicBatchingConfig)
     sequence_packing: SequencePackingConfig = Field(default_factory=SequencePackingConfig)
-    make_sequence_length_divisible_by: int = Field(1, ge=1)
+    make_sequence_length_divisible_by: Annotated[int, Wired(f"{_TRAINER}.layout")] = Field(1, ge=1)
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig)
     megatron_cfg: MegatronConfig | None = None
-    training_backend: Literal["hf", "megatron"] = "hf"
+    training_backend: Annotated[
+        Literal["hf", "megatron"], Wired("nemo_rl_core.models.policy:make_policy")
+    ] = "hf"
 
     @field_validator("scheduler")
     @classmethod
@@ -275,9 +360,28 @@ class TrainedModelConfig(StrictModel):
 class PolicyConfig(TrainedModelConfig):
     """NeMo RL's ``policy:`` section."""
 
-    generation_batch_size: int | None = Field(None, ge=1)
-    logprob_chunk_size: int | None = Field(None, ge=1)
-    offload_optimizer_for_logprob: bool = False
-    refit_buffer_size_gb: float | None = None
+    generation_batch_size: Annotated[
+        int | None,
+        inert(
+            "NeMo RL v0.7 reads it nowhere (its TypedDict keeps it for older configs)",
+        ),
+    ] = Field(None, ge=1)
+    logprob_chunk_size: Annotated[
+        int | None,
+        inert(
+            "splits NeMo RL's float32 logits along the sequence to save memory, the same "
+            "logprobs; here only the wanted positions reach the LM head",
+        ),
+    ] = Field(None, ge=1)
+    offload_optimizer_for_logprob: Annotated[
+        bool, gpu_memory_knob(False, "moving the optimizer state to the CPU for logprobs")
+    ] = False
+    refit_buffer_size_gb: Annotated[
+        float | None,
+        inert(
+            "the chunk size of NeMo RL's weight transfer between processes; the engine here "
+            "is refit in its own process from the whole state dict, the same weights",
+        ),
+    ] = Field(None, gt=0)
     generation: GenerationConfig | None = None
     draft: DraftConfig = Field(default_factory=DraftConfig)

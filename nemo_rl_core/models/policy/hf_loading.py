@@ -4,12 +4,20 @@ Weights stay in float32 (master weights); ``precision: bfloat16`` runs the forwa
 autocast, as NeMo RL's FSDP mixed precision does, so small RL updates are not rounded away.
 """
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
+from nemo_rl_core.data.chat_templates import configure_chat_template
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 
@@ -19,14 +27,31 @@ class VocabMismatchError(ValueError):
 
 
 def load_tokenizer(config: TrainedModelConfig) -> PreTrainedTokenizerBase:
-    """The tokenizer named by ``policy.tokenizer.name`` with its chat template override."""
-    name = config.tokenizer.name or config.model_name
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(name)))
-    if config.tokenizer.chat_template is not None:
-        tokenizer.chat_template = config.tokenizer.chat_template
+    """The tokenizer of ``tokenizer:`` as NeMo RL's ``get_tokenizer`` makes it: named by
+    ``name``, its template chosen by ``chat_template``, ``chat_template_kwargs`` bound into
+    every ``apply_chat_template`` call, and the eos token as pad token if it has none."""
+    settings = config.tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(resolve_model(settings.name or config.model_name))
+    )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    if settings.chat_template_kwargs:
+        tokenizer.apply_chat_template = partial(
+            tokenizer.apply_chat_template, **settings.chat_template_kwargs
+        )
+    return configure_chat_template(tokenizer, settings.chat_template)
+
+
+def load_hf_config(
+    path: str | Path, config: TrainedModelConfig, **config_overrides: Any
+) -> PretrainedConfig:
+    """The model's HF config with ``hf_config_overrides`` and ``config_overrides`` set on it,
+    the one both training backends build their model from."""
+    hf_config = AutoConfig.from_pretrained(str(path))
+    for key, value in {**config.hf_config_overrides, **config_overrides}.items():
+        setattr(hf_config, key, value)
+    return hf_config
 
 
 def load_pretrained(
@@ -37,9 +62,7 @@ def load_pretrained(
     ``policy.hf_config_overrides`` and ``config_overrides`` are set on the HF config first.
     """
     directory = resolve_model(str(path))
-    hf_config = AutoConfig.from_pretrained(str(directory))
-    for key, value in {**config.hf_config_overrides, **config_overrides}.items():
-        setattr(hf_config, key, value)
+    hf_config = load_hf_config(directory, config, **config_overrides)
     model = model_cls.from_pretrained(
         str(directory), config=hf_config, dtype=torch.float32, attn_implementation="sdpa"
     )

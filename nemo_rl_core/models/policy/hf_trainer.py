@@ -75,6 +75,11 @@ class HFTrainable(ABC):
         self.cfg = config
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = model.to(self.device)
+        if config.dtensor_cfg.activation_checkpointing:
+            # Recomputes each layer's activations in backward: less memory, same gradients.
+            # Non-reentrant, so layers whose inputs need no grad (frozen LoRA bases) still
+            # give their adapters gradients.
+            self.model.gradient_checkpointing_enable({"use_reentrant": False})
         self.vocab_size = self._embedding_rows()
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -240,6 +245,7 @@ class HFTrainable(ABC):
         grad_norms: list[float] = []
         total_seqs = total_toks = 0.0
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
+        clear_every = self.cfg.dtensor_cfg.clear_cache_every_n_steps
         for gb_idx in range(data.size // gbs):
             batch = planned.get_batch(gb_idx, gbs)
             seqs, toks = calculate_global_valid_counts(batch)
@@ -248,6 +254,8 @@ class HFTrainable(ABC):
             if self.optimizer is not None:
                 self.optimizer.zero_grad(set_to_none=True)
             for mb_idx, mb in enumerate(self.microbatches(batch, mbs)):
+                if clear_every and mb_idx % clear_every == 0 and torch.cuda.is_available():
+                    torch.cuda.empty_cache()  # NeMo RL's: every n-th microbatch of a batch
                 # The layout is index bookkeeping on the CPU; forward() moves its inputs.
                 layout = self.layout(mb, self.cfg.sequence_packing.enabled)
                 mb = mb.to(self.device)

@@ -4,12 +4,34 @@ A PPO critic is trained like the policy (same optimizer, scheduler, batching and
 precision keys), so a ``value:`` section reads like a ``policy:`` one.
 """
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from nemo_rl_core.models.policy.config import StrictModel, TrainedModelConfig
-from nemo_rl_core.utils.key_support import Only
+from nemo_rl_core.models.policy.config import StrictModel, TokenizerConfig, TrainedModelConfig
+from nemo_rl_core.utils.key_support import Check, Only, SupportContext
+
+
+def _as_policy_tokenizer(value: Any, context: SupportContext) -> str | None:
+    name = context.key.rpartition(".")[2]
+    wanted = context.value(f"policy.tokenizer.{name}")
+    if value == wanted:
+        return None
+    return (
+        "the value model reads the policy's tokens (NeMo RL hands it the policy's tokenizer "
+        f"too), so this key cannot differ: set it to policy.tokenizer.{name}={wanted!r}"
+    )
+
+
+_AS_POLICY = Check(_as_policy_tokenizer, "the policy's tokenizer serves the value model")
+
+
+class ValueTokenizerConfig(TokenizerConfig):
+    """``value.tokenizer``: the policy's tokenizer encodes what the value model reads."""
+
+    name: Annotated[str | None, _AS_POLICY] = None
+    chat_template: Annotated[str | None, _AS_POLICY] = "default"
+    chat_template_kwargs: Annotated[dict[str, Any] | None, _AS_POLICY] = None
 
 
 class ValueHeadConfig(StrictModel):
@@ -29,6 +51,7 @@ class ValueConfig(TrainedModelConfig):
     """``value:``: ``model_name`` is the policy's model (or checkpoint) to start the backbone
     from, or a separate model directory; a saved value checkpoint restores its head too."""
 
+    tokenizer: ValueTokenizerConfig = Field(default_factory=ValueTokenizerConfig)
     reward_model_cfg: ValueHeadConfig = Field(default_factory=ValueHeadConfig)
 
     @model_validator(mode="after")

@@ -1,9 +1,11 @@
 """GenerationConfig accepts NeMo RL's generation block and names bad keys by path."""
 
 import pytest
+from policy_testing import NO_GPU, ONE_GPU, support_refusals
 from pydantic import ValidationError
 
 from nemo_rl_core.models.generation.config import GenerationConfig
+from nemo_rl_core.utils.key_support import Machine
 
 NEMO_RL_GRPO_GENERATION = {
     "backend": "vllm",
@@ -50,7 +52,7 @@ def test_private_pad_token_key_is_accepted() -> None:
     [
         ({"vllm_cfg": {"max_len": 3}}, "vllm_cfg.max_len"),
         ({"colocated": {"resources": {"gpus": 1}}}, "colocated.resources.gpus"),
-        ({"backend": "sglang"}, "backend"),
+        ({"backend": "trtllm"}, "backend"),
         ({"top_k": 0}, "top_k"),
         ({"top_p": 0.0}, "top_p"),
         ({"vllm_cfg": {"precision": "int3"}}, "vllm_cfg.precision"),
@@ -67,3 +69,47 @@ def test_max_new_tokens_must_fit_model_len() -> None:
         ValidationError, match="max_new_tokens=600 exceeds vllm_cfg.max_model_len=512"
     ):
         GenerationConfig.model_validate({"max_new_tokens": 600, "vllm_cfg": {"max_model_len": 512}})
+
+
+GEN = "policy.generation"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "machine", "refused"),
+    [
+        (
+            [f"{GEN}.vllm_cfg.tensor_parallel_size=2"],
+            ONE_GPU,
+            "tensor_parallel_size=2: a vLLM engine of 2 shards needs 2 GPUs, this machine has 1",
+        ),
+        (
+            [f"{GEN}.backend=hf", f"{GEN}.vllm_cfg.tensor_parallel_size=2"],
+            ONE_GPU,
+            "the hf backend generates on one device",
+        ),
+        ([f"{GEN}.backend=sglang"], NO_GPU, "SGLang and Megatron inference engines"),
+        ([f"{GEN}.vllm_cfg.load_format=dummy"], NO_GPU, "random ('dummy') weights"),
+        ([f"{GEN}.vllm_cfg.precision=fp8"], NO_GPU, "fp8 quantization needs a GPU"),
+        ([f"{GEN}.backend=hf", f"{GEN}.vllm_cfg.precision=fp8"], ONE_GPU, "the hf backend"),
+        ([f"{GEN}.vllm_cfg.async_engine=true"], NO_GPU, "async engine"),
+        ([f"{GEN}.vllm_cfg.expert_parallel_size=2"], NO_GPU, "expert parallelism"),
+        ([f"{GEN}.vllm_cfg.num_last_layers_in_bf16=1"], NO_GPU, "out of fp8 generation"),
+        ([f"{GEN}.colocated.resources.gpus_per_node=1"], NO_GPU, "reserved for generation"),
+        ([f"{GEN}.model_name=other-model"], NO_GPU, "samples from the policy being trained"),
+    ],
+)
+def test_generation_keys_that_cannot_run_here_are_refused(
+    overrides: list[str], machine: Machine, refused: str
+) -> None:
+    assert refused in support_refusals("grpo_math_tiny.yaml", overrides, machine)
+
+
+def test_sharded_vllm_engines_run_where_the_gpus_are() -> None:
+    overrides = [
+        f"{GEN}.vllm_cfg.tensor_parallel_size=2",
+        f"{GEN}.vllm_cfg.pipeline_parallel_size=2",
+    ]
+    assert support_refusals("grpo_math_tiny.yaml", overrides, Machine(cuda_devices=4)) == ""
+    assert "4 shards needs 4 GPUs" in support_refusals(
+        "grpo_math_tiny.yaml", overrides, Machine(cuda_devices=2)
+    )

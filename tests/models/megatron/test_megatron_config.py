@@ -1,9 +1,11 @@
 """policy.megatron_cfg validates NeMo RL's keys and names what is wrong."""
 
 import pytest
+from policy_testing import NO_GPU, ONE_GPU, support_refusals
 from pydantic import ValidationError
 
 from nemo_rl_core.models.megatron.config import MegatronConfig
+from nemo_rl_core.utils.key_support import Machine
 
 NEMO_RL_YAML = {  # policy.megatron_cfg of NeMo RL's grpo_math_1B_megatron.yaml, interpolations filled
     "enabled": True,
@@ -89,8 +91,6 @@ def test_defaults_and_weight_decay_fallback() -> None:
     ("override", "message"),
     [
         ({"optimizer": {"lrr": 1.0}}, "optimizer.lrr"),
-        ({"pipeline_model_parallel_size": 2}, "pipeline_model_parallel_size=2"),
-        ({"context_parallel_size": 2}, "context_parallel_size=2"),
         ({"optimizer": {"bf16": True, "fp16": True}}, "bf16 and fp16"),
         ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
         ({"scheduler": {"lr_decay_style": "exp"}}, "scheduler.lr_decay_style"),
@@ -99,3 +99,55 @@ def test_defaults_and_weight_decay_fallback() -> None:
 def test_invalid_keys_are_named(override, message) -> None:
     with pytest.raises(ValidationError, match=message):
         MegatronConfig(**override)
+
+
+MEGATRON = ["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "machine", "refused"),
+    [
+        (
+            ["policy.megatron_cfg.optimizer.bf16=true"],
+            NO_GPU,
+            "policy.megatron_cfg.optimizer.bf16=True: must agree with precision='float32'",
+        ),
+        (
+            [
+                "policy.megatron_cfg.scheduler.lr_decay_style=cosine",
+                "policy.megatron_cfg.scheduler.lr_decay_iters=null",
+            ],
+            NO_GPU,
+            "lr_decay_iters=None: null decays over NeMo RL's train_iters",
+        ),
+        (
+            ["policy.megatron_cfg.tensor_model_parallel_size=2"],
+            ONE_GPU,
+            "tensor_model_parallel_size=2: tensor x data parallel = 2 ranks need 2 GPUs",
+        ),
+        (
+            ["policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp=true"],
+            NO_GPU,
+            "use_custom_fsdp=True: Megatron's own FSDP is not built",
+        ),
+        (["policy.megatron_cfg.env_vars={A: b}"], NO_GPU, "megatron_cfg.env_vars={'A': 'b'}"),
+        (["policy.megatron_cfg.pipeline_model_parallel_size=2"], NO_GPU, "pipeline parallelism"),
+        (["policy.megatron_cfg.context_parallel_size=2"], NO_GPU, "context parallelism"),
+    ],
+)
+def test_megatron_keys_that_cannot_run_here_are_refused(
+    overrides: list[str], machine: Machine, refused: str
+) -> None:
+    assert refused in support_refusals("grpo_math_tiny.yaml", [*MEGATRON, *overrides], machine)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [*MEGATRON, "policy.megatron_cfg.tensor_model_parallel_size=2"],  # two CPU ranks
+        [*MEGATRON, "policy.megatron_cfg.scheduler.lr_decay_iters=null"],  # constant LR
+        ["policy.megatron_cfg.optimizer.bf16=true"],  # Megatron does not train
+    ],
+)
+def test_megatron_keys_that_run_here_pass(overrides: list[str]) -> None:
+    assert support_refusals("grpo_math_tiny.yaml", overrides, NO_GPU) == ""

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_batch, policy_config
+from conftest import LR, make_batch, policy_config
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -61,6 +61,36 @@ def test_topk_and_reference_match_hf(megatron_policy, hf_policy, vocab_size) -> 
     torch.testing.assert_close(
         ref, hf_policy.get_reference_policy_logprobs(data)["reference_logprobs"], atol=1e-5, rtol=0
     )
+
+
+def test_hf_config_overrides_shape_both_backends_alike(tiny_model_dir, hf_policy, vocab_size):
+    data = make_batch(vocab_size, seed=2)
+    logprobs = []
+    for backend in ("megatron", "hf"):
+        config = policy_config(tiny_model_dir, backend).model_copy(
+            update={"hf_config_overrides": {"rms_norm_eps": 0.5}}
+        )
+        policy = make_policy(config, init_optimizer=False, init_reference_model=False)
+        logprobs.append(policy.get_logprobs(data)["logprobs"])
+        policy.shutdown()
+    torch.testing.assert_close(logprobs[0], logprobs[1], atol=1e-5, rtol=0)
+    plain = hf_policy.get_logprobs(data)["logprobs"]
+    assert (logprobs[0] - plain).abs().max() > 1e-3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on GPU megatron-core offloads for real")
+def test_optimizer_cpu_offload_is_moot_without_cuda(tiny_model_dir, vocab_size) -> None:
+    """Everything already sits in host memory: the same step, where megatron-core's offload
+    would have asked CUDA for streams."""
+    losses = []
+    for offload in (False, True):
+        optimizer = {"lr": LR, "min_lr": LR, "weight_decay": 0.0, "clip_grad": 1.0}
+        optimizer |= {"optimizer_cpu_offload": offload, "optimizer_offload_fraction": 1.0}
+        policy = make_policy(policy_config(tiny_model_dir, "megatron", optimizer=optimizer))
+        policy.train(make_batch(vocab_size, seed=4), NLLLossFn())
+        losses.append(policy.train(make_batch(vocab_size, seed=5), NLLLossFn())["loss"])
+        policy.shutdown()
+    torch.testing.assert_close(losses[0], losses[1], atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("loss_fn", [ClippedPGLossFn({}), NLLLossFn()], ids=["pg", "nll"])

@@ -12,7 +12,7 @@ from nemo_rl_core.algorithms.loss import ClippedPGLossFn, LossInputType, LossTyp
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.local_models import ModelNotFoundError, build_tiny_model
 from nemo_rl_core.models.policy import make_policy
-from nemo_rl_core.models.policy.hf_loading import VocabMismatchError
+from nemo_rl_core.models.policy.hf_loading import VocabMismatchError, load_tokenizer
 from nemo_rl_core.models.policy.hf_policy import HFPolicy
 from nemo_rl_core.models.policy.hf_trainer import NonFiniteTrainingError
 from nemo_rl_core.utils.config import ConfigError
@@ -130,6 +130,58 @@ def test_train_metrics_follow_nemo_rl(tiny_model_dir: Path) -> None:
     assert metrics["loss"][0].item() == pytest.approx(mb_losses[0] + mb_losses[1], rel=1e-6)
     eval_metrics = policy.train(data, NLLLossFn(), eval_mode=True, gbs=4, mbs=2)
     assert eval_metrics["grad_norm"].numel() == 0
+
+
+def layer_calls_in_one_step(policy: HFPolicy) -> tuple[int, dict[str, torch.Tensor]]:
+    """How often the first decoder layer ran with grad in one training step, and the weights
+    after. A pre-hook: recomputation stops early, inside the layer, once backward has what
+    it needs."""
+    calls = []
+    layer = policy.model.get_decoder().layers[0]
+    handle = layer.register_forward_pre_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    policy.train(token_batch(batch=4, seed=7), NLLLossFn(), gbs=4, mbs=2)
+    handle.remove()
+    return sum(calls), params_of(policy)
+
+
+def test_activation_checkpointing_recomputes_and_gives_the_same_step(tiny_model_dir: Path):
+    plain, checkpointed = (
+        layer_calls_in_one_step(
+            make_policy(
+                policy_config(tiny_model_dir, dtensor_cfg={"activation_checkpointing": on}),
+                init_reference_model=False,
+            )
+        )
+        for on in (False, True)
+    )
+    assert plain[0] == 2 and checkpointed[0] == 4  # each microbatch's layer ran again in backward
+    assert max_param_diff(plain[1], checkpointed[1]) < 1e-6
+
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "rendered"),
+    [
+        ({}, "<|im_start|>user\nhi<|im_end|>\n"),  # absent: the tokenizer's own template
+        ({"chat_template": "default"}, "<|im_start|>user\nhi<|im_end|>\n"),
+        ({"chat_template": None}, "hi"),  # null: NeMo RL's passthrough
+        ({"chat_template": "{{ messages[0]['content'] | upper }}"}, "HI"),
+        (
+            {
+                "chat_template": "{{ messages[0]['content'] }}{% if shout %}!{% endif %}",
+                "chat_template_kwargs": {"shout": True},
+            },
+            "hi!",
+        ),
+    ],
+)
+def test_tokenizer_keys_act_as_nemo_rl_get_tokenizer(
+    tiny_model_dir: Path, tokenizer: dict[str, Any], rendered: str
+) -> None:
+    loaded = load_tokenizer(policy_config(tiny_model_dir, tokenizer=tokenizer))
+    assert loaded.apply_chat_template(CHAT, tokenize=False) == rendered
 
 
 def test_sft_steps_drive_nll_down(tiny_model_dir: Path) -> None:

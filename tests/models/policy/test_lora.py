@@ -96,6 +96,21 @@ def test_generation_and_checkpoints_see_merged_weights(tiny_model_dir: Path, tmp
         assert torch.equal(a, b), name
 
 
+def test_adapters_train_the_same_under_activation_checkpointing(tiny_model_dir: Path):
+    """Non-reentrant recomputation: the frozen base's inputs need no grad, yet adapters get it."""
+    trained = []
+    for on in (False, True):
+        config = lora_config(tiny_model_dir).model_copy(deep=True)
+        config.dtensor_cfg.activation_checkpointing = on
+        policy = make_policy(config, init_reference_model=False)
+        policy.train(token_batch(), NLLLossFn())
+        trained.append({n: p.detach().clone() for n, p in policy.model.named_parameters()})
+    plain, checkpointed = trained
+    assert any("lora_B" in name and value.abs().sum() > 0 for name, value in checkpointed.items())
+    for name, value in plain.items():
+        torch.testing.assert_close(checkpointed[name], value, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize(
     ("overrides", "refused"),
     [

@@ -1,9 +1,11 @@
 """PolicyConfig accepts NeMo RL's policy: section and names the key of every mistake."""
 
 import pytest
+from policy_testing import NO_GPU, ONE_GPU, support_refusals
 
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.utils.config import ConfigError, validate_config
+from nemo_rl_core.utils.key_support import Machine
 
 BASE = {
     "model_name": "tiny-llama",
@@ -110,3 +112,55 @@ def test_megatron_enabled_selects_megatron_backend() -> None:
 def test_bad_keys_are_named(override: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         validate_config(PolicyConfig, {**BASE, **override}, source="policy")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "machine", "refused"),
+    [
+        (
+            ["policy.dtensor_cfg.tensor_parallel_size=2"],
+            ONE_GPU,
+            "policy.dtensor_cfg.tensor_parallel_size=2: tensor parallelism is not built",
+        ),
+        (["policy.dtensor_cfg.context_parallel_size=2"], NO_GPU, "context parallelism"),
+        (["policy.dtensor_cfg.enabled=false"], NO_GPU, "NeMo RL has no training backend"),
+        (["policy.megatron_cfg.enabled=true"], NO_GPU, "dtensor_cfg.enabled=True: Megatron-core"),
+        (["policy.dtensor_cfg.cpu_offload=true"], ONE_GPU, "CPU offload of parameters is not"),
+        (["policy.offload_optimizer_for_logprob=true"], ONE_GPU, "optimizer state to the CPU"),
+        (["+policy.dtensor_cfg.env_vars.NCCL_DEBUG=INFO"], NO_GPU, "dtensor_cfg.env_vars="),
+        (
+            ["policy.megatron_cfg.enabled=true", "policy.sequence_packing.enabled=true"],
+            NO_GPU,
+            "policy.sequence_packing.enabled=True: sequence packing is built on the HF",
+        ),
+    ],
+)
+def test_policy_keys_that_cannot_run_here_are_refused(
+    overrides: list[str], machine: Machine, refused: str
+) -> None:
+    assert refused in support_refusals("grpo_math_tiny.yaml", overrides, machine)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["policy.dtensor_cfg.cpu_offload=true", "policy.offload_optimizer_for_logprob=true"],
+        [
+            "policy.dtensor_cfg.sequence_parallel=true",
+            "policy.dtensor_cfg.activation_checkpointing=true",
+        ],
+        ["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false"],
+    ],
+)
+def test_policy_keys_that_run_here_pass(overrides: list[str]) -> None:
+    """Host memory offload is moot without CUDA; sequence parallelism tunes TP, which is 1."""
+    assert support_refusals("grpo_math_tiny.yaml", overrides, NO_GPU) == ""
+
+
+def test_value_model_reads_the_policy_tokenizer() -> None:
+    overrides = ["value.tokenizer.chat_template=null"]
+    refused = support_refusals("ppo_tiny.yaml", overrides, NO_GPU)
+    assert (
+        "value.tokenizer.chat_template=None: the value model reads the policy's tokens" in refused
+    )
+    assert "policy.tokenizer.chat_template='default'" in refused
