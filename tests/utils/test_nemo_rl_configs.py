@@ -47,35 +47,26 @@ SMALL = [
     "policy.max_total_sequence_length=160",
     "policy.precision=float32",
 ]
+SMALL_GRPO = [
+    "grpo.num_prompts_per_step=2",
+    "grpo.num_generations_per_prompt=4",
+    "grpo.max_num_steps=2",
+    "grpo.max_val_samples=4",
+    "grpo.val_batch_size=4",
+]
 CPU_OVERRIDES = {
-    "grpo_math_1B": [
-        *SMALL,
-        "data.train.dataset_name=arithmetic",
-        "grpo.num_prompts_per_step=2",
-        "grpo.num_generations_per_prompt=4",
-        "grpo.max_num_steps=2",
-        "grpo.max_val_samples=4",
-        "grpo.val_batch_size=4",
-    ],
+    "grpo_math_1B": [*SMALL, "data.train.dataset_name=arithmetic", *SMALL_GRPO],
     "grpo_math_8B": [
         *SMALL,
         "cluster.gpus_per_node=1",
         "data.train.dataset_name=arithmetic",
-        "grpo.num_prompts_per_step=2",
-        "grpo.num_generations_per_prompt=4",
-        "grpo.max_num_steps=2",
-        "grpo.max_val_samples=4",
-        "grpo.val_batch_size=4",
+        *SMALL_GRPO,
     ],
     "grpo_sliding_puzzle": [
         *SMALL,
         "data.train=null",  # NeMo RL's puzzle runner ignores data.train: games come from env
         "policy.max_total_sequence_length=512",
-        "grpo.num_prompts_per_step=2",
-        "grpo.num_generations_per_prompt=4",
-        "grpo.max_num_steps=2",
-        "grpo.max_val_samples=4",
-        "grpo.val_batch_size=4",
+        *SMALL_GRPO,
         "grpo.max_rollout_turns=2",
         "env.sliding_puzzle_game.cfg.game_config.size=2",
     ],
@@ -84,11 +75,7 @@ CPU_OVERRIDES = {
         "value.model_name=tiny-llama",
         "data.train.dataset_name=arithmetic",
         "data.validation.dataset_name=arithmetic",
-        "ppo.num_prompts_per_step=2",
-        "ppo.num_generations_per_prompt=4",
-        "ppo.max_num_steps=2",
-        "ppo.max_val_samples=4",
-        "ppo.val_batch_size=4",
+        *(key.replace("grpo.", "ppo.") for key in SMALL_GRPO),
     ],
 }
 

@@ -33,6 +33,9 @@ DEFAULT_TASKS = {
     "sliding_puzzle": PUZZLE_ENV,
 }
 DEFAULT_PROCESSORS = {"sliding_puzzle": "sliding_puzzle_data_processor"}
+# NeMo RL's math_hf_data_processor reads rows its dataset classes format as chat messages;
+# rows here are normalized to problem/answer, which math_data_processor turns into the same
+# datum (the prompt-formatted question as one user turn, the answer as ground truth).
 PROCESSORS: dict[str, TaskDataProcessFnCallable] = {
     "math_data_processor": math_data_processor,
     "math_hf_data_processor": math_data_processor,
