@@ -113,20 +113,6 @@ def test_gpu_memory_knob_is_moot_without_cuda_and_refused_with_it():
         check_support(Knobs(), Machine(cuda_devices=1))
 
 
-# The logger helper gives the logger.* keys their rules; until then they are exempt here.
-LOGGER_KEYS_PENDING = {
-    "logger.log_dir",
-    "logger.num_val_samples_to_print",
-    "logger.wandb_enabled",
-    "logger.tensorboard_enabled",
-    "logger.mlflow_enabled",
-    "logger.swanlab_enabled",
-    "logger.monitor_gpus",
-    "logger.wandb",
-    "logger.tensorboard",
-    "logger.mlflow",
-    "logger.gpu_monitoring",
-}
 MASTER_CONFIGS = [MasterConfig, PPOMasterConfig]
 
 
@@ -134,10 +120,8 @@ MASTER_CONFIGS = [MasterConfig, PPOMasterConfig]
 def test_every_key_of_a_master_config_carries_one_rule(master: type[BaseModel]):
     """A key with no rule would be accepted and ignored. (Two rules on one key raise here.)"""
     leaves = [k for k in declared_keys(master) if not k.section]
-    unruled = sorted(k.key for k in leaves if k.rule is None and k.key not in LOGGER_KEYS_PENDING)
+    unruled = sorted(k.key for k in leaves if k.rule is None)
     assert unruled == [], f"keys with no rule: {unruled}"
-    ruled_exempt = sorted(k.key for k in leaves if k.rule and k.key in LOGGER_KEYS_PENDING)
-    assert ruled_exempt == [], f"remove from LOGGER_KEYS_PENDING, they have rules: {ruled_exempt}"
 
 
 @pytest.mark.parametrize("master", MASTER_CONFIGS, ids=lambda m: m.__name__)
