@@ -37,14 +37,12 @@ TINY_CONFIG = "examples/configs/grpo_math_tiny.yaml"
 SMOKE_OVERRIDES = ["policy.generation.backend=hf"]
 
 
-def _every_iteration_stages() -> tuple[str, ...]:
+def every_iteration_stages() -> tuple[str, ...]:
+    """GRPO's stages that run in every iteration (validation has its own schedule). Imported
+    when called: TRL's venv imports this module too, without our stack."""
     from nemo_rl_core.pipeline.algorithms import GRPO
 
     return tuple(stage.name for stage in GRPO.stages if stage.due is None)
-
-
-# GRPO's stages that run in every iteration (validation runs on its own schedule)
-EVERY_ITERATION_STAGES = _every_iteration_stages()
 
 
 def cpu_model() -> str:
@@ -129,7 +127,7 @@ def flow_iteration_times(manifests: list[dict]) -> list[dict]:
     for previous, stages in zip(manifests, manifests[1:], strict=False):
         last = _committed_at(previous["checkpoint"])
         timing = {"total": _committed_at(stages["checkpoint"]) - last}
-        for stage in EVERY_ITERATION_STAGES:
+        for stage in every_iteration_stages():
             committed = _committed_at(stages[stage])
             timing[stage] = committed - last
             timing[f"{stage}_compute"] = stages[stage]["metrics"]["seconds"]

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import psutil
 from common import (
-    EVERY_ITERATION_STAGES,
     SMOKE_OVERRIDES,
     TINY_CONFIG,
     batch_overrides,
+    every_iteration_stages,
     flow_run,
     local_s3_bucket,
     machine_line,
@@ -90,7 +90,7 @@ def measure(
 
 def format_table(label: str, results: dict[str, dict]) -> str:
     """Seconds per iteration, each stage's median seconds and share, and the ratios to plain."""
-    head = f"{'variant':<11}{'s/iter':>8}" + "".join(f"{s:>11}" for s in EVERY_ITERATION_STAGES)
+    head = f"{'variant':<11}{'s/iter':>8}" + "".join(f"{s:>11}" for s in every_iteration_stages())
     lines = [f"batch {label}", head]
     plain_total = median([t["total"] for t in results["plain"]["timings"]])
     for variant, result in results.items():
@@ -98,12 +98,14 @@ def format_table(label: str, results: dict[str, dict]) -> str:
         total = median([t["total"] for t in timings])
         cells = "".join(
             f"{median([t[s] for t in timings]):>7.2f} {median([t[s] for t in timings]) / total:>3.0%}"
-            for s in EVERY_ITERATION_STAGES
+            for s in every_iteration_stages()
         )
         lines.append(f"{variant:<11}{total:>8.2f}{cells}")
     for variant in VARIANTS[1:]:
         timings = results[variant]["timings"]
-        compute = median([sum(t[f"{s}_compute"] for s in EVERY_ITERATION_STAGES) for t in timings])
+        compute = median(
+            [sum(t[f"{s}_compute"] for s in every_iteration_stages()) for t in timings]
+        )
         total = median([t["total"] for t in timings])
         server = median(results[variant]["server_cpu"])
         lines.append(

@@ -15,11 +15,11 @@ import tempfile
 from pathlib import Path
 
 from common import (
-    EVERY_ITERATION_STAGES,
     PLOTS,
     SMOKE_OVERRIDES,
     TINY_CONFIG,
     batch_overrides,
+    every_iteration_stages,
     flow_run,
     machine_line,
     median,
@@ -65,11 +65,11 @@ def format_table(sizes: list[int], per_stage: dict[str, list[float]]) -> str:
     """Seconds per iteration and per stage at each size, the step ratios and the exponents."""
     lines = [
         f"{'sequences':>9}{'s/iter':>9}{'ratio':>7}"
-        + "".join(f"{s:>11}" for s in EVERY_ITERATION_STAGES)
+        + "".join(f"{s:>11}" for s in every_iteration_stages())
     ]
     for i, n in enumerate(sizes):
         ratio = per_stage["total"][i] / per_stage["total"][i - 1] if i else 1.0
-        cells = "".join(f"{per_stage[s][i]:>11.2f}" for s in EVERY_ITERATION_STAGES)
+        cells = "".join(f"{per_stage[s][i]:>11.2f}" for s in every_iteration_stages())
         lines.append(f"{n:>9}{per_stage['total'][i]:>9.2f}{ratio:>7.2f}{cells}")
     exponents = {name: fitted_exponent(sizes, s) for name, s in per_stage.items()}
     lines.append(
@@ -91,7 +91,7 @@ def main() -> None:
         args.sequences, args.iterations = [2, 4], 2
     print(f"{machine_line()}, torch threads {torch.get_num_threads()}", flush=True)
     generations = min(GENERATIONS, min(args.sequences))
-    per_stage: dict[str, list[float]] = {name: [] for name in ("total", *EVERY_ITERATION_STAGES)}
+    per_stage: dict[str, list[float]] = {name: [] for name in ("total", *every_iteration_stages())}
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sequences:
             overrides = batch_overrides(n // generations, generations, args.iterations)

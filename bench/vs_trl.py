@@ -39,10 +39,10 @@ import time
 from pathlib import Path
 
 from common import (
-    EVERY_ITERATION_STAGES,
     PLOTS,
     SMOKE_OVERRIDES,
     batch_overrides,
+    every_iteration_stages,
     flow_run,
     machine_line,
     median,
@@ -337,7 +337,7 @@ def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -
     trl_times = [b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]
     return {
         "ours": median([t["total"] for t in ours_times]),
-        "ours_stages": {s: median([t[s] for t in ours_times]) for s in EVERY_ITERATION_STAGES},
+        "ours_stages": {s: median([t[s] for t in ours_times]) for s in every_iteration_stages()},
         "ours_update": median([t["update"] for t in ours_times]),
         "ours_tokens": median(ours_curves["response_tokens"][1:]),
         "trl_tokens": median(trl["response_tokens"][1:]),

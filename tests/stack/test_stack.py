@@ -208,6 +208,7 @@ def test_project_prefect_yaml_declares_the_deployments() -> None:
         ("flows/grpo.py:grpo", "nightly"),
         ("flows/ppo.py:ppo", "manual"),
         ("flows/rerun_stage.py:rerun_stage", "default"),
+        ("flows/verify.py:verify_run", "default"),
     }
     assert all(d["work_pool"]["name"] == "local-process" for d in spec["deployments"])
     nightly = deployments[("flows/grpo.py:grpo", "nightly")]
@@ -222,6 +223,7 @@ PROJECT_DEPLOYMENTS = {
     "grpo/nightly": "flows/grpo.py",
     "ppo/manual": "flows/ppo.py",
     "rerun-stage/default": "flows/rerun_stage.py",
+    "verify-run/default": "flows/verify.py",
 }
 
 
