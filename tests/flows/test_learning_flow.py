@@ -1,7 +1,7 @@
 """GRPO on the embedded default learns: held-out greedy accuracy rises within 10 steps.
 
 The run `make run` makes, cut to 10 iterations (about a minute once tiny-llama-arith is
-built; its first build adds about another). It asserts the gain, not the time.
+built; its first build adds 1-2 more). It asserts the gain, not the time.
 """
 
 import json
