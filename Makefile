@@ -5,7 +5,7 @@ VENV ?= .venv
 FIND_LINKS ?= /opt/wheels
 UV := $(VENV)/bin/uv
 PY := $(VENV)/bin/python
-RUN_CONFIG ?= examples/configs/grpo_math_tiny.yaml
+RUN_CONFIG ?= examples/configs/grpo_addition_tiny.yaml
 PYTEST_ARGS ?=
 # The lock is already resolved (overrides applied by `make lock`): sync installs exactly it.
 UV_FLAGS := --python $(PY) --index-strategy unsafe-best-match \

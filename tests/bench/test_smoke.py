@@ -46,6 +46,12 @@ def test_scaling_smoke() -> None:
     assert re.search(r"fitted exponent k \(time ~ n\^k\): total -?\d+\.\d\d", out)
 
 
+def test_learning_smoke() -> None:
+    out = run_smoke("learning.py")
+    assert re.search(r"^hf gain over 1 seeds: [-+]\d\.\d{3} \+- 0\.000$", out, re.MULTILINE)
+    assert re.search(r"^megatron\s+42\s+\d\.\d{3}", out, re.MULTILINE)
+
+
 def test_roofline_smoke() -> None:
     out = run_smoke("roofline.py")
     assert re.search(r"train step\s.*\d\.\d%\s+\d+%", out)

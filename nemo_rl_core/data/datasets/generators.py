@@ -1,5 +1,5 @@
-"""Built-in datasets generated from a seed: arithmetic word problems, countdown puzzles and
-sliding-puzzle games. The demo and the tests train on these without downloading anything;
+"""Built-in datasets generated from a seed: arithmetic word problems, two-digit additions,
+countdown puzzles and sliding-puzzle games. The demo and the tests train on these without downloading anything;
 the same seed always gives the same rows.
 """
 
@@ -43,6 +43,51 @@ def arithmetic_word_problems(num_samples: int, seed: int = 0) -> list[dict[str, 
             )
         rows.append({"problem": text, "expected_answer": str(answer)})
     return rows
+
+
+ADDITION_RANGE = (10, 99)  # both addends of ``addition_problems``
+
+
+def is_held_out_addition(a: int, b: int) -> bool:
+    """Whether ``a + b`` belongs to the held-out addition problems (about 9% of the pairs).
+
+    Fixed by the pair, not by a seed, so no seed or split of training ever sees a held-out
+    pair; taken mod 11 so that every units-digit combination occurs on both sides.
+    """
+    return (3 * a + 7 * b) % 11 == 0
+
+
+def addition_pairs(
+    num_samples: int, seed: int = 0, held_out: bool = False
+) -> list[tuple[int, int]]:
+    """Seeded two-digit pairs ``(a, b)``: only held-out pairs, or only the others."""
+    rng = random.Random(seed)
+    low, high = ADDITION_RANGE
+    pairs: list[tuple[int, int]] = []
+    while len(pairs) < num_samples:
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        if is_held_out_addition(a, b) == held_out:
+            pairs.append((a, b))
+    return pairs
+
+
+def addition_question(a: int, b: int) -> str:
+    """The problem text; it states the answer format itself, so it needs no prompt file."""
+    return f"What is {a} + {b}? Put the answer in \\boxed{{}}."
+
+
+def addition_problems(
+    num_samples: int, seed: int = 0, held_out: bool = False
+) -> list[dict[str, Any]]:
+    """Rows ``{"problem", "expected_answer"}``: "What is a + b?" for two-digit ``a`` and ``b``.
+
+    ``held_out=False`` draws only training pairs, ``True`` only held-out pairs
+    (``is_held_out_addition``), so validation measures problems never trained on.
+    """
+    return [
+        {"problem": addition_question(a, b), "expected_answer": str(a + b)}
+        for a, b in addition_pairs(num_samples, seed, held_out)
+    ]
 
 
 def countdown_puzzles(
