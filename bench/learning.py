@@ -23,7 +23,7 @@ from pathlib import Path
 from common import PLOTS, machine_line, record
 
 CONFIG = "examples/configs/grpo_addition_tiny.yaml"
-MEGATRON = ["policy.megatron_cfg.enabled=true"]
+MEGATRON = ["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false"]
 SMOKE_OVERRIDES = [
     "grpo.max_num_steps=2",
     "grpo.val_period=2",

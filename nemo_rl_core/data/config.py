@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 
-BUILTIN_DATASETS = ("arithmetic", "countdown", "sliding_puzzle")
+BUILTIN_DATASETS = ("arithmetic", "addition", "countdown", "sliding_puzzle")
 LOCAL_DATASET = "ResponseDataset"  # NeMo RL's name for "rows from my own files"
 # NeMo RL v0.7's registry of response datasets that it downloads from the Hugging Face hub.
 HUB_DATASETS = (

@@ -14,6 +14,7 @@ from typing import Any
 
 from nemo_rl_core.data.config import LOCAL_DATASET, DataConfig, DatasetConfig
 from nemo_rl_core.data.datasets.generators import (
+    addition_problems,
     arithmetic_word_problems,
     countdown_puzzles,
     sliding_puzzle_games,
@@ -28,6 +29,7 @@ PUZZLE_ENV = "sliding_puzzle_game"
 # dataset_name -> the environment (task_name) its rows are scored by
 DEFAULT_TASKS = {
     "arithmetic": "math",
+    "addition": "math",
     "countdown": "countdown",
     LOCAL_DATASET: "math",
     "sliding_puzzle": PUZZLE_ENV,
@@ -87,6 +89,9 @@ def _generated_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> lis
     seed = dataset.seed + (VALIDATION_SEED_OFFSET if split == "validation" else 0)
     if dataset.dataset_name == "arithmetic":
         return arithmetic_word_problems(dataset.num_samples or DEFAULT_COUNTS[split], seed)
+    if dataset.dataset_name == "addition":
+        count = dataset.num_samples or DEFAULT_COUNTS[split]
+        return addition_problems(count, seed, held_out=split == "validation")
     if dataset.dataset_name == "countdown":
         return countdown_puzzles(dataset.num_samples or DEFAULT_COUNTS[split], seed)
     count = dataset.num_samples or setup.puzzle_counts[split]
