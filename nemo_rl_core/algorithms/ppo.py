@@ -19,15 +19,9 @@ from nemo_rl_core.algorithms.utils import masked_mean
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import ValueConfig, ValueInterface
-from nemo_rl_core.utils.key_support import Check, Wired
+from nemo_rl_core.utils.key_support import Wired
 
 _PPO = "nemo_rl_core.algorithms.ppo"
-
-
-def _advantages_device(value: bool, context: Any) -> str | None:
-    if value and context.machine.cuda_devices == 0:
-        return "computing advantages on the GPU needs a CUDA device; this machine has none"
-    return None
 
 
 class PPOConfig(RolloutLoopConfig):
@@ -39,10 +33,6 @@ class PPOConfig(RolloutLoopConfig):
     policy_training_start_step: Annotated[
         int, Field(ge=0), Wired(f"{_PPO}:update_policy_and_value")
     ] = 0
-    calculate_advantages_on_gpu: Annotated[
-        bool,
-        Check(_advantages_device, "the advantages move to the GPU, which must be there"),
-    ] = False
 
 
 class PPOMasterConfig(RLMasterConfig):
