@@ -75,17 +75,14 @@ def last_stage_line(stack: LocalStack, flow_run_id: str) -> str:
     return lines[-1] if lines else "(no stage started)"
 
 
-def kill_now(stack: LocalStack, rng: random.Random, worker_share: float) -> str | None:
-    """SIGKILL the flow-run process (or, with probability ``worker_share``, the worker and
-    everything it started); None when no flow run is executing yet."""
-    flow_runs = stack.flow_run_pids()
-    if not flow_runs:
-        return None
+def kill_now(stack: LocalStack, rng: random.Random, worker_share: float, pids: list[int]) -> str:
+    """SIGKILL the flow run's process ``pids`` or, with probability ``worker_share``, the
+    worker and everything it started."""
     if rng.random() < worker_share:
         kill_tree(stack.worker_pid())
         stack.restart_worker()
         return "worker"
-    for pid in flow_runs:
+    for pid in pids:
         kill_tree(pid)
     return "flow-run"
 
@@ -113,29 +110,29 @@ def drive_until_done(stack: LocalStack, args: argparse.Namespace, result: SoakRe
     while True:
         flow_run_id = stack.start_flow_run(deployment, parameters, env)
         result.flow_runs += 1
-        kill_at = None  # the kill clock starts when the flow run does
+        kill_at = None  # the kill clock starts when the flow run's process does
         while True:
             if time.monotonic() - started > args.timeout_s:
                 raise TimeoutError(f"soak not done after {args.timeout_s:.0f} s: {result}")
             flow_run = stack.api("GET", f"/flow_runs/{flow_run_id}")
             if flow_run["state_type"] in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}:
                 break
-            if kill_at is None and flow_run["state_type"] == "RUNNING":
+            pids = stack.flow_run_pids(flow_run_id) if len(result.kills) < args.max_kills else []
+            if kill_at is None and pids:
                 kill_at = time.monotonic() + rng.uniform(*args.kill_every_s)
-            if kill_at and time.monotonic() >= kill_at and len(result.kills) < args.max_kills:
+            if kill_at and pids and time.monotonic() >= kill_at:
                 last = last_stage_line(stack, flow_run_id)
-                target = kill_now(stack, rng, args.worker_share)
-                if target is not None:
-                    state = "RUNNING (its worker is gone)"
-                    if target == "flow-run":
-                        state = stack.wait_for_flow_run(flow_run_id, timeout=120)["state_type"]
-                    at = time.monotonic() - started
-                    result.kills.append(Kill(at, target, state, last))
-                    print(f"+{at:.0f} s: killed {target} ({state}); last: {last}", flush=True)
-                    time.sleep(LEASE_TTL_S)  # the killed run's lease runs out
-                    flow_run = None
-                    break
-            time.sleep(2)
+                target = kill_now(stack, rng, args.worker_share, pids)
+                state = "RUNNING (its worker is gone)"
+                if target == "flow-run":
+                    state = stack.wait_for_flow_run(flow_run_id, timeout=120)["state_type"]
+                at = time.monotonic() - started
+                result.kills.append(Kill(at, target, state, last))
+                print(f"+{at:.0f} s: killed {target} ({state}); last: {last}", flush=True)
+                time.sleep(LEASE_TTL_S)  # the killed run's lease runs out
+                flow_run = None
+                break
+            time.sleep(0.25 if kill_at else 1.0)
         if flow_run is None:
             continue
         if flow_run["state_type"] == "COMPLETED":
@@ -229,7 +226,7 @@ def main() -> int:
         nargs=2,
         default=(120.0, 300.0),
         metavar=("MIN", "MAX"),
-        help="seconds from a flow run's start to its kill, uniform in [MIN, MAX]",
+        help="seconds from a flow run's process start to its kill, uniform in [MIN, MAX]",
     )
     parser.add_argument("--worker-share", type=float, default=0.25, help="kills of the worker")
     parser.add_argument("--max-kills", type=int, default=1000)
@@ -241,8 +238,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.smoke:
         # One kill of the flow-run process: the worker of a shared test stack stays up.
-        # Early in the run: on a quiet machine one tiny iteration ends within 15 s.
-        args.iterations, args.kill_every_s, args.max_kills = 1, (3.0, 3.0), 1
+        # A second after its process starts: still importing, on a fast machine too (one
+        # tiny iteration can end a few seconds after the flow run is RUNNING).
+        args.iterations, args.kill_every_s, args.max_kills = 1, (1.0, 1.0), 1
         args.worker_share, args.timeout_s = 0.0, 900
     with tempfile.TemporaryDirectory(prefix="soak-") as workdir:
         if args.stack_state_dir:

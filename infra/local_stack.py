@@ -192,14 +192,19 @@ class LocalStack:
     def worker_pid(self) -> int:
         return int((self.state_dir / "run" / "worker.pid").read_text())
 
-    def flow_run_pids(self) -> list[int]:
-        """The processes executing flow runs: the worker's ``python -m prefect.engine``
-        children (one per flow run in progress)."""
-        worker = self.worker_pid()
+    def flow_run_pids(self, flow_run_id: str | None = None) -> list[int]:
+        """The processes executing flow runs (of ``flow_run_id`` only, if given): each the
+        top ``prefect.engine`` process whose environment names its flow run, wherever it
+        sits in the worker's process tree (its forked reward workers are left out)."""
+        engines = {
+            pid: ppid
+            for pid, ppid, args in _process_table()
+            if "prefect.engine" in args and _flow_run_of(pid) is not None
+        }
         return [
             pid
-            for pid, ppid, args in _process_table()
-            if ppid == worker and "prefect.engine" in args
+            for pid, ppid in engines.items()
+            if ppid not in engines and flow_run_id in (None, _flow_run_of(pid))
         ]
 
     def restart_worker(self) -> None:
@@ -214,6 +219,18 @@ def _process_table() -> list[tuple[int, int, str]]:
     ).stdout
     rows = [line.split(None, 2) for line in out.splitlines()]
     return [(int(row[0]), int(row[1]), row[2] if len(row) > 2 else "") for row in rows]
+
+
+def _flow_run_of(pid: int) -> str | None:
+    """The flow run id a Prefect worker put into a process's environment, if readable."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile, or another user's
+        return None
+    for entry in environ:
+        if entry.startswith(b"PREFECT__FLOW_RUN_ID="):
+            return entry.split(b"=", 1)[1].decode()
+    return None
 
 
 def process_tree(pid: int) -> list[int]:

@@ -34,5 +34,6 @@ def test_soak_smoke(local_stack: LocalStack, stack_deployments: dict[str, str]) 
     assert "not recorded in bench/RESULTS.md" in result.stdout
     summary = json.loads(next(line for line in result.stdout.splitlines() if line.startswith("{")))
     assert summary["iterations_completed"] == 1 and summary["weights_bit_equal"]
-    assert [kill["flow_run_state"] for kill in summary["kills"]] == ["CRASHED"]
+    kills = [kill["flow_run_state"] for kill in summary["kills"]]
+    assert kills == ["CRASHED"], result.stdout[-3000:]
     assert summary["flow_runs"] == 2 and summary["unplanned_failures"] == []
