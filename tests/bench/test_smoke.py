@@ -52,6 +52,11 @@ def test_learning_smoke() -> None:
     assert re.search(r"^megatron\s+42\s+\d\.\d{3}", out, re.MULTILINE)
 
 
+def test_scale_model_smoke() -> None:
+    out = run_smoke("scale_model.py")
+    assert re.search(r"floor \(unbounded workers and GPUs\): \d+\.\d\d s", out)
+
+
 def test_roofline_smoke() -> None:
     out = run_smoke("roofline.py")
     assert re.search(r"train step\s.*\d\.\d%\s+\d+%", out)
