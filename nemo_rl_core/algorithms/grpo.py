@@ -36,7 +36,7 @@ from nemo_rl_core.algorithms.reward_functions import (
     scale_rewards,
 )
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
-from nemo_rl_core.data.config import SFT_PROCESSOR, DataConfig
+from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import (
     DEFAULT_COUNTS,
@@ -295,11 +295,12 @@ class RLMasterConfig(StrictConfig):
         is nothing left to generate and score."""
         for split in SPLITS:
             for index, dataset in enumerate(self.data.datasets(split)):
-                if processor_name(dataset) == SFT_PROCESSOR:
+                if dataset.dataset_name in SFT_DATASETS or processor_name(dataset) == SFT_PROCESSOR:
                     raise ValueError(
-                        f"data.{split}[{index}]: {SFT_PROCESSOR} makes SFT conversations, not "
-                        "prompts to generate from; use math_data_processor (or the addition "
-                        "dataset) here, and flows.sft to train on conversations"
+                        f"data.{split}[{index}]: {dataset.dataset_name or SFT_PROCESSOR} makes "
+                        "SFT conversations, not prompts to generate from; use "
+                        "math_data_processor (or the addition dataset) here, and flows.sft to "
+                        "train on conversations"
                     )
         return self
 

@@ -41,6 +41,7 @@ PROCESSORS = (
     "sft_processor",
 )
 SFT_PROCESSOR = "sft_processor"  # NeMo RL's: a conversation to train on, not a prompt
+SFT_DATASETS = ("addition_sft",)  # built-ins whose rows are conversations, not prompts
 
 _BUILDER = "nemo_rl_core.data.datasets.builder"
 

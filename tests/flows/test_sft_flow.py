@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "sft_tiny.yaml"
 STEPS = 2
 # Validation at the start and after step 2 (val_period 2): iteration 2 only validates.
-OVERRIDES = [f"sft.max_num_steps={STEPS}"]
+OVERRIDES = [f"sft.max_num_steps={STEPS}", "sft.val_period=2"]
 
 
 def manifest(root: Path, run_id: str, iteration: int) -> dict:

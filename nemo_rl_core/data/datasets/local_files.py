@@ -83,7 +83,7 @@ def map_columns(
     NeMo RL's ``ResponseDataset`` keeps it."""
     mapped = []
     for index, row in enumerate(rows):
-        if chat_rows and CHAT_COLUMN in row:
+        if chat_rows and row.get(CHAT_COLUMN) is not None:
             check_conversation(row[CHAT_COLUMN], f"{source}: row {index}")
             mapped.append(row)
             continue
