@@ -148,3 +148,18 @@ def test_refused_before_any_work(tiny_model_dir):
         sft_config(tiny_model_dir, "data.validation=null")
     with pytest.raises(ConfigError, match=r"data.train\[0\]: addition_sft makes SFT conversations"):
         load_master_config(str(GRPO_CONFIG), ["data.train.dataset_name=addition_sft"], MasterConfig)
+
+
+def test_prompt_and_system_prompt_files_shape_the_conversation(tiny_model_dir, tokenizer, tmp_path):
+    (tmp_path / "prompt.txt").write_text("Q: {}")
+    (tmp_path / "system.txt").write_text("You add.")
+    config = sft_config(
+        tiny_model_dir,
+        f"data.default.prompt_file={tmp_path / 'prompt.txt'}",
+        f"data.default.system_prompt_file={tmp_path / 'system.txt'}",
+    )
+    datums, _ = train_data(config, tokenizer)
+    system, user, assistant = datums[0]["message_log"]
+    assert "You add." in system["content"]
+    assert "Q: What is " in user["content"]
+    assert "\\boxed{" in assistant["content"]
