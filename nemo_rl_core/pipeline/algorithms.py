@@ -121,6 +121,7 @@ SFT = register_pipeline(
         identity_keys=("policy.model_name", "data", "sft.seed"),
         dataloader=sft.make_dataloader,
         data_setup=sft.data_setup,
+        reference_policy=False,
         stages=(
             Stage(
                 "validate",

@@ -135,7 +135,7 @@ class RunRuntime:
             tokenizer=self.tokenizer,
             weights_path=str(source) if step != INITIAL_STEP else None,
             optimizer_path=str(optimizer_dir) if optimizer_dir.is_dir() else None,
-            init_reference_model=True,
+            init_reference_model=self.pipeline.reference_policy,
         )
         self._policy_step = step
         return self._policy

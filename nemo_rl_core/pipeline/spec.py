@@ -92,6 +92,8 @@ class Pipeline:
     # "dataloader" version); ``data_setup(config)``: what the datasets take beyond ``data:``.
     dataloader: Callable[[Any, Any], Any] | None = None
     data_setup: Callable[[Any], Any] | None = None
+    # Whether its policy keeps the starting weights as the reference (KL terms); SFT's does not.
+    reference_policy: bool = True
     _by_name: dict[str, Stage] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
