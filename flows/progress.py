@@ -138,9 +138,10 @@ class IterationReports:
     def _table(
         self, stages: dict[str, Any], stage: str, iteration: int, folder: str
     ) -> pa.Table | None:
-        """The stage's batch as a readable table, written to ``<folder>/iter_N.parquet``."""
+        """The stage's batch as a readable table, written to ``<folder>/iter_N.parquet``
+        (None when the stage did not run or keeps no samples: SFT's validation loss)."""
         entry = _final_round(stages, stage)
-        if entry is None:
+        if entry is None or "batch" not in entry["outputs"]:
             return None
         storage = open_storage(self.run)
         batch = storage.read_batch(ObjectRef.from_dict(entry["outputs"]["batch"]))

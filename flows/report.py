@@ -154,6 +154,7 @@ class IterationSummary:
     reward: float | None
     val_accuracy: float | None
     greedy_accuracy: float | None
+    val_loss: float | None
     loss: float | None
     kl: float | None
     clip_fraction: float | None
@@ -169,6 +170,7 @@ class IterationSummary:
             reward=metrics.get("reward/mean_reward"),
             val_accuracy=metrics.get("validate/accuracy"),
             greedy_accuracy=metrics.get("validate/greedy_accuracy"),
+            val_loss=metrics.get("validate/val_loss"),
             loss=metrics.get("train/loss"),
             kl=metrics.get("train/kl_penalty"),
             clip_fraction=metrics.get("train/probs_ratio_clamped_fraction"),
@@ -197,6 +199,7 @@ def format_line(summary: IterationSummary) -> str:
         greedy = f" (greedy {s.greedy_accuracy:.3f})" if s.greedy_accuracy is not None else ""
         parts.append(f"val acc {s.val_accuracy:.3f}{greedy}")
     for label, value, spec in (
+        ("val loss", s.val_loss, ".4g"),
         ("loss", s.loss, ".4g"),
         ("kl", s.kl, ".3g"),
         ("clip", s.clip_fraction, ".3f"),
@@ -216,6 +219,7 @@ _COLUMNS = (
     ("reward", lambda s: s.reward, ".3f"),
     ("val acc", lambda s: s.val_accuracy, ".3f"),
     ("greedy", lambda s: s.greedy_accuracy, ".3f"),
+    ("val loss", lambda s: s.val_loss, ".4g"),
     ("loss", lambda s: s.loss, ".4g"),
     ("kl", lambda s: s.kl, ".3g"),
     ("clip", lambda s: s.clip_fraction, ".3f"),
@@ -252,6 +256,7 @@ def _movement(summaries: list[IterationSummary]) -> list[str]:
         ("mean reward", lambda s: s.reward),
         ("validation accuracy", lambda s: s.val_accuracy),
         ("greedy validation accuracy", lambda s: s.greedy_accuracy),
+        ("validation loss", lambda s: s.val_loss),
     ):
         points = [(s.iteration, get(s)) for s in summaries if get(s) is not None]
         if len(points) >= 2:
@@ -262,7 +267,7 @@ def _movement(summaries: list[IterationSummary]) -> list[str]:
 
 _PANELS = (
     ("mean reward / validation accuracy", ("reward", "val_accuracy", "greedy_accuracy")),
-    ("loss", ("loss",)),
+    ("loss / validation loss", ("loss", "val_loss")),
     ("KL penalty", ("kl",)),
     ("clip fraction", ("clip_fraction",)),
     ("entropy (approx.)", ("entropy",)),

@@ -8,11 +8,11 @@ import secrets
 import socket
 from typing import Any
 
-from nemo_rl_core.algorithms.grpo import data_setup, load_master_config
+from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.data.datasets.builder import SPLITS, load_rows, split_datasets, task_processors
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.pipeline.runtime import runtime_for
-from nemo_rl_core.pipeline.spec import Pipeline
+from nemo_rl_core.pipeline.spec import Pipeline, declared
 from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
@@ -71,11 +71,12 @@ def check_run_config(pipeline: Pipeline, config_path: str, overrides: list[str] 
     config = load_master_config(config_path, overrides, pipeline.config_class)
     check_support(config, source=f"config {config_path}")
     resolve_model(config.policy.model_name)
-    setup = data_setup(config)
+    setup = declared(pipeline, "data_setup")(config)
     for split in SPLITS:  # reads the prompt files: a missing one fails here, not mid-run
-        task_processors(split_datasets(config.data, split, setup))
-    rows = load_rows(config.data, setup=setup)
-    if not rows:
+        task_processors(split_datasets(config.data, split, setup), setup)
+    # Reads every dataset file: a missing one or a row without its columns fails here.
+    rows = {split: load_rows(config.data, split, setup) for split in SPLITS}
+    if not rows["train"]:
         raise ConfigError(
             "data.train: no training rows; name a dataset as NeMo RL v0.7's configs do "
             "(data.train.dataset_name, or ResponseDataset with data.train.data_path)"

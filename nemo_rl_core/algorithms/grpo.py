@@ -36,9 +36,15 @@ from nemo_rl_core.algorithms.reward_functions import (
     scale_rewards,
 )
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
-from nemo_rl_core.data.config import DataConfig
+from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
-from nemo_rl_core.data.datasets.builder import DEFAULT_COUNTS, DataSetup, build_dataset
+from nemo_rl_core.data.datasets.builder import (
+    DEFAULT_COUNTS,
+    SPLITS,
+    DataSetup,
+    build_dataset,
+    processor_name,
+)
 from nemo_rl_core.data.llm_message_utils import (
     batched_message_log_to_flat_message,
     message_logs_to_train_data,
@@ -281,6 +287,21 @@ class RLMasterConfig(StrictConfig):
             )
         if problems:
             raise ValueError("; ".join(f"{key}: {why}" for key, why in problems))
+        return self
+
+    @model_validator(mode="after")
+    def _datasets_are_prompts(self) -> Self:
+        """SFT conversations (``sft_processor``, ``addition_sft``) hold their answers: there
+        is nothing left to generate and score."""
+        for split in SPLITS:
+            for index, dataset in enumerate(self.data.datasets(split)):
+                if dataset.dataset_name in SFT_DATASETS or processor_name(dataset) == SFT_PROCESSOR:
+                    raise ValueError(
+                        f"data.{split}[{index}]: {dataset.dataset_name or SFT_PROCESSOR} makes "
+                        "SFT conversations, not prompts to generate from; use "
+                        "math_data_processor (or the addition dataset) here, and flows.sft to "
+                        "train on conversations"
+                    )
         return self
 
     @model_validator(mode="after")

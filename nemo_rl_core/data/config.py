@@ -2,7 +2,8 @@
 
 NeMo RL v0.7 names its datasets per split: ``data.train`` and ``data.validation`` (one
 dataset or a list), each merged over ``data.default``. A dataset is a built-in generator
-here (``arithmetic``, ``countdown``, ``sliding_puzzle``), ``ResponseDataset`` (rows from a
+here (``arithmetic``, ``addition``, ``countdown``, ``sliding_puzzle``; ``addition_sft``: the
+additions as SFT conversations), ``ResponseDataset`` (rows from a
 local JSONL/Parquet file or ``save_to_disk`` folder at ``data_path``), or one of NeMo RL's
 hub datasets: those validate, so NeMo RL's configs load, and are refused before any work
 on a deployment that cannot download (every deployment of this project).
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 
-BUILTIN_DATASETS = ("arithmetic", "addition", "countdown", "sliding_puzzle")
+BUILTIN_DATASETS = ("arithmetic", "addition", "addition_sft", "countdown", "sliding_puzzle")
 LOCAL_DATASET = "ResponseDataset"  # NeMo RL's name for "rows from my own files"
 # NeMo RL v0.7's registry of response datasets that it downloads from the Hugging Face hub.
 HUB_DATASETS = (
@@ -33,7 +34,14 @@ HUB_DATASETS = (
     "squad",
     "tulu3_sft_mixture",
 )
-PROCESSORS = ("math_data_processor", "math_hf_data_processor", "sliding_puzzle_data_processor")
+PROCESSORS = (
+    "math_data_processor",
+    "math_hf_data_processor",
+    "sliding_puzzle_data_processor",
+    "sft_processor",
+)
+SFT_PROCESSOR = "sft_processor"  # NeMo RL's: a conversation to train on, not a prompt
+SFT_DATASETS = ("addition_sft",)  # built-ins whose rows are conversations, not prompts
 
 _BUILDER = "nemo_rl_core.data.datasets.builder"
 
@@ -174,3 +182,16 @@ class DataConfig(BaseModel):
     def split_from_train(self) -> bool:
         """Whether validation rows are carved out of the training rows (``split_validation_size``)."""
         return any(d.split_validation_size > 0 for d in self.datasets("train"))
+
+
+_SFT = "nemo_rl_core.algorithms.sft"
+
+
+class SFTDataConfig(DataConfig):
+    """``data:`` of an SFT run: NeMo RL's ``sft.yaml`` adds how ``sft_processor`` tokenizes
+    each conversation (a BOS before it, an EOS after it, the generation prompt after each
+    user turn)."""
+
+    add_bos: Annotated[bool, Wired(f"{_SFT}:data_setup")] = True
+    add_eos: Annotated[bool, Wired(f"{_SFT}:data_setup")] = True
+    add_generation_prompt: Annotated[bool, Wired(f"{_SFT}:data_setup")] = False

@@ -5,7 +5,8 @@ tokenizes it turn by turn and caps it at ``max_seq_length``: a prompt that does 
 cut and gets ``loss_multiplier`` 0, so it is generated on but never trained on, as in
 NeMo RL. Rows are the normalized form the datasets produce: ``problem`` and
 ``expected_answer`` (math, countdown), ``game_state`` (sliding puzzle), or NeMo RL's chat
-rows (``messages``: question, answer) for ``math_hf_data_processor``.
+rows (``messages``: question, answer) for ``math_hf_data_processor``. ``sft_processor``
+makes a conversation to train on instead of a prompt.
 """
 
 from typing import Any
@@ -100,6 +101,43 @@ def math_hf_data_processor(
     )
 
 
+def sft_processor(
+    datum_dict: dict[str, Any],
+    task_data_spec: TaskDataSpec,
+    tokenizer: Any,
+    max_seq_length: int,
+    idx: int,
+    add_bos: bool = True,
+    add_eos: bool = True,
+    add_generation_prompt: bool = False,
+) -> DatumSpec:
+    """NeMo RL's SFT datum: the row's conversation (``messages``, or ResponseDataset's prompt
+    and response as a user and an assistant turn) under the chat template, each turn
+    tokenized (which turns are trained on is decided later, by role). The prompt file
+    formats the first user turn; the system prompt file leads unless the row has its own."""
+    messages = datum_dict.get("messages") or [
+        {"role": "user", "content": str(datum_dict["problem"])},
+        {"role": "assistant", "content": str(datum_dict["expected_answer"])},
+    ]
+    message_log = get_formatted_message_log(
+        _with_system_prompt(messages, task_data_spec),
+        tokenizer,
+        task_data_spec,
+        add_bos_token=add_bos,
+        add_eos_token=add_eos,
+        add_generation_prompt=add_generation_prompt,
+        tools=datum_dict.get("tools"),
+    )
+    return _capped_datum(
+        message_log,
+        tokenizer,
+        max_seq_length,
+        idx,
+        {},
+        task_name=datum_dict.get("task_name") or task_data_spec.task_name or "sft",
+    )
+
+
 def _with_system_prompt(
     messages: LLMMessageLogType, task_data_spec: TaskDataSpec
 ) -> LLMMessageLogType:
@@ -137,8 +175,9 @@ def _capped_datum(
     extra_env_info: dict[str, Any],
     task_name: str,
 ) -> DatumSpec:
-    """A prompt that leaves no room to generate (``max_seq_length`` tokens or more) is cut
-    and gets ``loss_multiplier`` 0: generated on, never trained on, as in NeMo RL."""
+    """A sequence of ``max_seq_length`` tokens or more (a prompt that leaves no room to
+    generate, a conversation too long to train on) is cut and gets ``loss_multiplier`` 0:
+    never trained on, as in NeMo RL."""
     length = sum(len(m["token_ids"]) for m in message_log)
     loss_multiplier = 1.0
     if length >= max_seq_length:

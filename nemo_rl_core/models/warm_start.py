@@ -27,7 +27,11 @@ from typing import Any
 
 import torch
 
-from nemo_rl_core.data.datasets.generators import addition_pairs, addition_question
+from nemo_rl_core.data.datasets.generators import (
+    addition_answer,
+    addition_pairs,
+    addition_question,
+)
 from nemo_rl_core.data.interfaces import TaskDataSpec
 from nemo_rl_core.data.processors import math_data_processor
 from nemo_rl_core.models.local_models import build_tiny_model, train_tokenizer
@@ -64,7 +68,7 @@ def prompt_token_ids(question: str, tokenizer: Any) -> list[int]:
 
 def answer_token_ids(answer: int, tokenizer: Any) -> list[int]:
     """The response the policy learns: the boxed answer, then the end of its turn."""
-    ids = tokenizer(f"\\boxed{{{answer}}}", add_special_tokens=False)["input_ids"]
+    ids = tokenizer(addition_answer(answer), add_special_tokens=False)["input_ids"]
     return [*ids, tokenizer.eos_token_id]
 
 
@@ -125,7 +129,7 @@ def build_addition_model(output_dir: str | Path, seed: int = 0) -> Path:
     output_dir = Path(output_dir)
     pairs = addition_pairs(NUM_PAIRS, seed)
     questions = [addition_question(a, b) for a, b in pairs]
-    corpus = [f"{q} \\boxed{{{a + b}}}" for q, (a, b) in zip(questions, pairs, strict=True)]
+    corpus = [f"{q} {addition_answer(a + b)}" for q, (a, b) in zip(questions, pairs, strict=True)]
     tokenizer = train_tokenizer(
         TOKENIZER_VOCAB, corpus=[*corpus, "user assistant system"], split_digits=True
     )

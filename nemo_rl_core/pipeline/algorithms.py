@@ -5,23 +5,33 @@ stage in order, what it reads, and the core function it calls.
           -> checkpoint
     PPO:  [validate] -> prompts -> generate -> reward -> logprob -> value -> advantage (GAE)
           -> train (policy and value) -> checkpoint
+    SFT:  [validate (loss)] -> batch -> train (NLL) -> checkpoint
 
 ``validate`` runs when NeMo RL's schedule says (``val_period``, ``val_at_start``,
 ``val_at_end``) on the weights the iteration starts from; an iteration past the last
 training step may hold only it (``val_at_end``) and the checkpoint bookkeeping.
 """
 
+from typing import Any
+
+from nemo_rl_core.algorithms import grpo, sft
 from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
+from nemo_rl_core.algorithms.sft import SFTMasterConfig
 from nemo_rl_core.pipeline import stages
 from nemo_rl_core.pipeline.spec import Pipeline, Refill, Stage, register_pipeline
+
+
+def validation_is_due(config: Any, iteration: int, final_step: int) -> bool:
+    return validation_due(config.algorithm, iteration, final_step)
+
 
 VALIDATE = Stage(
     "validate",
     stages.validate,
     versions=("policy",),
     reported=("accuracy", "greedy_accuracy"),
-    due=lambda config, iteration, final: validation_due(config.algorithm, iteration, final),
+    due=validation_is_due,
 )
 ROLLOUT = (
     Stage("prompts", stages.prompts, versions=("dataloader",)),
@@ -46,7 +56,7 @@ RETENTION = Stage(
     stages.retain_checkpoints,
     optional_reads=("train", "validate"),
     due=lambda config, iteration, final: (
-        iteration < final or validation_due(config.algorithm, iteration, final)
+        iteration < final or validation_is_due(config, iteration, final)
     ),
 )
 
@@ -57,6 +67,8 @@ GRPO = register_pipeline(
         default_config="examples/configs/grpo_math_tiny.yaml",
         identity_keys=("policy.model_name", "data", "grpo.seed"),
         refill=DYNAMIC_SAMPLING,
+        dataloader=grpo.make_dataloader,
+        data_setup=grpo.data_setup,
         stages=(
             VALIDATE,
             *ROLLOUT,
@@ -81,6 +93,8 @@ PPO = register_pipeline(
         default_config="examples/configs/ppo_tiny.yaml",
         identity_keys=("policy.model_name", "value.model_name", "data", "ppo.seed"),
         refill=DYNAMIC_SAMPLING,
+        dataloader=grpo.make_dataloader,
+        data_setup=grpo.data_setup,
         stages=(
             VALIDATE,
             *ROLLOUT,
@@ -92,6 +106,37 @@ PPO = register_pipeline(
                 reads=("advantage", "prompts"),
                 versions=("policy", "value"),
                 reported=(*POLICY_METRICS, "value_loss"),
+                commits=True,
+            ),
+            RETENTION,
+        ),
+    )
+)
+
+SFT = register_pipeline(
+    Pipeline(
+        name="sft",
+        config_class=SFTMasterConfig,
+        default_config="examples/configs/sft_tiny.yaml",
+        identity_keys=("policy.model_name", "data", "sft.seed"),
+        dataloader=sft.make_dataloader,
+        data_setup=sft.data_setup,
+        reference_policy=False,
+        stages=(
+            Stage(
+                "validate",
+                stages.validation_loss,
+                versions=("policy",),
+                reported=("val_loss",),
+                due=validation_is_due,
+            ),
+            Stage("batch", stages.sft_batch, versions=("dataloader",)),
+            Stage(
+                "train",
+                stages.sft_train,
+                reads=("batch",),
+                versions=("policy",),
+                reported=("loss", "grad_norm"),
                 commits=True,
             ),
             RETENTION,

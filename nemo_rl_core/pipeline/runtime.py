@@ -16,14 +16,12 @@ from typing import Any, Protocol
 import torch
 
 from nemo_rl_core.algorithms.grpo import (
-    data_setup,
     digest_json,
-    make_dataloader,
     make_task_to_env,
     planned_steps,
 )
 from nemo_rl_core.data.dataloader import StatefulDataLoader
-from nemo_rl_core.data.datasets.builder import build_dataset
+from nemo_rl_core.data.datasets.builder import DataSetup, build_dataset
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
 from nemo_rl_core.models.generation import configure_generation_config, make_generation
@@ -34,7 +32,7 @@ from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import make_value_model
 from nemo_rl_core.models.value.interfaces import ValueInterface
-from nemo_rl_core.pipeline.spec import Pipeline, Version, pipeline_for_config
+from nemo_rl_core.pipeline.spec import Pipeline, Version, declared, pipeline_for_config
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.checkpoint import (
@@ -137,7 +135,7 @@ class RunRuntime:
             tokenizer=self.tokenizer,
             weights_path=str(source) if step != INITIAL_STEP else None,
             optimizer_path=str(optimizer_dir) if optimizer_dir.is_dir() else None,
-            init_reference_model=True,
+            init_reference_model=self.pipeline.reference_policy,
         )
         self._policy_step = step
         return self._policy
@@ -219,7 +217,7 @@ class RunRuntime:
         """The validation prompts in order, ``val_batch_size`` per batch (all in one batch when
         it is None), as NeMo RL's unshuffled validation dataloader serves them."""
         dataset = build_dataset(
-            self.config.data, self.tokenizer, split="validation", setup=data_setup(self.config)
+            self.config.data, self.tokenizer, split="validation", setup=self.data_setup()
         )
         if len(dataset) == 0:
             return iter(())
@@ -227,10 +225,13 @@ class RunRuntime:
         loader = StatefulDataLoader(dataset, batch_size=size, shuffle=False, drop_last=False)
         return iter([loader.next_batch() for _ in range(len(loader))])
 
+    def data_setup(self) -> DataSetup:
+        return declared(self.pipeline, "data_setup")(self.config)
+
     @property
     def dataloader(self) -> StatefulDataLoader:
         if self._dataloader is None:
-            self._dataloader = make_dataloader(self.config, self.tokenizer)
+            self._dataloader = declared(self.pipeline, "dataloader")(self.config, self.tokenizer)
             self._initial_dataloader_state = self._dataloader.state_dict()
         return self._dataloader
 

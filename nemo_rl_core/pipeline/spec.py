@@ -1,6 +1,7 @@
 """One declaration per algorithm: its config class and its stages.
 
-Everything else is derived from a :class:`Pipeline`: the flow body (each due stage in
+Everything else is derived from a :class:`Pipeline` (with its ``dataloader`` and
+``data_setup``, the functions that build its training data): the flow body (each due stage in
 order, fed the outputs of the stages it reads), which stages go stale when one is rerun
 (the transitive readers), the inputs that decide whether a stored stage is still valid
 (the config, what it reads, the versions it depends on), the metrics reported per
@@ -87,6 +88,12 @@ class Pipeline:
     # Keys a continued run must keep (dotted): it must train the same model on the same data.
     identity_keys: tuple[str, ...] = ()
     refill: Refill | None = None
+    # ``dataloader(config, tokenizer)``: the training data's loader (its state is the
+    # "dataloader" version); ``data_setup(config)``: what the datasets take beyond ``data:``.
+    dataloader: Callable[[Any, Any], Any] | None = None
+    data_setup: Callable[[Any], Any] | None = None
+    # Whether its policy keeps the starting weights as the reference (KL terms); SFT's does not.
+    reference_policy: bool = True
     _by_name: dict[str, Stage] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -151,6 +158,15 @@ class Pipeline:
         for stage in self.stages:
             for metric in stage.reported:
                 yield stage.name, metric
+
+
+def declared(pipeline: Pipeline, name: Literal["dataloader", "data_setup"]) -> Callable:
+    """The pipeline's ``dataloader`` or ``data_setup``; an algorithm without training data
+    (evaluation) declares none and must not ask for one."""
+    found = getattr(pipeline, name)
+    if found is None:
+        raise ValueError(f"pipeline {pipeline.name!r} declares no {name}")
+    return found
 
 
 _PIPELINES: dict[str, Pipeline] = {}

@@ -7,7 +7,8 @@ PPO differ, they declare different functions.
 
 import time
 
-from nemo_rl_core.algorithms import grpo, ppo
+from nemo_rl_core.algorithms import grpo, ppo, sft
+from nemo_rl_core.algorithms.loss import NLLLossFn
 from nemo_rl_core.pipeline.context import PREVIOUS, StageContext, StageResult
 
 
@@ -130,8 +131,36 @@ def train_policy_and_value(ctx: StageContext) -> StageResult:
     return _committed(ctx, {"policy": policy, "value": value_model}, metrics)
 
 
-def _committed(ctx: StageContext, models: dict, metrics: dict) -> StageResult:
-    dataloader_state = ctx.json("prompts", "dataloader_state")
+def validation_loss(ctx: StageContext) -> StageResult:
+    """SFT's ``val_loss`` of the weights this iteration starts from, on the held-out
+    conversations (eval mode: no update)."""
+    rt = ctx.runtime
+    batches = sft.validation_batches(ctx.config, rt.tokenizer)
+    metrics = sft.validation_loss(rt.policy(ctx.iteration), batches, NLLLossFn(), ctx.config)
+    return StageResult({"metrics": metrics}, metrics)
+
+
+def sft_batch(ctx: StageContext) -> StageResult:
+    """The step's global batch of conversations as training data (stored, so a rerun of
+    ``train`` trains on the same tensors), and where the dataloader stands after it."""
+    start = ctx.runtime.dataloader_state(ctx.iteration)
+    batch, state = sft.take_batch(ctx.runtime.dataloader, ctx.config, ctx.runtime.tokenizer, start)
+    return StageResult({"batch": batch, "dataloader_state": state}, {"num_samples": batch.size})
+
+
+def sft_train(ctx: StageContext) -> StageResult:
+    """One optimizer step of NeMo RL's NLL loss on the stored batch, committed as the
+    checkpoint the next iteration starts from."""
+    step = ctx.iteration
+    policy = ctx.runtime.policy_for_update(step)
+    metrics = grpo.train_policy(policy, ctx.batch("batch"), NLLLossFn(), ctx.config, step)
+    return _committed(ctx, {"policy": policy}, metrics, data_stage="batch")
+
+
+def _committed(
+    ctx: StageContext, models: dict, metrics: dict, data_stage: str = "prompts"
+) -> StageResult:
+    dataloader_state = ctx.json(data_stage, "dataloader_state")
     url = ctx.runtime.commit_checkpoint(ctx.iteration + 1, models, dataloader_state, metrics)
     return StageResult({"metrics": {**metrics, "checkpoint": url}}, metrics)
 

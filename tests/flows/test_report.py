@@ -126,10 +126,10 @@ def test_summary_table_lists_each_iteration_and_the_movement():
     lines = text.splitlines()
     assert lines[0] == "run run-a: 3 iterations"
     assert lines[1].split() == [
-        "iter", "reward", "val", "acc", "greedy", "loss", "kl", "clip", "entropy", "gen", "len",
-        "tok/s", "seconds",
+        "iter", "reward", "val", "acc", "greedy", "val", "loss", "loss", "kl", "clip", "entropy",
+        "gen", "len", "tok/s", "seconds",
     ]  # fmt: skip
-    assert lines[4].split() == ["1", "0.250", "-", "-", "0.75", "-", "-", "-", "-", "-", "1.0"]
+    assert lines[4].split() == ["1", "0.250", "-", "-", "-", "0.75", "-", "-", "-", "-", "-", "1.0"]
     assert "mean reward: 0.125 (iter 0) -> 0.500 (iter 2)" in lines
     assert "validation accuracy: 0.062 (iter 0) -> 0.250 (iter 2)" in lines
 

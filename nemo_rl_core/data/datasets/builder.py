@@ -10,10 +10,12 @@ GRPO's use::
 
 import random
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
-from nemo_rl_core.data.config import LOCAL_DATASET, DataConfig, DatasetConfig
+from nemo_rl_core.data.config import LOCAL_DATASET, SFT_PROCESSOR, DataConfig, DatasetConfig
 from nemo_rl_core.data.datasets.generators import (
+    addition_demonstrations,
     addition_problems,
     arithmetic_word_problems,
     countdown_puzzles,
@@ -22,7 +24,11 @@ from nemo_rl_core.data.datasets.generators import (
 from nemo_rl_core.data.datasets.local_files import map_columns, read_local_rows
 from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
 from nemo_rl_core.data.interfaces import TaskDataProcessFnCallable, TaskDataSpec
-from nemo_rl_core.data.processors import math_data_processor, sliding_puzzle_data_processor
+from nemo_rl_core.data.processors import (
+    math_data_processor,
+    sft_processor,
+    sliding_puzzle_data_processor,
+)
 
 SPLITS = ("train", "validation")
 PUZZLE_ENV = "sliding_puzzle_game"
@@ -30,11 +36,15 @@ PUZZLE_ENV = "sliding_puzzle_game"
 DEFAULT_TASKS = {
     "arithmetic": "math",
     "addition": "math",
+    "addition_sft": "math",
     "countdown": "countdown",
     LOCAL_DATASET: "math",
     "sliding_puzzle": PUZZLE_ENV,
 }
-DEFAULT_PROCESSORS = {"sliding_puzzle": "sliding_puzzle_data_processor"}
+DEFAULT_PROCESSORS = {
+    "sliding_puzzle": "sliding_puzzle_data_processor",
+    "addition_sft": SFT_PROCESSOR,
+}
 # NeMo RL's math_hf_data_processor reads rows its dataset classes format as chat messages;
 # rows here are normalized to problem/answer, which math_data_processor turns into the same
 # datum (the prompt-formatted question as one user turn, the answer as ground truth).
@@ -42,6 +52,7 @@ PROCESSORS: dict[str, TaskDataProcessFnCallable] = {
     "math_data_processor": math_data_processor,
     "math_hf_data_processor": math_data_processor,
     "sliding_puzzle_data_processor": sliding_puzzle_data_processor,
+    SFT_PROCESSOR: sft_processor,
 }
 # rows a built-in generator draws when its dataset sets no num_samples
 DEFAULT_COUNTS = {"train": 1024, "validation": 64}
@@ -50,18 +61,23 @@ VALIDATION_SEED_OFFSET = 1_000_003  # a generator's validation rows come from an
 
 class DataSetup:
     """What the datasets of a run depend on beyond ``data:``: the sliding-puzzle environment's
-    game settings, how many games NeMo RL's puzzle runner draws per split, and the policy's
-    sequence length."""
+    game settings, how many games NeMo RL's puzzle runner draws per split, the policy's
+    sequence length, the processor of a dataset that names none (SFT's ``sft_processor``)
+    and the options ``sft_processor`` is bound to (``data.add_bos`` and friends)."""
 
     def __init__(
         self,
         env: Mapping[str, Any] | None = None,
         puzzle_counts: Mapping[str, int] | None = None,
         max_seq_length: int = 2**31 - 1,
+        default_processor: str = "math_data_processor",
+        sft_options: Mapping[str, bool] | None = None,
     ) -> None:
         self.env = dict(env or {})
         self.puzzle_counts = {**DEFAULT_COUNTS, **(puzzle_counts or {})}
         self.max_seq_length = max_seq_length  # when data.max_input_seq_length is null
+        self.default_processor = default_processor
+        self.sft_options = dict(sft_options or {})
 
     def puzzle_settings(self) -> dict[str, Any]:
         entry = self.env.get(PUZZLE_ENV) or {}
@@ -89,9 +105,12 @@ def _generated_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> lis
     seed = dataset.seed + (VALIDATION_SEED_OFFSET if split == "validation" else 0)
     if dataset.dataset_name == "arithmetic":
         return arithmetic_word_problems(dataset.num_samples or DEFAULT_COUNTS[split], seed)
-    if dataset.dataset_name == "addition":
+    if dataset.dataset_name in ("addition", "addition_sft"):
         count = dataset.num_samples or DEFAULT_COUNTS[split]
-        return addition_problems(count, seed, held_out=split == "validation")
+        rows = (
+            addition_demonstrations if dataset.dataset_name == "addition_sft" else addition_problems
+        )
+        return rows(count, seed, held_out=split == "validation")
     if dataset.dataset_name == "countdown":
         return countdown_puzzles(dataset.num_samples or DEFAULT_COUNTS[split], seed)
     count = dataset.num_samples or setup.puzzle_counts[split]
@@ -116,7 +135,13 @@ def _dataset_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[
     else:
         assert dataset.data_path is not None  # DatasetConfig requires it for ResponseDataset
         raw = read_local_rows(dataset.data_path, dataset.split)
-        rows = map_columns(raw, dataset.input_key, dataset.output_key, source=dataset.data_path)
+        rows = map_columns(
+            raw,
+            dataset.input_key,
+            dataset.output_key,
+            source=dataset.data_path,
+            chat_rows=processor_name(dataset, setup) == SFT_PROCESSOR,
+        )
     return [row for row in rows for _ in range(dataset.repeat)]
 
 
@@ -164,30 +189,40 @@ def load_rows(
     return rows
 
 
+def processor_name(dataset: DatasetConfig, setup: DataSetup | None = None) -> str:
+    """The processor of a dataset: its own, its built-in's, else the run's default."""
+    default = (setup or DataSetup()).default_processor
+    return dataset.processor or DEFAULT_PROCESSORS.get(dataset.dataset_name or "", default)
+
+
 def task_processors(
-    datasets: list[DatasetConfig],
+    datasets: list[DatasetConfig], setup: DataSetup | None = None
 ) -> dict[str, tuple[TaskDataSpec, TaskDataProcessFnCallable]]:
-    """Each environment's prompt spec (its prompt files read now) and processor."""
-    processors: dict[str, tuple[TaskDataSpec, TaskDataProcessFnCallable]] = {}
+    """Each environment's prompt spec (its prompt files read now) and processor
+    (``sft_processor`` bound to the run's ``sft_options``)."""
+    setup = setup or DataSetup()
+    named: dict[str, tuple[TaskDataSpec, str]] = {}
     for dataset in datasets:
         task = _task_of(dataset)
-        name = dataset.processor or DEFAULT_PROCESSORS.get(
-            dataset.dataset_name or "", "math_data_processor"
-        )
         spec = TaskDataSpec(
             task_name=task,
             prompt_file=dataset.prompt_file,
             system_prompt_file=dataset.system_prompt_file,
         )
-        entry = (spec, PROCESSORS[name])
-        known = processors.get(task)
-        if known is not None and (known[0], known[1]) != entry:
+        entry = (spec, processor_name(dataset, setup))
+        if named.get(task, entry) != entry:
             raise ValueError(
                 f"two datasets score with environment {task!r} but differ in prompt or "
                 "processor; give them distinct env_name entries"
             )
-        processors[task] = entry
-    return processors
+        named[task] = entry
+    return {task: (spec, _bound(name, setup)) for task, (spec, name) in named.items()}
+
+
+def _bound(name: str, setup: DataSetup) -> TaskDataProcessFnCallable:
+    if name == SFT_PROCESSOR and setup.sft_options:
+        return partial(sft_processor, **setup.sft_options)
+    return PROCESSORS[name]
 
 
 def build_dataset(
@@ -198,7 +233,7 @@ def build_dataset(
     setup = setup or DataSetup()
     source = "train" if _carved_validation(config, split) else split
     datasets = split_datasets(config, source, setup)
-    processors = task_processors(datasets)
+    processors = task_processors(datasets, setup)
     default_spec = next(iter(processors.values()))[0] if processors else TaskDataSpec()
     return AllTaskProcessedDataset(
         load_rows(config, split, setup),

@@ -1,5 +1,6 @@
-"""Built-in datasets generated from a seed: arithmetic word problems, two-digit additions,
-countdown puzzles and sliding-puzzle games. The demo and the tests train on these without downloading anything;
+"""Built-in datasets generated from a seed: arithmetic word problems, two-digit additions
+(as problems, or as SFT demonstrations with their answers), countdown puzzles and
+sliding-puzzle games. The demo and the tests train on these without downloading anything;
 the same seed always gives the same rows.
 """
 
@@ -74,6 +75,27 @@ def addition_pairs(
 def addition_question(a: int, b: int) -> str:
     """The problem text; it states the answer format itself, so it needs no prompt file."""
     return f"What is {a} + {b}? Put the answer in \\boxed{{}}."
+
+
+def addition_answer(total: int) -> str:
+    """The response a policy learns for an addition: the sum in the box the question asks for."""
+    return f"\\boxed{{{total}}}"
+
+
+def addition_demonstrations(
+    num_samples: int, seed: int = 0, held_out: bool = False
+) -> list[dict[str, Any]]:
+    """Chat rows ``{"messages": [user question, assistant answer]}`` of the addition problems:
+    SFT data (NeMo RL's ``messages`` format) for the same pairs ``addition_problems`` draws."""
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": addition_question(a, b)},
+                {"role": "assistant", "content": addition_answer(a + b)},
+            ]
+        }
+        for a, b in addition_pairs(num_samples, seed, held_out)
+    ]
 
 
 def addition_problems(

@@ -2,8 +2,10 @@
 
 Every row is normalized to ``{"problem", "expected_answer", ...other columns}`` through
 the column mapping (``data.input_key`` / ``data.output_key``), so processors never see a
-dataset's own column names. A row without its prompt or answer fails here, naming the
-file, the row index and the column.
+dataset's own column names; for SFT a chat row (NeMo RL's ``messages`` column: the
+OpenAI format) stays a conversation. A row without its prompt or answer, or whose
+conversation has no assistant turn to learn, fails here, naming the file, the row index
+and the column.
 """
 
 import json
@@ -64,12 +66,27 @@ def _read_saved_dataset(path: Path, split: str | None) -> list[dict[str, Any]]:
     return loaded.to_list()
 
 
+CHAT_COLUMN = "messages"
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
 def map_columns(
-    rows: list[dict[str, Any]], input_key: str, output_key: str, source: str
+    rows: list[dict[str, Any]],
+    input_key: str,
+    output_key: str,
+    source: str,
+    chat_rows: bool = False,
 ) -> list[dict[str, Any]]:
-    """Rename ``input_key`` -> ``problem`` and ``output_key`` -> ``expected_answer``, checking every row."""
+    """Rename ``input_key`` -> ``problem`` and ``output_key`` -> ``expected_answer``, checking every row.
+
+    With ``chat_rows`` (SFT), a row holding ``messages`` is kept as that conversation, as
+    NeMo RL's ``ResponseDataset`` keeps it."""
     mapped = []
     for index, row in enumerate(rows):
+        if chat_rows and row.get(CHAT_COLUMN) is not None:
+            check_conversation(row[CHAT_COLUMN], f"{source}: row {index}")
+            mapped.append(row)
+            continue
         for key, config_key in ((input_key, "data.input_key"), (output_key, "data.output_key")):
             value = row.get(key)
             if value is None or (isinstance(value, str) and not value.strip()):
@@ -81,3 +98,17 @@ def map_columns(
         extra = {k: v for k, v in row.items() if k not in (input_key, output_key)}
         mapped.append({**extra, "problem": row[input_key], "expected_answer": row[output_key]})
     return mapped
+
+
+def check_conversation(messages: Any, where: str) -> None:
+    """A conversation to train on: ``{"role", "content"}`` turns with text, one an assistant's."""
+    if not isinstance(messages, list) or not messages:
+        raise DatasetRowError(f"{where}: {CHAT_COLUMN!r} must be a non-empty list of turns")
+    for turn_index, turn in enumerate(messages):
+        turn_where = f"{where}: {CHAT_COLUMN}[{turn_index}]"
+        if not isinstance(turn, dict) or turn.get("role") not in CHAT_ROLES:
+            raise DatasetRowError(f"{turn_where} needs a 'role' of {CHAT_ROLES}, got {turn!r}")
+        if not isinstance(turn.get("content"), str):
+            raise DatasetRowError(f"{turn_where} has no text 'content'")
+    if not any(turn["role"] == "assistant" for turn in messages):
+        raise DatasetRowError(f"{where}: {CHAT_COLUMN!r} has no assistant turn to learn")

@@ -80,6 +80,10 @@ def _ranks_fit(value: int, context: SupportContext) -> str | None:
 
 
 _RANKS = Check(_ranks_fit, "TP x DP ranks: processes on CPU, one GPU each where there is CUDA")
+_SAME_LOSS = inert(
+    "a fused kernel for the same NLL loss (it saves the logits' memory); the loss here is "
+    "computed from the logits, with the same values",
+)
 _NOT_READ_IN_V07 = inert(
     "NeMo RL v0.7 reads it nowhere; the converter here takes the architecture from config.json",
 )
@@ -247,6 +251,9 @@ class MegatronConfig(_Strict):
             "the worker here casts them at once",
         ),
     ] = False
+    # NeMo RL's SFT NLL loss through a fused linear + cross-entropy kernel, in chunks.
+    use_linear_ce_fusion_loss: Annotated[bool, _SAME_LOSS] = False
+    linear_ce_fusion_chunk_size: Annotated[int, _SAME_LOSS] = Field(default=256, ge=1)
     moe_per_layer_logging: Annotated[bool, MOE_KNOB] = False
     moe_enable_deepep: Annotated[bool, MOE_KNOB] = False
     moe_token_dispatcher_type: Annotated[str, MOE_KNOB] = "alltoall"

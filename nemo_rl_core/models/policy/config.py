@@ -213,6 +213,9 @@ class DTensorConfig(StrictModel):
         int, Only(1, reason=f"context parallelism is not built: {_ONE_PROCESS}")
     ] = Field(1, ge=1)
     custom_parallel_plan: Annotated[str | None, PartOf(_TP)] = None
+    dp_replicate_size: Annotated[
+        int, Only(1, reason=f"HSDP's replicated shards need several ranks: {_ONE_PROCESS}")
+    ] = Field(1, ge=1)
     # Every n-th microbatch frees the CUDA cache; None or 0: never.
     clear_cache_every_n_steps: Annotated[int | None, Wired(f"{_TRAINER}._train")] = Field(
         None, ge=0
