@@ -18,14 +18,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 import psutil
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
+from prefect.task_engine import TaskRunTimeoutError
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.pipeline.context import StageContext, StageRef, StageResult
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
-from nemo_rl_core.pipeline.spec import Stage
+from nemo_rl_core.pipeline.spec import Stage, split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.outage import StorageUnreachableError
 from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, RunStorage, StorageError
@@ -47,10 +48,13 @@ def stage_logger() -> logging.Logger | logging.LoggerAdapter:
 
 
 def is_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect ``retry_condition_fn``: retry storage/worker outages, never deterministic errors."""
+    """Prefect ``retry_condition_fn``: retry storage/worker outages, never deterministic errors.
+
+    A stage past its ``orchestration.stage_timeout_seconds`` is not retried: it would most
+    likely take as long again; it fails, and the run continues there when run again."""
     exc = state.data
-    if isinstance(exc, IntegrityError | StorageUnreachableError):
-        return False  # corrupt data, or an outage that already spent the whole budget
+    if isinstance(exc, IntegrityError | StorageUnreachableError | TaskRunTimeoutError):
+        return False  # corrupt data, an outage that spent the whole budget, a stage too slow
     return isinstance(exc, StorageError | ConnectionError | TimeoutError)
 
 
@@ -176,7 +180,7 @@ def stage_inputs(
     return inputs
 
 
-@task(name="stage", task_run_name="{name}@{iteration}", **STAGE_TASK_OPTIONS)
+@task(name="stage", task_run_name="{name}-it{iteration}", **STAGE_TASK_OPTIONS)
 def stage(run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]) -> StageRef:
     """Stage ``name`` of ``iteration`` as its algorithm declares it (``name`` may carry a
     refill round: ``reward.2``), from ``upstream``'s outputs (the stages it reads)."""
@@ -185,3 +189,10 @@ def stage(run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef])
     inputs = stage_inputs(runtime, spec, iteration, upstream)
     context = StageContext(runtime, iteration, upstream, name)
     return run_stage(run, iteration, name, inputs, lambda: spec.compute(context))
+
+
+def stage_task_for(config: Any, name: str) -> Task:
+    """The stage task with the stage's ``orchestration.stage_timeout_seconds`` (``name`` may
+    carry a refill round: ``reward.2`` has ``reward``'s timeout), or without a timeout."""
+    seconds = config.orchestration.stage_timeout_seconds.get(split_round(name)[0])
+    return stage if seconds is None else stage.with_options(timeout_seconds=seconds)

@@ -55,6 +55,7 @@ from nemo_rl_core.experience.rollouts import (
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
+from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_with_overrides, validate_config
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
@@ -242,6 +243,7 @@ class RLMasterConfig(StrictConfig):
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     data_plane: DataPlaneConfig | None = None
+    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
     on_policy_distillation: Annotated[
         dict[str, Any] | None,
         Only(
