@@ -18,7 +18,7 @@ from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
 from nemo_rl_core.pipeline.spec import split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.stage import stage_task_for
+from tasks.stage import run_stage_tasks
 
 
 @flow(name="rerun-stage", log_prints=True)
@@ -77,8 +77,8 @@ def rerun_stage(
     ):
         storage.mark_stale(iteration, [stage, *stale])
         try:
-            task = stage_task_for(runtime_for(run).config, stage)
-            return task(run, iteration, stage, upstream).to_dict()
+            config = runtime_for(run).config
+            return run_stage_tasks(config, run, iteration, stage, upstream).to_dict()
         finally:
             close_runtime(run)
 

@@ -71,7 +71,7 @@ def check_run_config(pipeline: Pipeline, config_path: str, overrides: list[str] 
     and the data. Reads nothing but the config and its inputs; writes nothing."""
     config = load_master_config(config_path, overrides, pipeline.config_class)
     check_support(config, source=f"config {config_path}")
-    check_stage_names(config, pipeline.name, pipeline.stage_names)
+    check_stage_names(config, pipeline)
     resolve_model(config.policy.model_name)
     setup = data_setup(config)
     for split in SPLITS:  # reads the prompt files: a missing one fails here, not mid-run

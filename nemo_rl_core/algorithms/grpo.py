@@ -544,12 +544,28 @@ def score_rollouts(
     A sample whose checker raised, timed out or died has reward 0 and the reason in its
     ``extra_env_info["reward_reason"]``; they are counted in the metrics, and past
     ``max_env_failure_fraction`` of the batch this raises ``EnvironmentFailureError``."""
-    failures: dict[str, int] = dict.fromkeys(ENV_FAILURE_KINDS, 0)
+    scored = score_samples(batch, task_to_env, config)
+    return scored, reward_metrics(scored, config)
+
+
+def score_samples(
+    batch: BatchedDataDict, task_to_env: dict[str, EnvironmentInterface], config: RLMasterConfig
+) -> BatchedDataDict:
+    """Each sample's reward and its environment's metadata: sample by sample, so a batch
+    scored in slices and joined again is the batch scored whole (the reward stage's shards)."""
     if config.algorithm.max_rollout_turns == 1:
         env_return = calculate_rewards(batch, task_to_env)
         batch["total_reward"] = env_return.rewards.to(torch.float32)
         batch["extra_env_info"] = list(env_return.metadata)
-        for meta in env_return.metadata:
+    return batch
+
+
+def reward_metrics(batch: BatchedDataDict, config: RLMasterConfig) -> dict[str, Any]:
+    """The scored batch's reward metrics and failed checks; ``EnvironmentFailureError`` past
+    ``max_env_failure_fraction``."""
+    failures: dict[str, int] = dict.fromkeys(ENV_FAILURE_KINDS, 0)
+    if config.algorithm.max_rollout_turns == 1:
+        for meta in batch["extra_env_info"]:
             kind = str((meta or {}).get("reward_reason", "")).split(":", 1)[0]
             if kind in failures:
                 failures[kind] += 1
@@ -560,7 +576,7 @@ def score_rollouts(
             f"{sum(failures.values())} of {len(rewards)} reward checks failed ({failures}), "
             f"more than max_env_failure_fraction={config.algorithm.max_env_failure_fraction}"
         )
-    return batch, {
+    return {
         "mean_reward": float(rewards.mean()),
         "max_reward": float(rewards.max()),
         "fraction_positive": float((rewards > 0).float().mean()),
