@@ -9,6 +9,7 @@ from typing import Any
 
 from prefect import Flow, flow
 
+from flows.labels import labelled_run
 from flows.lease import hold_lease
 from flows.progress import IterationReports
 from flows.run_setup import lease_owner, open_run, plan_iterations
@@ -17,7 +18,7 @@ from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.spec import Pipeline, round_name
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.utils.timer import TimeoutChecker
-from tasks.stage import stage, stage_logger
+from tasks.stage import run_stage_tasks, stage_logger
 
 
 def run_pipeline_iteration(
@@ -30,7 +31,7 @@ def run_pipeline_iteration(
         if not spec.is_due(config, iteration, final_step):
             continue
         upstream = {name: done[name] for name in spec.all_reads if name in done}
-        done[spec.name] = stage(run, iteration, spec.name, upstream)
+        done[spec.name] = run_stage_tasks(config, run, iteration, spec.name, upstream)
         refill = pipeline.refill
         if pipeline.refilling(config) and refill and spec.name == refill.stages[-1]:
             round_index = 0
@@ -40,7 +41,8 @@ def run_pipeline_iteration(
                     reads = pipeline.stage(name).all_reads
                     upstream = {r: done[r] for r in reads if r in done}
                     upstream[PREVIOUS] = done[name]
-                    done[name] = stage(run, iteration, round_name(name, round_index), upstream)
+                    recorded = round_name(name, round_index)
+                    done[name] = run_stage_tasks(config, run, iteration, recorded, upstream)
 
 
 def batch_complete(run: RunRef, ref: StageRef, output: str) -> bool:
@@ -91,7 +93,8 @@ def run_iterations(
     comes near); returns the run's id, root, the iterations run, per-iteration metrics and
     the keys of damaged inputs that were re-made."""
     run, config = open_run(pipeline, config_path, overrides, run_id, storage_root, storage_block)
-    with hold_lease(run, owner=lease_owner()):
+    resolved = {"run_id": run.run_id, "storage_root": run.storage_root}
+    with labelled_run(pipeline.name, run, resolved=resolved), hold_lease(run, owner=lease_owner()):
         iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run)
         if not iterations:
             close_runtime(run)  # planning opened it; the next flow run may bring a new config

@@ -1,7 +1,7 @@
 """A training flow run's reports, iteration by iteration: a terminal line, the loggers
 (NeMo RL's names), the rollouts as Parquet in the run's log folder, Prefect artifacts (the
-metrics, a table of the rollouts, the run's progress); at the end a summary table and a
-PNG of the curves.
+resolved config, each iteration's metrics, the table of metrics per iteration, a table of
+the rollouts, the run's progress); at the end a summary table and a PNG of the curves.
 
 Run log folder (``<logger.log_dir>/<run_id>/``)::
 
@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Self
 
 import pyarrow as pa
+import yaml
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
@@ -32,6 +33,7 @@ from flows.report import (
     nemo_rl_records,
     plot_curves,
     run_summaries,
+    summary_row,
     summary_table,
 )
 from nemo_rl_core.experience.rollout_table import format_samples, rollout_table, write_parquet
@@ -98,7 +100,12 @@ class IterationReports:
             key=artifact_key(run.run_id, "progress"),
             description=f"run {run.run_id}: iterations done of {total}",
         )
-        self._submit(self.logger.log_hyperparams, config.model_dump(mode="json"))
+        resolved = config.model_dump(mode="json")
+        self._submit(self.logger.log_hyperparams, resolved)
+        self._submit(self._publish_config, resolved)
+        # The per-iteration table shows the iterations of earlier flow runs of this run too.
+        self._summaries: dict[int, IterationSummary] = {}
+        self._submit(self._load_earlier, first)
 
     def _submit(self, work: Any, *args: Any) -> None:
         context = contextvars.copy_context()
@@ -108,11 +115,18 @@ class IterationReports:
         """Print the iteration's line and publish its reports; returns its metrics."""
         stages = open_storage(self.run).read_manifest(iteration).get("stages", {})
         metrics = manifest_metrics(stages)
-        print(format_line(IterationSummary.from_metrics(iteration, metrics)))
-        self._submit(self._publish, iteration, stages, metrics)
+        summary = IterationSummary.from_metrics(iteration, metrics)
+        print(format_line(summary))
+        self._submit(self._publish, iteration, stages, metrics, summary)
         return metrics
 
-    def _publish(self, iteration: int, stages: dict[str, Any], metrics: dict[str, float]) -> None:
+    def _publish(
+        self,
+        iteration: int,
+        stages: dict[str, Any],
+        metrics: dict[str, float],
+        summary: IterationSummary,
+    ) -> None:
         for record in nemo_rl_records(metrics, iteration):
             self.logger.log_metrics(record.metrics, record.step, prefix=record.prefix)
         rollouts = self._table(stages, ROLLOUT_STAGE, iteration, "rollouts")
@@ -133,7 +147,26 @@ class IterationReports:
             markdown=metrics_markdown(self.pipeline, self.run, iteration, metrics),
             description=f"metrics of iteration {iteration}",
         )
+        self._summaries[iteration] = summary
+        create_table_artifact(
+            table=[summary_row(self._summaries[i]) for i in sorted(self._summaries)],
+            key=artifact_key(self.run.run_id, "metrics"),
+            description=f"run {self.run.run_id}: metrics per iteration (the summary table)",
+        )
         update_progress_artifact(self.progress_id, progress=100.0 * (iteration + 1) / self.total)
+
+    def _publish_config(self, resolved: dict[str, Any]) -> None:
+        """The resolved config beside the flow run's parameters (a config path and
+        overrides), as stored with the run: what an operator reads in the UI."""
+        create_markdown_artifact(
+            key=artifact_key(self.run.run_id, "config"),
+            markdown=f"```yaml\n{yaml.safe_dump(resolved, sort_keys=False)}```\n",
+            description=f"run {self.run.run_id}: the resolved config (runs/<run_id>/config.yaml)",
+        )
+
+    def _load_earlier(self, first: int) -> None:
+        stored = run_summaries(open_storage(self.run))
+        self._summaries.update({s.iteration: s for s in stored if s.iteration < first})
 
     def _table(
         self, stages: dict[str, Any], stage: str, iteration: int, folder: str

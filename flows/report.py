@@ -230,17 +230,19 @@ _COLUMNS = (
 )
 
 
+def summary_row(summary: IterationSummary) -> dict[str, str]:
+    """One iteration's row of the summary table, by column ("-" where not measured)."""
+    row = {}
+    for name, get, spec in _COLUMNS:
+        value = get(summary)
+        row[name] = "-" if value is None else f"{value:{spec}}"
+    return row
+
+
 def summary_table(run_id: str, summaries: list[IterationSummary]) -> str:
     """The run's table, one row per iteration, and how reward and accuracy moved."""
     cells = [[name for name, _, _ in _COLUMNS]]
-    for summary in summaries:
-        values = [get(summary) for _, get, _ in _COLUMNS]
-        cells.append(
-            [
-                "-" if v is None else f"{v:{spec}}"
-                for v, (_, _, spec) in zip(values, _COLUMNS, strict=True)
-            ]
-        )
+    cells += [list(summary_row(summary).values()) for summary in summaries]
     widths = [max(len(row[i]) for row in cells) for i in range(len(_COLUMNS))]
     lines = [
         "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))

@@ -11,13 +11,14 @@ import json
 
 from prefect import flow
 
+from flows.labels import labelled_run
 from flows.lease import hold_lease
 from flows.run_setup import lease_owner, load_storage_block
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
 from nemo_rl_core.pipeline.spec import split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.stage import stage as stage_task
+from tasks.stage import run_stage_tasks
 
 
 @flow(name="rerun-stage", log_prints=True)
@@ -69,10 +70,15 @@ def rerun_stage(
         if split_round(recorded)[0] in affected
         or (stage in refilled and split_round(recorded)[0] in refilled and split_round(recorded)[1])
     ]
-    with hold_lease(run, owner=f"{lease_owner()} rerun-stage {stage}@{iteration}"):
+    name = f"rerun-{run_id}-{stage}-it{iteration}"
+    with (
+        labelled_run(pipeline.name, run, name=name),
+        hold_lease(run, owner=f"{lease_owner()} rerun-stage {stage}@{iteration}"),
+    ):
         storage.mark_stale(iteration, [stage, *stale])
         try:
-            return stage_task(run, iteration, stage, upstream).to_dict()
+            config = runtime_for(run).config
+            return run_stage_tasks(config, run, iteration, stage, upstream).to_dict()
         finally:
             close_runtime(run)
 

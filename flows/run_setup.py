@@ -11,6 +11,7 @@ from typing import Any
 from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.data.datasets.builder import SPLITS, load_rows, split_datasets, task_processors
 from nemo_rl_core.models.local_models import resolve_model
+from nemo_rl_core.pipeline.orchestration import check_stage_names
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, declared
 from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
@@ -70,6 +71,7 @@ def check_run_config(pipeline: Pipeline, config_path: str, overrides: list[str] 
     and the data. Reads nothing but the config and its inputs; writes nothing."""
     config = load_master_config(config_path, overrides, pipeline.config_class)
     check_support(config, source=f"config {config_path}")
+    check_stage_names(config, pipeline)
     resolve_model(config.policy.model_name)
     setup = declared(pipeline, "data_setup")(config)
     for split in SPLITS:  # reads the prompt files: a missing one fails here, not mid-run

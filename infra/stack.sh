@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real local stack, every service on 127.0.0.1:
-#   PostgreSQL 15 (the Prefect server's database) -> `prefect server start` (no UI)
+#   PostgreSQL 15 (the Prefect server's database) -> `prefect server start` (API and web UI)
 #   -> a `process` work pool and a worker; moto_server as the S3 endpoint, with a
 #   bucket and Prefect S3 blocks (AwsCredentials + S3Bucket) registered.
 #
@@ -79,7 +79,6 @@ export NEMO_RL_INFRA_STATE_DIR=$STATE
 export PREFECT_HOME=$STATE/prefect_home
 export PREFECT_API_URL=http://127.0.0.1:$INFRA_API_PORT/api
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
-export PREFECT_SERVER_UI_ENABLED=false
 export DO_NOT_TRACK=1
 export PREFECT_CLI_PROMPT=false
 export NEMO_RL_WORK_POOL=$INFRA_WORK_POOL
@@ -194,7 +193,7 @@ start_server() {
   pg_up || die "start postgres before the server"
   NEEDS_REGISTER=1
   PREFECT_SERVER_DATABASE_CONNECTION_URL=postgresql+asyncpg://prefect@127.0.0.1:$INFRA_PG_PORT/prefect \
-    launch server "$BIN/prefect" server start --host 127.0.0.1 --port "$INFRA_API_PORT" --no-ui --analytics-off
+    launch server "$BIN/prefect" server start --host 127.0.0.1 --port "$INFRA_API_PORT" --analytics-off
 }
 
 worker_started() { grep -q "Worker '.*' started" "$LOGS/worker.log"; }

@@ -18,14 +18,16 @@ from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 import psutil
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
+from prefect.futures import wait
+from prefect.task_engine import TaskRunTimeoutError
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.pipeline.context import StageContext, StageRef, StageResult
+from nemo_rl_core.pipeline.context import BATCH, StageContext, StageRef, StageResult
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
-from nemo_rl_core.pipeline.spec import Stage
+from nemo_rl_core.pipeline.spec import SHARD_PREFIX, Stage, shard_part, split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.outage import StorageUnreachableError
 from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, RunStorage, StorageError
@@ -47,10 +49,13 @@ def stage_logger() -> logging.Logger | logging.LoggerAdapter:
 
 
 def is_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect ``retry_condition_fn``: retry storage/worker outages, never deterministic errors."""
+    """Prefect ``retry_condition_fn``: retry storage/worker outages, never deterministic errors.
+
+    A stage past its ``orchestration.stage_timeout_seconds`` is not retried: it would most
+    likely take as long again; it fails, and the run continues there when run again."""
     exc = state.data
-    if isinstance(exc, IntegrityError | StorageUnreachableError):
-        return False  # corrupt data, or an outage that already spent the whole budget
+    if isinstance(exc, IntegrityError | StorageUnreachableError | TaskRunTimeoutError):
+        return False  # corrupt data, an outage that spent the whole budget, a stage too slow
     return isinstance(exc, StorageError | ConnectionError | TimeoutError)
 
 
@@ -121,27 +126,33 @@ def run_stage(
     stage: str,
     inputs: dict[str, str],
     compute: Callable[[], StageResult],
+    part: str | None = None,
 ) -> StageRef:
     """The stage's stored outputs, computing them only if the manifest lacks them.
 
     ``inputs`` maps input names to content digests (checksums of upstream outputs, the
-    config digest, the weights version); ``compute`` makes the outputs and metrics.
+    config digest, the weights version); ``compute`` makes the outputs and metrics. A
+    ``part`` of a split stage (a shard) is recorded in an entry of its own, not the manifest.
     """
     storage = open_storage(run)
     log = stage_logger()
-    entry = storage.completed_stage(iteration, stage, inputs)
+    label = stage if part is None else f"{stage}/{part}"
+    if part is None:
+        entry = storage.completed_stage(iteration, stage, inputs)
+    else:
+        entry = storage.completed_part(iteration, stage, part, inputs)
     if entry is not None:
         log.info(
             "run %s iteration %d stage %s: complete with these inputs, skipped",
             run.run_id,
             iteration,
-            stage,
+            label,
         )
         return StageRef.from_dict(entry["outputs"])
-    faults = injected_faults(stage, iteration)
+    faults = injected_faults(label, iteration)
     if "raise" in faults:
-        raise InjectedFault(f"fault injected into stage {stage!r} of iteration {iteration}")
-    log.info("run %s iteration %d stage %s: running", run.run_id, iteration, stage)
+        raise InjectedFault(f"fault injected into stage {label!r} of iteration {iteration}")
+    log.info("run %s iteration %d stage %s: running", run.run_id, iteration, label)
     started = time.perf_counter()
     result = compute()
     metrics = {**result.metrics, "seconds": time.perf_counter() - started}
@@ -149,16 +160,20 @@ def run_stage(
         _kill_process_tree()
     refs: dict[str, ObjectRef] = {}
     for name, value in result.outputs.items():
+        stored = name if part is None else f"{part}.{name}"
         if isinstance(value, BatchedDataDict):
-            refs[name] = storage.write_batch(iteration, stage, value, name=name)
+            refs[name] = storage.write_batch(iteration, stage, value, name=stored)
         else:
-            refs[name] = storage.write_json(iteration, stage, name, value)
-    storage.record_stage(iteration, stage, inputs, refs, metrics)
+            refs[name] = storage.write_json(iteration, stage, stored, value)
+    if part is None:
+        storage.record_stage(iteration, stage, inputs, refs, metrics)
+    else:
+        storage.record_part(iteration, stage, part, inputs, refs, metrics)
     log.info(
-        "run %s iteration %d stage %s: committed %s", run.run_id, iteration, stage, sorted(refs)
+        "run %s iteration %d stage %s: committed %s", run.run_id, iteration, label, sorted(refs)
     )
     if "damage" in faults:
-        _damage_once(storage, stage, iteration, refs)
+        _damage_once(storage, label, iteration, refs)
     return StageRef(refs)
 
 
@@ -176,12 +191,71 @@ def stage_inputs(
     return inputs
 
 
-@task(name="stage", task_run_name="{name}@{iteration}", **STAGE_TASK_OPTIONS)
+@task(name="stage", task_run_name="{name}-it{iteration}", **STAGE_TASK_OPTIONS)
 def stage(run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]) -> StageRef:
     """Stage ``name`` of ``iteration`` as its algorithm declares it (``name`` may carry a
-    refill round: ``reward.2``), from ``upstream``'s outputs (the stages it reads)."""
+    refill round: ``reward.2``), from ``upstream``'s outputs (the stages it reads, and the
+    shards of a split stage, which it merges)."""
     runtime = runtime_for(run)
     spec = runtime.pipeline.stage(name)
     inputs = stage_inputs(runtime, spec, iteration, upstream)
     context = StageContext(runtime, iteration, upstream, name)
+    count = len(shards_in(upstream))
+    shards = [shard_part(i, count) for i in range(count)]  # in sample order
+    if spec.fan_out is not None and shards:
+        merge = spec.fan_out.merge
+        return run_stage(
+            run, iteration, name, inputs, lambda: merge(context, [context.batch(s) for s in shards])
+        )
     return run_stage(run, iteration, name, inputs, lambda: spec.compute(context))
+
+
+@task(name="stage-shard", task_run_name="{name}-shard{index}-it{iteration}", **STAGE_TASK_OPTIONS)
+def stage_shard(
+    run: RunRef, iteration: int, name: str, index: int, count: int, upstream: dict[str, StageRef]
+) -> StageRef:
+    """Shard ``index`` of ``count`` of split stage ``name``: its slice's ``batch``, recorded
+    beside the stage's outputs (``iter_<n>/<stage>/shard-<i>-of-<n>.entry.json``)."""
+    runtime = runtime_for(run)
+    spec = runtime.pipeline.stage(name)
+    if spec.fan_out is None:
+        raise ValueError(f"stage {name!r} does not split into shards")
+    shard = spec.fan_out.shard
+    inputs = stage_inputs(runtime, spec, iteration, upstream)
+    context = StageContext(runtime, iteration, upstream, name)
+    return run_stage(
+        run,
+        iteration,
+        name,
+        inputs,
+        lambda: StageResult({BATCH: shard(context, index, count)}),
+        part=shard_part(index, count),
+    )
+
+
+def shards_in(upstream: Mapping[str, StageRef]) -> list[str]:
+    return [name for name in upstream if name.startswith(SHARD_PREFIX)]
+
+
+def stage_task_for(config: Any, name: str, task: Task = stage) -> Task:
+    """The stage task with the stage's ``orchestration.stage_timeout_seconds`` (``name`` may
+    carry a refill round: ``reward.2`` has ``reward``'s timeout), or without a timeout."""
+    seconds = config.orchestration.stage_timeout_seconds.get(split_round(name)[0])
+    return task if seconds is None else task.with_options(timeout_seconds=seconds)
+
+
+def run_stage_tasks(
+    config: Any, run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]
+) -> StageRef:
+    """Stage ``name`` as task runs: where ``orchestration.fan_out`` splits it, its shards
+    first, concurrently (all of them finish, or fail, before the merge; a run continued
+    after a failed shard computes that shard alone), then the stage that merges them."""
+    count = config.orchestration.fan_out.get(split_round(name)[0], 1)
+    if count > 1:
+        shard_task = stage_task_for(config, name, stage_shard)
+        futures = [
+            shard_task.submit(run, iteration, name, i, count, upstream) for i in range(count)
+        ]
+        wait(futures)
+        upstream = {**upstream, **{shard_part(i, count): f.result() for i, f in enumerate(futures)}}
+    return stage_task_for(config, name)(run, iteration, name, upstream)

@@ -61,6 +61,7 @@ from nemo_rl_core.experience.rollouts import (
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
+from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_with_overrides, validate_config
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
@@ -248,6 +249,7 @@ class RLMasterConfig(StrictConfig):
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     data_plane: DataPlaneConfig | None = None
+    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
     on_policy_distillation: Annotated[
         dict[str, Any] | None,
         Only(
@@ -563,12 +565,28 @@ def score_rollouts(
     A sample whose checker raised, timed out or died has reward 0 and the reason in its
     ``extra_env_info["reward_reason"]``; they are counted in the metrics, and past
     ``max_env_failure_fraction`` of the batch this raises ``EnvironmentFailureError``."""
-    failures: dict[str, int] = dict.fromkeys(ENV_FAILURE_KINDS, 0)
+    scored = score_samples(batch, task_to_env, config)
+    return scored, reward_metrics(scored, config)
+
+
+def score_samples(
+    batch: BatchedDataDict, task_to_env: dict[str, EnvironmentInterface], config: RLMasterConfig
+) -> BatchedDataDict:
+    """Each sample's reward and its environment's metadata: sample by sample, so a batch
+    scored in slices and joined again is the batch scored whole (the reward stage's shards)."""
     if config.algorithm.max_rollout_turns == 1:
         env_return = calculate_rewards(batch, task_to_env)
         batch["total_reward"] = env_return.rewards.to(torch.float32)
         batch["extra_env_info"] = list(env_return.metadata)
-        for meta in env_return.metadata:
+    return batch
+
+
+def reward_metrics(batch: BatchedDataDict, config: RLMasterConfig) -> dict[str, Any]:
+    """The scored batch's reward metrics and failed checks; ``EnvironmentFailureError`` past
+    ``max_env_failure_fraction``."""
+    failures: dict[str, int] = dict.fromkeys(ENV_FAILURE_KINDS, 0)
+    if config.algorithm.max_rollout_turns == 1:
+        for meta in batch["extra_env_info"]:
             kind = str((meta or {}).get("reward_reason", "")).split(":", 1)[0]
             if kind in failures:
                 failures[kind] += 1
@@ -579,7 +597,7 @@ def score_rollouts(
             f"{sum(failures.values())} of {len(rewards)} reward checks failed ({failures}), "
             f"more than max_env_failure_fraction={config.algorithm.max_env_failure_fraction}"
         )
-    return batch, {
+    return {
         "mean_reward": float(rewards.mean()),
         "max_reward": float(rewards.max()),
         "fraction_positive": float((rewards > 0).float().mean()),

@@ -24,6 +24,7 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
+from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.key_support import Wired
 from nemo_rl_core.utils.logger import LoggerConfig
@@ -56,6 +57,7 @@ class SFTMasterConfig(StrictConfig):
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
 
     @property
     def algorithm(self) -> SFTConfig:

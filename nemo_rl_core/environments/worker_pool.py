@@ -8,6 +8,7 @@ and the task gets a failed ``TaskOutcome`` with the reason.
 """
 
 import multiprocessing
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -89,6 +90,8 @@ class TimedProcessPool:
     worker: CPython's forkserver never preloads ``__main__``. Forking a parent that runs
     torch threads is safe here because workers only run ``fn``, never torch ops. Each
     worker first runs ``fn(warmup_item)`` untimed; the pool waits for all to be warm.
+    Calls of ``map`` from several threads (a stage's concurrent shards) take turns: the
+    workers are the pool's parallelism.
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class TimedProcessPool:
         self._warmup_item = warmup_item
         self._startup_timeout_s = startup_timeout_s
         self._ctx = multiprocessing.get_context("fork")
+        self._turn = threading.Lock()
         self._workers = [self._spawn() for _ in range(num_workers)]
         while not all(w.ready for w in self._workers):
             wait([w.conn for w in self._workers if not w.ready], timeout=1.0)
@@ -119,6 +123,10 @@ class TimedProcessPool:
 
     def map(self, items: Sequence[Any], timeout_s: float) -> list[TaskOutcome]:
         """Run ``fn`` on every item, each within ``timeout_s`` seconds of its start."""
+        with self._turn:
+            return self._map(items, timeout_s)
+
+    def _map(self, items: Sequence[Any], timeout_s: float) -> list[TaskOutcome]:
         outcomes: list[TaskOutcome | None] = [None] * len(items)
         pending = list(range(len(items)))[::-1]
         while pending or any(w.task is not None for w in self._workers):

@@ -19,7 +19,7 @@ from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.algorithms.sft import SFTMasterConfig
 from nemo_rl_core.pipeline import stages
-from nemo_rl_core.pipeline.spec import Pipeline, Refill, Stage, register_pipeline
+from nemo_rl_core.pipeline.spec import FanOut, Pipeline, Refill, Stage, register_pipeline
 
 
 def validation_is_due(config: Any, iteration: int, final_step: int) -> bool:
@@ -42,7 +42,13 @@ ROLLOUT = (
         versions=("policy",),
         reported=("mean_gen_tokens_per_sample",),
     ),
-    Stage("reward", stages.reward, reads=("generate",), reported=("mean_reward",)),
+    Stage(
+        "reward",
+        stages.reward,
+        reads=("generate",),
+        reported=("mean_reward",),
+        fan_out=FanOut(stages.reward_shard, stages.reward_merge),
+    ),
     Stage("logprob", stages.logprob, reads=("reward",), versions=("policy",)),
 )
 POLICY_METRICS = ("loss", "kl_penalty", "probs_ratio_clamped_fraction", "grad_norm")

@@ -32,6 +32,7 @@ from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import make_value_model
 from nemo_rl_core.models.value.interfaces import ValueInterface
+from nemo_rl_core.pipeline.orchestration import SECTION
 from nemo_rl_core.pipeline.spec import Pipeline, Version, declared, pipeline_for_config
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
@@ -87,7 +88,8 @@ class RunRuntime:
 
     @property
     def config_digest(self) -> str:
-        return digest_json(self.config.model_dump(mode="json"))
+        """What of the config decides stage outputs: all of it but ``orchestration``."""
+        return digest_json(self.config.model_dump(mode="json", exclude={SECTION}))
 
     # ---- versions: what a stage's output depends on besides its inputs ---------------
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_core.pipeline.context import StageContext, StageResult
 
 # What a stage's output depends on besides the config and the stages it reads: the weights
@@ -47,6 +48,30 @@ class Refill:
 
 
 @dataclass(frozen=True)
+class FanOut:
+    """A stage whose work splits by sample. ``shard(ctx, index, count)`` makes the ``batch`` of
+    one contiguous slice; ``merge(ctx, batches)`` joins the slices' batches in order and does
+    the rest of the stage. Unsplit, the stage is one shard merged, so its output is the same
+    bit for bit however many shards made it."""
+
+    shard: "Callable[[StageContext, int, int], BatchedDataDict]"
+    merge: "Callable[[StageContext, list[BatchedDataDict]], StageResult]"
+
+
+SHARD_PREFIX = "shard-"
+
+
+def shard_part(index: int, count: int) -> str:
+    """The name a shard is recorded under, beside its stage's outputs."""
+    return f"{SHARD_PREFIX}{index}-of-{count}"
+
+
+def shard_bounds(size: int, index: int, count: int) -> tuple[int, int]:
+    """Sample range ``[start, end)`` of shard ``index`` of ``count`` over ``size`` samples."""
+    return index * size // count, (index + 1) * size // count
+
+
+@dataclass(frozen=True)
 class Stage:
     """One stage: ``compute`` (a core function of the stage's context) and what it depends on.
 
@@ -55,7 +80,8 @@ class Stage:
     else decides its output; ``reported``: its metrics shown per iteration; ``commits``: it
     commits the checkpoint the next iteration starts from; ``due(config, iteration,
     final_step)``: whether it runs at an iteration (None: at every training iteration,
-    those before ``final_step``).
+    those before ``final_step``); ``fan_out``: how its work splits into shards that run
+    concurrently (``orchestration.fan_out`` says into how many).
     """
 
     name: str
@@ -66,6 +92,7 @@ class Stage:
     reported: tuple[str, ...] = ()
     commits: bool = False
     due: Callable[[Any, int, int], bool] | None = None
+    fan_out: FanOut | None = None
 
     def is_due(self, config: Any, iteration: int, final_step: int) -> bool:
         if self.due is None:

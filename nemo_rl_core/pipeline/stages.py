@@ -9,7 +9,9 @@ import time
 
 from nemo_rl_core.algorithms import grpo, ppo, sft
 from nemo_rl_core.algorithms.loss import NLLLossFn
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.pipeline.context import PREVIOUS, StageContext, StageResult
+from nemo_rl_core.pipeline.spec import shard_bounds
 
 
 def validate(ctx: StageContext) -> StageResult:
@@ -57,9 +59,23 @@ def generate(ctx: StageContext) -> StageResult:
 def reward(ctx: StageContext) -> StageResult:
     """The environments score each rollout; the rewards are scaled and shaped, truncated
     responses filtered, and under dynamic sampling the informative groups kept (with
-    those of earlier rounds) until a step's batch is complete."""
+    those of earlier rounds) until a step's batch is complete. Unsplit: one shard, merged."""
+    return reward_merge(ctx, [reward_shard(ctx, 0, 1)])
+
+
+def reward_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
+    """The environments' rewards of one slice of the rollouts."""
+    rollouts = ctx.batch("generate")
+    start, end = shard_bounds(rollouts.size, index, count)
+    return grpo.score_samples(rollouts.slice(start, end), ctx.runtime.task_to_env, ctx.config)
+
+
+def reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
+    """The scored slices joined in order; then what needs the whole batch: the metrics,
+    scaling and shaping, filtering, dynamic sampling's selection."""
     config = ctx.config
-    scored, metrics = grpo.score_rollouts(ctx.batch("generate"), ctx.runtime.task_to_env, config)
+    scored = BatchedDataDict.from_batches(shards)
+    metrics = grpo.reward_metrics(scored, config)
     scored, processing = grpo.process_rewards(scored, config)
     metrics |= processing
     if not config.algorithm.use_dynamic_sampling:

@@ -75,6 +75,7 @@ COMMITTED = "COMMITTED"
 TRAINING_INFO = "training_info.json"
 MANIFEST = "MANIFEST.json"
 _MANIFEST_LOCK = threading.Lock()
+_PART_SUFFIX = ".entry.json"  # a part's own entry, beside its outputs
 # sha256 releases the GIL on large buffers: hashing runs beside the transfer or decode.
 _HASHER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="run-storage-sha256")
 
@@ -253,15 +254,7 @@ class RunStorage:
         """Commit a finished stage: its entry goes into ``MANIFEST.json`` (read-modify-write)."""
         self._check_lease()
         validate_name("stage", stage)
-        for ref in outputs.values():
-            self._check_key(ref.key)
-        entry = {
-            "status": "complete",
-            "inputs": dict(inputs),
-            "outputs": {name: ref.to_dict() for name, ref in outputs.items()},
-            "metrics": dict(metrics or {}),
-            "finished_at": datetime.now(UTC).isoformat(),
-        }
+        entry = self._entry(inputs, outputs, metrics)
         with _MANIFEST_LOCK:
             manifest = self.read_manifest(iteration)
             manifest["stages"][stage] = entry
@@ -274,6 +267,49 @@ class RunStorage:
         Every output is read back and checked against its sha256: a damaged or truncated
         object makes the stage count as not done, so it is recomputed instead of trusted."""
         entry = self.read_manifest(iteration)["stages"].get(validate_name("stage", stage))
+        return self._if_complete(entry, inputs)
+
+    def record_part(
+        self,
+        iteration: int,
+        stage: str,
+        part: str,
+        inputs: dict[str, str],
+        outputs: dict[str, ObjectRef],
+        metrics: dict | None = None,
+    ) -> dict:
+        """Commit one part of a stage whose work is split (fan-out) in an entry object of
+        its own, ``iter_<n>/<stage>/<part>.entry.json``: parts finish concurrently, possibly
+        in other processes, so they never rewrite the manifest."""
+        self._check_lease()
+        entry = self._entry(inputs, outputs, metrics)
+        self._put(self._part_key(iteration, stage, part), json.dumps(entry).encode())
+        return entry
+
+    def completed_part(
+        self, iteration: int, stage: str, part: str, inputs: dict[str, str]
+    ) -> dict | None:
+        """The part's entry if complete with these inputs and intact outputs (as a stage's)."""
+        data = self._get_optional(self._part_key(iteration, stage, part))
+        return self._if_complete(None if data is None else json.loads(data), inputs)
+
+    def _part_key(self, iteration: int, stage: str, part: str) -> str:
+        return self._stage_key(iteration, stage, f"{validate_name('part', part)}{_PART_SUFFIX}")
+
+    def _entry(
+        self, inputs: dict[str, str], outputs: dict[str, ObjectRef], metrics: dict | None
+    ) -> dict:
+        for ref in outputs.values():
+            self._check_key(ref.key)
+        return {
+            "status": "complete",
+            "inputs": dict(inputs),
+            "outputs": {name: ref.to_dict() for name, ref in outputs.items()},
+            "metrics": dict(metrics or {}),
+            "finished_at": datetime.now(UTC).isoformat(),
+        }
+
+    def _if_complete(self, entry: dict | None, inputs: dict[str, str]) -> dict | None:
         if entry is None or entry.get("status") != "complete" or entry.get("inputs") != inputs:
             return None
         for ref in entry.get("outputs", {}).values():
@@ -284,7 +320,8 @@ class RunStorage:
         return entry
 
     def mark_stale(self, iteration: int, stages: list[str]) -> None:
-        """Mark stages to be redone (e.g. everything downstream of a rerun stage)."""
+        """Mark stages to be redone (e.g. everything downstream of a rerun stage), and the
+        parts of each, so that a rerun stage computes its parts again too."""
         self._check_lease()
         with _MANIFEST_LOCK:
             manifest = self.read_manifest(iteration)
@@ -294,8 +331,18 @@ class RunStorage:
                 if entry is not None and entry.get("status") != "stale":
                     entry["status"] = "stale"
                     changed = True
+                self._mark_parts_stale(iteration, stage)
             if changed:
                 self._write_manifest(iteration, manifest)
+
+    def _mark_parts_stale(self, iteration: int, stage: str) -> None:
+        folder = f"{_iter_dir(iteration)}/{stage}"
+        for name in self._list_names(folder):
+            if name.endswith(_PART_SUFFIX):
+                key = f"{folder}/{name}"
+                entry = json.loads(self._get_optional(key) or "{}")
+                if entry.get("status", "stale") != "stale":
+                    self._put(key, json.dumps({**entry, "status": "stale"}).encode())
 
     def record_repair(self, iteration: int, key: str, damage: str) -> None:
         """Note in the iteration's manifest that ``key`` was found damaged (``damage`` says how)

@@ -13,6 +13,8 @@ from prefect.client.orchestration import get_client
 
 from flows.grpo import grpo
 from flows.report import main as report_main
+from flows.report import run_summaries, summary_row
+from nemo_rl_core.storage.handles import RunRef, open_storage
 
 pytestmark = pytest.mark.e2e
 RUN = "Observed_run"
@@ -108,11 +110,13 @@ def test_rollouts_and_validation_samples_are_queryable(observed):
 
 def test_prefect_artifacts_per_iteration_and_progress(observed):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
 
-    def artifacts(key: str) -> list:
+    def artifacts(key: str) -> list:  # newest version first
         with get_client(sync_client=True) as client:
             return client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                sort=ArtifactSort.CREATED_DESC,
             )
 
     table = artifacts("observed-run-rollouts-iter-1")
@@ -121,6 +125,12 @@ def test_prefect_artifacts_per_iteration_and_progress(observed):
     rows = json.loads(table[0].data)
     assert len(rows) == 16 and {"prompt", "response", "reward", "reason"} <= set(rows[0])
     assert progress and progress[0].type == "progress" and progress[0].data == 100.0
+    # One row per iteration, as the summary table prints it, updated as each one ends.
+    root, _, _ = observed
+    stored = run_summaries(open_storage(RunRef(str(root), RUN)))
+    metrics = artifacts("observed-run-metrics")
+    assert len(metrics) == len(stored) == STEPS + 1
+    assert json.loads(metrics[0].data) == [summary_row(s) for s in stored]
 
 
 def test_report_command_prints_and_plots_the_stored_run(observed, tmp_path, capsys):

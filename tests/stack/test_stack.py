@@ -219,6 +219,47 @@ def test_project_prefect_yaml_declares_the_deployments() -> None:
     assert "prefect.deployments.steps.set_working_directory" in pull_step
 
 
+def code_version() -> str:
+    return subprocess.run(
+        ["git", "describe", "--always", "--dirty", "--tags"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def test_prefect_loads_versions_and_concurrency_limits() -> None:
+    """Prefect's own loader and build steps: every deployment is versioned by the code it
+    runs, and each training deployment runs one flow run at a time."""
+    import asyncio
+
+    from prefect.cli.deploy._config import _load_deploy_configs_and_actions
+    from prefect.deployments.steps.utility import run_shell_script
+    from prefect.utilities.templating import apply_values
+    from rich.console import Console
+
+    configs, actions = _load_deploy_configs_and_actions(
+        PROJECT_ROOT / "prefect.yaml", console=Console(stderr=True)
+    )
+    assert len(configs) == 5, "prefect.yaml did not validate as Prefect reads it"
+    [step] = actions["build"]  # the version step, run as `prefect deploy` runs it
+    settings = dict(step["prefect.deployments.steps.run_shell_script"])
+    step_id = settings.pop("id")
+    output = asyncio.run(run_shell_script(**settings, directory=str(PROJECT_ROOT)))
+    outputs = {step_id: output}
+    resolved = {(c["entrypoint"], c["name"]): apply_values(c, outputs) for c in configs}
+    assert {c["version"].strip() for c in resolved.values()} == {code_version()}
+    limits = {key: c.get("concurrency_limit") for key, c in resolved.items()}
+    assert limits == {
+        ("flows/grpo.py:grpo", "manual"): 1,
+        ("flows/grpo.py:grpo", "nightly"): 1,
+        ("flows/ppo.py:ppo", "manual"): 1,
+        ("flows/rerun_stage.py:rerun_stage", "default"): None,
+        ("flows/verify.py:verify_run", "default"): None,
+    }
+
+
 PROJECT_DEPLOYMENTS = {
     "grpo/manual": "flows/grpo.py",
     "grpo/nightly": "flows/grpo.py",
@@ -244,6 +285,9 @@ def test_project_deployments_register(local_stack: LocalStack) -> None:
             "directory": str(PROJECT_ROOT)
         }
         assert deployment["parameters"]["storage_root"] == f"s3://{local_stack.bucket}"
+        assert deployment["version"].strip() == code_version(), name
+        training = not name.startswith(("rerun-stage/", "verify-run/"))
+        assert deployment["concurrency_limit"] == (1 if training else None), name
     pause_all_schedules(local_stack)
 
 

@@ -77,8 +77,10 @@ def test_nightly_runs_continue_one_experiment_and_a_concurrent_one_is_refused(
     assert first["state_type"] == "COMPLETED", "\n".join(local_stack.flow_run_logs(first_id)[-30:])
     assert committed_steps(local_stack, "stack-nightly") == [1]
 
-    # The next night and an accidental concurrent trigger: one continues, one is refused.
-    ids = [local_stack.start_flow_run(nightly, params) for _ in range(2)]
+    # The next night and an accidental concurrent manual run of the same experiment (a
+    # second nightly would wait for the deployment's one slot): one continues, one is refused.
+    manual = stack_deployments["grpo/manual"]
+    ids = [local_stack.start_flow_run(deployment, params) for deployment in (nightly, manual)]
     finals = {}
     threads = [
         threading.Thread(

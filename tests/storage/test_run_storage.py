@@ -199,6 +199,23 @@ def test_manifest_records_and_finds_completed_stages(storage: RunStorage) -> Non
     assert storage.completed_stage(2, "generate", {"prompts": "abc"}) is not None
 
 
+def test_parts_of_a_split_stage_have_entries_of_their_own(storage: RunStorage) -> None:
+    """A shard is recorded beside its stage's outputs, never in the manifest; it counts as
+    done only with the same inputs and intact outputs; marking the stage stale marks it."""
+    assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "x"}) is None
+    ref = storage.write_batch(1, "reward", _batch(), name="shard-0-of-2.batch")
+    storage.record_part(1, "reward", "shard-0-of-2", {"generate": "x"}, {"batch": ref})
+    assert storage.read_manifest(1) == {"stages": {}}
+    assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "x"}) is not None
+    assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "y"}) is None
+    assert storage.completed_part(1, "reward", "shard-1-of-2", {"generate": "x"}) is None
+    storage.mark_stale(1, ["reward"])
+    assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "x"}) is None
+    storage.record_part(1, "reward", "shard-0-of-2", {"generate": "x"}, {"batch": ref})
+    storage.fs.pipe_file(f"{storage._run_path}/{ref.key}", b"short")
+    assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "x"}) is None
+
+
 def test_completed_stage_is_none_when_an_output_is_gone_or_resized(storage: RunStorage) -> None:
     ref = storage.write_batch(0, "generate", _batch())
     storage.record_stage(0, "generate", {}, {"batch": ref})

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from prefect.task_engine import TaskRunTimeoutError
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.pipeline.context import StageRef, StageResult
@@ -78,6 +79,8 @@ class _State:
         (ConnectionError(), True),
         (ValueError("bad config"), False),
         (FloatingPointError(), False),
+        (TimeoutError(), True),
+        (TaskRunTimeoutError("stage past orchestration.stage_timeout_seconds"), False),
     ],
 )
 def test_only_transient_errors_are_retried(exc, retry):
