@@ -287,7 +287,8 @@ def test_project_deployments_register(local_stack: LocalStack) -> None:
         assert deployment["parameters"]["storage_root"] == f"s3://{local_stack.bucket}"
         assert deployment["version"].strip() == code_version(), name
         training = not name.startswith(("rerun-stage/", "verify-run/"))
-        assert deployment["concurrency_limit"] == (1 if training else None), name
+        limit = (deployment["global_concurrency_limit"] or {}).get("limit")
+        assert limit == (1 if training else None), name
     pause_all_schedules(local_stack)
 
 
