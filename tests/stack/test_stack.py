@@ -242,7 +242,7 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
     configs, actions = _load_deploy_configs_and_actions(
         PROJECT_ROOT / "prefect.yaml", console=Console(stderr=True)
     )
-    assert len(configs) == 5, "prefect.yaml did not validate as Prefect reads it"
+    assert len(configs) == 6, "prefect.yaml did not validate as Prefect reads it"
     [step] = actions["build"]  # the version step, run as `prefect deploy` runs it
     settings = dict(step["prefect.deployments.steps.run_shell_script"])
     step_id = settings.pop("id")
@@ -255,6 +255,7 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
         ("flows/grpo.py:grpo", "manual"): 1,
         ("flows/grpo.py:grpo", "nightly"): 1,
         ("flows/ppo.py:ppo", "manual"): 1,
+        ("flows/sft.py:sft", "manual"): 1,
         ("flows/rerun_stage.py:rerun_stage", "default"): None,
         ("flows/verify.py:verify_run", "default"): None,
     }
