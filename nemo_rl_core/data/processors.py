@@ -11,7 +11,6 @@ rows (``messages``: question, answer) for ``math_hf_data_processor``.
 from typing import Any
 
 from nemo_rl_core.data.interfaces import DatumSpec, LLMMessageLogType, TaskDataSpec
-from nemo_rl_core.data.llm_message_utils import get_formatted_message_log
 
 
 def math_data_processor(
@@ -118,6 +117,10 @@ def _datum(
     extra_env_info: dict[str, Any],
     task_name: str,
 ) -> DatumSpec:
+    # Imported here: it loads torch, and the config check reads the processors' names
+    # and prompt files without it.
+    from nemo_rl_core.data.llm_message_utils import get_formatted_message_log
+
     message_log = get_formatted_message_log(
         _with_system_prompt(messages, task_data_spec),
         tokenizer,

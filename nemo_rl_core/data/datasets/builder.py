@@ -10,7 +10,7 @@ GRPO's use::
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_core.data.config import LOCAL_DATASET, DataConfig, DatasetConfig
 from nemo_rl_core.data.datasets.generators import (
@@ -20,9 +20,11 @@ from nemo_rl_core.data.datasets.generators import (
     sliding_puzzle_games,
 )
 from nemo_rl_core.data.datasets.local_files import map_columns, read_local_rows
-from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
 from nemo_rl_core.data.interfaces import TaskDataProcessFnCallable, TaskDataSpec
 from nemo_rl_core.data.processors import math_data_processor, sliding_puzzle_data_processor
+
+if TYPE_CHECKING:  # it loads torch; the config check reads rows and prompt files without it
+    from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
 
 SPLITS = ("train", "validation")
 PUZZLE_ENV = "sliding_puzzle_game"
@@ -133,7 +135,8 @@ def _carve(
     return [rows[i] for i in order[:-held]], [rows[i] for i in order[-held:]]
 
 
-def _task_of(dataset: DatasetConfig) -> str:
+def task_name(dataset: DatasetConfig) -> str:
+    """The environment (``env.<name>``) that scores ``dataset``'s rows."""
     return dataset.env_name or DEFAULT_TASKS.get(dataset.dataset_name or LOCAL_DATASET, "math")
 
 
@@ -154,13 +157,13 @@ def load_rows(
     if _carved_validation(config, split):
         for dataset in split_datasets(config, "train", setup):
             held = _carve(_dataset_rows(dataset, "train", setup), dataset)[1]
-            rows += [{**row, "task_name": _task_of(dataset)} for row in held]
+            rows += [{**row, "task_name": task_name(dataset)} for row in held]
         return rows
     for dataset in split_datasets(config, split, setup):
         dataset_rows = _dataset_rows(dataset, split, setup)
         if split == "train":
             dataset_rows = _carve(dataset_rows, dataset)[0]
-        rows += [{**row, "task_name": _task_of(dataset)} for row in dataset_rows]
+        rows += [{**row, "task_name": task_name(dataset)} for row in dataset_rows]
     return rows
 
 
@@ -170,7 +173,7 @@ def task_processors(
     """Each environment's prompt spec (its prompt files read now) and processor."""
     processors: dict[str, tuple[TaskDataSpec, TaskDataProcessFnCallable]] = {}
     for dataset in datasets:
-        task = _task_of(dataset)
+        task = task_name(dataset)
         name = dataset.processor or DEFAULT_PROCESSORS.get(
             dataset.dataset_name or "", "math_data_processor"
         )
@@ -192,9 +195,11 @@ def task_processors(
 
 def build_dataset(
     config: DataConfig, tokenizer: Any, split: str = "train", setup: DataSetup | None = None
-) -> AllTaskProcessedDataset:
+) -> "AllTaskProcessedDataset":
     """Rows of ``split`` as a dataset of ``DatumSpec``s templated with ``tokenizer``, each
     row processed by its own dataset's processor and prompt."""
+    from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
+
     setup = setup or DataSetup()
     source = "train" if _carved_validation(config, split) else split
     datasets = split_datasets(config, source, setup)
