@@ -8,15 +8,12 @@ import secrets
 import socket
 from typing import Any
 
-from nemo_rl_core.algorithms.grpo import data_setup, load_master_config
-from nemo_rl_core.data.datasets.builder import SPLITS, load_rows, split_datasets, task_processors
-from nemo_rl_core.models.local_models import resolve_model
+from flows.config_check import check_run_config
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline
 from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
-from nemo_rl_core.utils.key_support import check_support
 
 
 def new_run_id(prefix: str) -> str:
@@ -64,25 +61,6 @@ def first_iteration(pipeline: Pipeline, storage: RunStorage) -> int:
     return latest
 
 
-def check_run_config(pipeline: Pipeline, config_path: str, overrides: list[str] | None) -> Any:
-    """The validated config of a run, or ``ConfigError`` naming the key, file or row that
-    cannot work: its schema, what this deployment cannot run (``check_support``), the model
-    and the data. Reads nothing but the config and its inputs; writes nothing."""
-    config = load_master_config(config_path, overrides, pipeline.config_class)
-    check_support(config, source=f"config {config_path}")
-    resolve_model(config.policy.model_name)
-    setup = data_setup(config)
-    for split in SPLITS:  # reads the prompt files: a missing one fails here, not mid-run
-        task_processors(split_datasets(config.data, split, setup))
-    rows = load_rows(config.data, setup=setup)
-    if not rows:
-        raise ConfigError(
-            "data.train: no training rows; name a dataset as NeMo RL v0.7's configs do "
-            "(data.train.dataset_name, or ResponseDataset with data.train.data_path)"
-        )
-    return config
-
-
 def open_run(
     pipeline: Pipeline,
     config_path: str,
@@ -92,7 +70,7 @@ def open_run(
     storage_block: str | None = None,
 ) -> tuple[RunRef, Any]:
     """Validate the config and name the run; nothing is written yet (no lease is held)."""
-    config = check_run_config(pipeline, config_path, overrides)
+    config = check_run_config(pipeline.config_class, config_path, overrides)
     root = storage_root or config.checkpointing.checkpoint_dir
     load_storage_block(root, storage_block)
     return RunRef(root, run_id or new_run_id(pipeline.name)), config

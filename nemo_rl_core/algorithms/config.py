@@ -26,7 +26,7 @@ def validate_section(
 ) -> ConfigT:
     """Validate ``raw`` (a mapping from YAML, or an instance) as ``model``.
 
-    Raises ``ValueError`` whose lines name each bad key as ``section.key.path``.
+    Raises a one-line ``ValueError`` that names each bad key as ``section.key.path``.
     """
     if isinstance(raw, model):
         return raw
@@ -43,7 +43,7 @@ def validate_section(
             named_value = error["loc"] and error["type"] != "missing"
             value = f" (got {error.get('input')!r})" if named_value else ""
             lines.append(f"{path}: {error['msg']}{value}")
-        raise ValueError(f"invalid {section} config:\n  " + "\n  ".join(lines)) from None
+        raise ValueError(f"invalid {section} config: " + "; ".join(lines)) from None
 
 
 # ---------------------------------------------------------------- loss_fn: sections

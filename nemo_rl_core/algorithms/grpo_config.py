@@ -4,6 +4,7 @@ re-exports these names by NeMo RL's paths): the config check imports it without 
 """
 
 from abc import abstractmethod
+from pathlib import Path
 from typing import Annotated, Any, Self
 
 from pydantic import Field, field_validator, model_validator
@@ -22,7 +23,7 @@ from nemo_rl_core.algorithms.reward_config import (
 from nemo_rl_core.data.config import DataConfig
 from nemo_rl_core.data.datasets.builder import DEFAULT_COUNTS, DataSetup
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
-from nemo_rl_core.environments.utils import check_env_config
+from nemo_rl_core.environments.utils import UnknownEnvironmentError, check_env_config
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_with_overrides, validate_config
@@ -249,7 +250,10 @@ class RLMasterConfig(StrictConfig):
         """Each ``env.<name>`` section validates into its environment's own config now,
         not when the first rollout reaches the environment."""
         for name, settings in self.env.items():
-            check_env_config(name, settings)
+            try:
+                check_env_config(name, settings)
+            except UnknownEnvironmentError as err:
+                raise ValueError(f"env.{name}: {err}") from None
         return self
 
     @model_validator(mode="after")
@@ -298,9 +302,12 @@ def load_master_config(
     config_class: type[RLMasterConfig] = MasterConfig,
 ) -> RLMasterConfig:
     """Load, override and validate a GRPO YAML (or ``config_class``'s, e.g. PPO's); errors
-    name the file or the key path."""
+    name the file or the key path. Relative input files of ``data:`` are made absolute
+    from the config file's directory (``DataConfig.with_files_from``)."""
     raw = load_config_with_overrides(config_path, overrides)
-    return validate_config(config_class, raw, source=f"config {config_path}")
+    config = validate_config(config_class, raw, source=f"config {config_path}")
+    data = config.data.with_files_from(Path(config_path).resolve().parent)
+    return config.model_copy(update={"data": data})
 
 
 def data_setup(config: RLMasterConfig) -> DataSetup:

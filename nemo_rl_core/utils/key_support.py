@@ -186,8 +186,8 @@ class UnsupportedConfigError(ConfigError):
     refusals: list[Refusal] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = "\n".join(f"  {refusal}" for refusal in self.refusals)
-        return f"{self.source} asks for what this deployment cannot do:\n{lines}"
+        refused = "; ".join(str(refusal) for refusal in self.refusals)
+        return f"{self.source} asks for what this deployment cannot do: {refused}"
 
 
 def key_rule(annotation_metadata: list[Any]) -> KeyRule | None:
