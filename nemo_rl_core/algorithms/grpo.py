@@ -1,4 +1,5 @@
-"""GRPO (NeMo RL's ``nemo_rl.algorithms.grpo``): its config and the work of each stage.
+"""GRPO (NeMo RL's ``nemo_rl.algorithms.grpo``): the work of each stage, and its config
+classes by NeMo RL's names (they live in :mod:`~nemo_rl_core.algorithms.grpo_config`).
 
 NeMo RL runs these steps inside one long ``grpo_train`` loop; here each is a pure function
 that a Prefect task (``tasks/``) or a plain loop can call, so one stage of one iteration

@@ -1,4 +1,5 @@
-"""PPO with a value model (NeMo RL's ``ppo:`` recipe): its config and the stages it adds.
+"""PPO with a value model (NeMo RL's ``ppo:`` recipe): the stages it adds, and its config
+classes (they live in :mod:`~nemo_rl_core.algorithms.ppo_config`).
 
 PPO shares GRPO's rollout stages (prompts, generate, reward, logprob: the functions of
 :mod:`nemo_rl_core.algorithms.grpo`, which read ``config.algorithm``) and adds three
