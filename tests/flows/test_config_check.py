@@ -19,9 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "examples" / "configs"
 HEAVY = ("torch", "transformers", "vllm", "prefect")
 # Runs the command line as ``python -m flows.grpo`` does, then names the heavy packages
-# that were imported by the time it exited.
+# that were imported by the time it exited. Packages named in HIDDEN_PACKAGES are absent,
+# as Python's import system takes a None in sys.modules (find_spec answers None).
 HARNESS = (
-    "import atexit, runpy, sys\n"
+    "import atexit, os, runpy, sys\n"
+    "sys.modules.update(dict.fromkeys(os.environ.get('HIDDEN_PACKAGES', '').split()))\n"
     f"atexit.register(lambda: print('loaded:', *[m for m in {HEAVY!r} if m in sys.modules]))\n"
     "sys.argv = ['flows.grpo', *sys.argv[1:]]\n"
     "runpy.run_module('flows.grpo', run_name='__main__', alter_sys=True)\n"
@@ -30,13 +32,15 @@ MISSING = "/nonexistent/nemo-rl-core"
 TYPO_YAML = f"defaults: {CONFIGS / 'grpo_math_tiny.yaml'}\ngrpo:\n  num_prompts_per_stepp: 2\n"
 
 
-def refuse(args: list[str], cwd: Path, out: Path) -> tuple[int, list[str], list[str]]:
+def refuse(
+    args: list[str], cwd: Path, out: Path, hidden: str = ""
+) -> tuple[int, list[str], list[str]]:
     """Exit code, stderr lines and the heavy packages loaded of one refused command."""
     outputs = [f"checkpointing.checkpoint_dir={out}/results", f"logger.log_dir={out}/logs"]
     done = subprocess.run(
         [sys.executable, "-c", HARNESS, *args, *outputs],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "HIDDEN_PACKAGES": hidden},
         capture_output=True,
         text=True,
         timeout=300,
@@ -96,6 +100,17 @@ def test_mistake_is_refused_fast_in_one_line(args: list[str], named: str, tmp_pa
     assert sorted(p.name for p in cwd.iterdir()) == ["typo.yaml"], "wrote into the working dir"
     assert not out.exists(), "created the run's storage or log folder"
     assert loaded == [], f"loaded {loaded} before refusing"
+
+
+@pytest.mark.parametrize("logger", ["wandb", "tensorboard", "mlflow"])
+def test_a_logger_whose_package_is_missing_is_refused(logger: str, tmp_path: Path) -> None:
+    config = ["--config", str(CONFIGS / "grpo_math_tiny.yaml")]
+    code, lines, loaded = refuse(
+        [*config, f"logger.{logger}_enabled=true"], tmp_path, tmp_path / "out", hidden=logger
+    )
+    assert code == 2 and len(lines) == 1, lines
+    assert f"logger.{logger}_enabled=True: " in lines[0] and f"the {logger} package" in lines[0]
+    assert loaded == [] and not (tmp_path / "out").exists()
 
 
 def test_a_mistake_torch_must_check_is_still_refused_before_the_run(tmp_path: Path) -> None:
