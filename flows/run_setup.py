@@ -8,7 +8,8 @@ import secrets
 import socket
 from typing import Any
 
-from flows.config_check import check_run_config
+from flows.config_check import check_run_config, trained_models
+from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline
 from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
@@ -69,8 +70,12 @@ def open_run(
     storage_root: str | None,
     storage_block: str | None = None,
 ) -> tuple[RunRef, Any]:
-    """Validate the config and name the run; nothing is written yet (no lease is held)."""
+    """Validate the config, build its built-in models (the warm-started one takes a minute
+    or two, which no stage's timeout should pay), and name the run; nothing of the run is
+    written yet (no lease is held)."""
     config = check_run_config(pipeline.config_class, config_path, overrides)
+    for _, model in trained_models(config):
+        resolve_model(model.model_name)
     root = storage_root or config.checkpointing.checkpoint_dir
     load_storage_block(root, storage_block)
     return RunRef(root, run_id or new_run_id(pipeline.name)), config
