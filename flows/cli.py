@@ -2,8 +2,10 @@
 flow without a server (Prefect's ephemeral API), with NeMo RL-style overrides.
 
 A mistake in the config, its model or its data is reported in one line before Prefect or
-any backend starts and before anything is written; so is an error of the run itself (the
-flow run's log above it holds the details; ``--traceback`` prints Python's traceback).
+any backend starts and before anything is written (``flows.config_check``, which loads
+neither torch nor Prefect: seconds, not the minute the stack takes to load); so is an
+error of the run itself (the flow run's log above it holds the details; ``--traceback``
+prints Python's traceback).
 """
 
 import argparse
@@ -12,12 +14,24 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
+from pydantic import BaseModel
+
+from nemo_rl_core.algorithms.grpo_config import data_setup
+from nemo_rl_core.data.datasets.builder import DataSetup
 from nemo_rl_core.utils.config import ConfigError
 
 
-def run_cli(algorithm: str) -> None:
-    """The command line of the training flow ``flows.<algorithm>.<algorithm>``."""
+def run_cli(
+    algorithm: str,
+    config_class: type[BaseModel],
+    setup_for: Callable[[Any], DataSetup] = data_setup,
+) -> None:
+    """The command line of the training flow ``flows.<algorithm>.<algorithm>``, whose
+    pipeline validates its config into ``config_class`` and sets its data up as
+    ``setup_for`` (its declaration's ``data_setup``) says."""
     parser = argparse.ArgumentParser(
         prog=f"python -m flows.{algorithm}", description=f"Train {algorithm.upper()}."
     )
@@ -42,16 +56,15 @@ def run_cli(algorithm: str) -> None:
     if not args.verbose:
         quiet_library_logs()
     try:
-        from flows.run_setup import check_run_config
-        from nemo_rl_core.pipeline.spec import pipeline_named
-        from nemo_rl_core.storage.run_storage import validate_name
+        from flows.config_check import check_run_config
+        from nemo_rl_core.storage.names import validate_name
 
         if args.run_id is not None:
             try:
                 validate_name("--run-id", args.run_id)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-        check_run_config(pipeline_named(algorithm), args.config, args.overrides)
+        check_run_config(config_class, args.config, args.overrides, setup_for)
         training = getattr(importlib.import_module(f"flows.{algorithm}"), algorithm)
         if not args.verbose:
             quiet_prefect_logs()
@@ -97,8 +110,9 @@ def quiet_prefect_logs() -> None:
 
 def fail(err: Exception) -> None:
     """One line on stderr: what was wrong (a config mistake exits 2, anything else 1)."""
+    what = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
     if isinstance(err, ConfigError | FileNotFoundError):
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {what}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(f"error: {type(err).__name__}: {err} (--traceback shows where)", file=sys.stderr)
+    print(f"error: {type(err).__name__}: {what} (--traceback shows where)", file=sys.stderr)
     raise SystemExit(1) from None

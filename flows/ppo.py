@@ -11,8 +11,9 @@ Run locally without a server:
 
 if __name__ == "__main__":  # the command line checks the config before loading the stack
     from flows.cli import run_cli
+    from nemo_rl_core.algorithms.ppo_config import PPOMasterConfig
 
-    run_cli("ppo")
+    run_cli("ppo", PPOMasterConfig)
 else:
     from flows.loop import training_flow
     from nemo_rl_core.pipeline.algorithms import PPO

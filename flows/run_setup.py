@@ -8,8 +8,7 @@ import secrets
 import socket
 from typing import Any
 
-from nemo_rl_core.algorithms.grpo import load_master_config
-from nemo_rl_core.data.datasets.builder import SPLITS, load_rows, split_datasets, task_processors
+from flows.config_check import check_run_config, trained_models
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.pipeline.orchestration import check_stage_names
 from nemo_rl_core.pipeline.runtime import runtime_for
@@ -17,7 +16,6 @@ from nemo_rl_core.pipeline.spec import Pipeline, declared
 from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
-from nemo_rl_core.utils.key_support import check_support
 
 
 def new_run_id(prefix: str) -> str:
@@ -65,27 +63,6 @@ def first_iteration(pipeline: Pipeline, storage: RunStorage) -> int:
     return latest
 
 
-def check_run_config(pipeline: Pipeline, config_path: str, overrides: list[str] | None) -> Any:
-    """The validated config of a run, or ``ConfigError`` naming the key, file or row that
-    cannot work: its schema, what this deployment cannot run (``check_support``), the model
-    and the data. Reads nothing but the config and its inputs; writes nothing."""
-    config = load_master_config(config_path, overrides, pipeline.config_class)
-    check_support(config, source=f"config {config_path}")
-    check_stage_names(config, pipeline)
-    resolve_model(config.policy.model_name)
-    setup = declared(pipeline, "data_setup")(config)
-    for split in SPLITS:  # reads the prompt files: a missing one fails here, not mid-run
-        task_processors(split_datasets(config.data, split, setup), setup)
-    # Reads every dataset file: a missing one or a row without its columns fails here.
-    rows = {split: load_rows(config.data, split, setup) for split in SPLITS}
-    if not rows["train"]:
-        raise ConfigError(
-            "data.train: no training rows; name a dataset as NeMo RL v0.7's configs do "
-            "(data.train.dataset_name, or ResponseDataset with data.train.data_path)"
-        )
-    return config
-
-
 def open_run(
     pipeline: Pipeline,
     config_path: str,
@@ -94,8 +71,14 @@ def open_run(
     storage_root: str | None,
     storage_block: str | None = None,
 ) -> tuple[RunRef, Any]:
-    """Validate the config and name the run; nothing is written yet (no lease is held)."""
-    config = check_run_config(pipeline, config_path, overrides)
+    """Validate the config, build its built-in models (the warm-started one takes a minute
+    or two, which no stage's timeout should pay), and name the run; nothing of the run is
+    written yet (no lease is held)."""
+    setup = declared(pipeline, "data_setup")
+    config = check_run_config(pipeline.config_class, config_path, overrides, setup)
+    check_stage_names(config, pipeline)
+    for _, model in trained_models(config):
+        resolve_model(model.model_name)
     root = storage_root or config.checkpointing.checkpoint_dir
     load_storage_block(root, storage_block)
     return RunRef(root, run_id or new_run_id(pipeline.name)), config

@@ -11,8 +11,9 @@ same run_id again continues where a failed run stopped.
 
 if __name__ == "__main__":  # the command line checks the config before loading the stack
     from flows.cli import run_cli
+    from nemo_rl_core.algorithms.sft import SFTMasterConfig, data_setup
 
-    run_cli("sft")
+    run_cli("sft", SFTMasterConfig, data_setup)
 else:
     from flows.loop import training_flow
     from nemo_rl_core.pipeline.algorithms import SFT

@@ -26,7 +26,7 @@ def validate_section(
 ) -> ConfigT:
     """Validate ``raw`` (a mapping from YAML, or an instance) as ``model``.
 
-    Raises ``ValueError`` whose lines name each bad key as ``section.key.path``.
+    Raises a one-line ``ValueError`` that names each bad key as ``section.key.path``.
     """
     if isinstance(raw, model):
         return raw
@@ -43,7 +43,7 @@ def validate_section(
             named_value = error["loc"] and error["type"] != "missing"
             value = f" (got {error.get('input')!r})" if named_value else ""
             lines.append(f"{path}: {error['msg']}{value}")
-        raise ValueError(f"invalid {section} config:\n  " + "\n  ".join(lines)) from None
+        raise ValueError(f"invalid {section} config: " + "; ".join(lines)) from None
 
 
 # ---------------------------------------------------------------- loss_fn: sections
@@ -82,6 +82,89 @@ class ClippedPGLossConfig(StrictConfig):
     use_cispo: Annotated[bool, Wired(_PG)] = False
     use_kl_in_reward: Annotated[bool, Wired(_PG)] = False
     positive_example_nll_weight: Annotated[float, Field(ge=0.0), Wired(_PG)] = 0.0
+
+
+def clipped_pg_config_problems(cfg: ClippedPGLossConfig) -> list[tuple[str, str]]:
+    """``(key, why)`` for each combination of ``loss_fn:`` keys NeMo RL refuses. The loss
+    asserts them (NeMo RL's AssertionError); config validation reports them by key."""
+    problems: list[tuple[str, str]] = []
+    if cfg.sequence_level_importance_ratios and cfg.token_level_loss:
+        problems.append(
+            (
+                "sequence_level_importance_ratios",
+                "sequence-level importance sampling (GSPO) is mutually exclusive with "
+                "token-level loss: set token_level_loss: false",
+            )
+        )
+    if cfg.use_cispo:
+        for key, why in (
+            ("disable_ppo_ratio", "CISPO needs the pi/pi_old ratio that it removes"),
+            ("force_on_policy_ratio", "a ratio forced to 1 removes CISPO's clipped IS weight"),
+            ("sequence_level_importance_ratios", "CISPO uses token-level importance weights"),
+        ):
+            if getattr(cfg, key):
+                problems.append((key, f"use_cispo is incompatible with {key}: {why}"))
+        if cfg.ratio_clip_c is not None:
+            problems.append(
+                (
+                    "ratio_clip_c",
+                    "use_cispo is incompatible with dual clipping (ratio_clip_c): it would "
+                    "overwrite the CISPO loss; set ratio_clip_c: null",
+                )
+            )
+        if not cfg.token_level_loss:
+            problems.append(("token_level_loss", "use_cispo requires token_level_loss: true"))
+    kind, high = cfg.truncated_importance_sampling_type, cfg.truncated_importance_sampling_ratio
+    low = cfg.truncated_importance_sampling_ratio_min
+    if kind is not None:
+        key = "truncated_importance_sampling_type"
+        if not cfg.use_importance_sampling_correction:
+            problems.append(
+                (
+                    key,
+                    "truncated importance sampling is only supported when "
+                    "use_importance_sampling_correction is True",
+                )
+            )
+        if high is None or high <= 0:
+            problems.append(
+                (
+                    "truncated_importance_sampling_ratio",
+                    "truncated_importance_sampling_ratio should be positive",
+                )
+            )
+        elif low is not None and low > high:
+            problems.append(
+                (
+                    "truncated_importance_sampling_ratio_min",
+                    "truncated_importance_sampling_ratio_min must be <= "
+                    "truncated_importance_sampling_ratio",
+                )
+            )
+        if kind in ("icepop", "seq-mask-tis") and low is None:
+            problems.append(
+                (
+                    "truncated_importance_sampling_ratio_min",
+                    f"truncated_importance_sampling_ratio_min should be set when "
+                    f"truncated_importance_sampling_type is {kind!r}",
+                )
+            )
+        if kind == "seq-mask-tis" and cfg.sequence_level_importance_ratios:
+            problems.append(
+                (
+                    key,
+                    "seq-mask-tis uses token-level IS correction with sequence-level masking "
+                    "and is incompatible with sequence_level_importance_ratios=True",
+                )
+            )
+    if cfg.ratio_clip_c is not None and cfg.ratio_clip_c <= 1:
+        problems.append(
+            (
+                "ratio_clip_c",
+                f"ratio_clip_c must exceed 1 (a lower bound of the ratios), got {cfg.ratio_clip_c}",
+            )
+        )
+    return problems
 
 
 class DPOLossConfig(StrictConfig):

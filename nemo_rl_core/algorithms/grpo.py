@@ -1,4 +1,5 @@
-"""GRPO (NeMo RL's ``nemo_rl.algorithms.grpo``): its config and the work of each stage.
+"""GRPO (NeMo RL's ``nemo_rl.algorithms.grpo``): the work of each stage, and its config
+classes by NeMo RL's names (they live in :mod:`~nemo_rl_core.algorithms.grpo_config`).
 
 NeMo RL runs these steps inside one long ``grpo_train`` loop; here each is a pure function
 that a Prefect task (``tasks/``) or a plain loop can call, so one stage of one iteration
@@ -8,64 +9,56 @@ can be recomputed alone from its stored inputs.
 import hashlib
 import json
 import time
-from abc import abstractmethod
 from collections.abc import Iterable
-from typing import Annotated, Any, Self
+from typing import Any
 
 import torch
-from pydantic import Field, field_validator, model_validator
 
 from nemo_rl_core.algorithms.advantage_estimator import create_advantage_estimator
-from nemo_rl_core.algorithms.config import (
-    ClippedPGLossConfig,
-    GRPOAdvantageConfig,
-    StrictConfig,
-)
+from nemo_rl_core.algorithms.config import GRPOAdvantageConfig
 from nemo_rl_core.algorithms.filters import (
     accumulate_dynamic_sampling_batch,
     apply_overlong_filtering,
     dynamic_sampling_filter,
 )
+
+# NeMo RL names the config classes here (noqa: re-exported); they live apart so that the
+# config check loads no torch.
+from nemo_rl_core.algorithms.grpo_config import (
+    AsyncGRPOConfig,  # noqa: F401
+    DataPlaneConfig,  # noqa: F401
+    GRPOConfig,  # noqa: F401
+    MasterConfig,
+    RLMasterConfig,
+    RolloutLoopConfig,  # noqa: F401
+    data_setup,
+    load_master_config,  # noqa: F401
+    planned_steps,  # noqa: F401
+    validates,  # noqa: F401
+    validation_due,  # noqa: F401
+)
 from nemo_rl_core.algorithms.loss import ClippedPGLossFn
-from nemo_rl_core.algorithms.loss.clipped_pg import clipped_pg_config_problems
 from nemo_rl_core.algorithms.reward_functions import (
-    RewardScalingConfig,
-    RewardShapingConfig,
     apply_reward_shaping,
-    reward_shaping_config_problems,
     scale_rewards,
 )
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
-from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
-from nemo_rl_core.data.datasets.builder import (
-    DEFAULT_COUNTS,
-    SPLITS,
-    DataSetup,
-    build_dataset,
-    processor_name,
-)
+from nemo_rl_core.data.datasets.builder import build_dataset
 from nemo_rl_core.data.llm_message_utils import (
     batched_message_log_to_flat_message,
     message_logs_to_train_data,
 )
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
-from nemo_rl_core.environments.utils import check_env_config, create_env
+from nemo_rl_core.environments.utils import create_env
 from nemo_rl_core.experience.rollouts import (
     calculate_rewards,
     generate_responses,
     run_multi_turn_rollout,
 )
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
-from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
-from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
-from nemo_rl_core.utils.checkpoint import CheckpointingConfig
-from nemo_rl_core.utils.config import load_config_with_overrides, validate_config
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
-from nemo_rl_core.utils.logger import LoggerConfig
 
 # ``reward_reason`` prefixes of a check that did not finish (the worker pool's outcome kinds).
 ENV_FAILURE_KINDS = ("error", "timeout", "died")
@@ -73,296 +66,6 @@ ENV_FAILURE_KINDS = ("error", "timeout", "died")
 
 class EnvironmentFailureError(RuntimeError):
     """Too many reward checks failed in one batch: the environment, not the policy, is broken."""
-
-
-_GRPO = "nemo_rl_core.algorithms.grpo"
-
-
-def _needs_cuda(value: bool, context: SupportContext) -> str | None:
-    if value and context.machine.cuda_devices == 0:
-        return "computing advantages on the GPU needs a CUDA device; this machine has none"
-    return None
-
-
-class RolloutLoopConfig(StrictConfig):
-    """The loop keys ``grpo:`` and ``ppo:`` share (NeMo RL's names and defaults): how many
-    prompts and samples per step, how many steps, validation, the seed."""
-
-    num_prompts_per_step: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:make_dataloader")]
-    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:take_prompts")] = 1
-    max_rollout_turns: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:play_rollouts")] = 1
-    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")] = 1
-    max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")]
-    val_period: Annotated[int, Wired(f"{_GRPO}:validation_due")] = 0  # <= 0: never
-    # None: every validation prompt in one batch (NeMo RL allows None for NeMo-Gym).
-    val_batch_size: Annotated[int | None, Field(ge=1), Wired(f"{_GRPO}:validate_batches")] = None
-    val_at_start: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
-    val_at_end: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
-    max_val_samples: Annotated[int | None, Field(ge=1), Wired(f"{_GRPO}:validate_batches")] = None
-    seed: Annotated[int, Wired(f"{_GRPO}:sampling_seeds")] = 42
-    skip_reference_policy_logprobs_calculation: Annotated[
-        bool, Wired(f"{_GRPO}:compute_logprobs")
-    ] = False
-    # Not in NeMo RL: a reward checker that raised, hung or died gives reward 0; past this
-    # fraction of the batch the reward stage fails instead of training on broken rewards.
-    max_env_failure_fraction: Annotated[
-        float, Field(ge=0.0, le=1.0), Wired(f"{_GRPO}:score_rollouts")
-    ] = 0.5
-    # What happens to rewards and samples between scoring and the advantages.
-    overlong_filtering: Annotated[bool, Wired(f"{_GRPO}:process_rewards")] = False
-    use_dynamic_sampling: Annotated[bool, Wired(f"{_GRPO}:select_prompt_groups")] = False
-    dynamic_sampling_max_gen_batches: Annotated[
-        int, Field(ge=1), Wired(f"{_GRPO}:select_prompt_groups")
-    ] = 10
-    batch_multiplier: Annotated[float, Field(gt=0), Wired(f"{_GRPO}:prompts_per_batch")] = 1.0
-    calculate_advantages_on_gpu: Annotated[
-        bool, Check(_needs_cuda, "the advantages are computed on the GPU, which must be there")
-    ] = False
-    reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
-    reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
-
-    @model_validator(mode="after")
-    def _multiplier_with_dynamic_sampling(self) -> Self:
-        if self.batch_multiplier != 1 and not self.use_dynamic_sampling:
-            raise ValueError(
-                f"batch_multiplier={self.batch_multiplier} needs use_dynamic_sampling: true "
-                "(NeMo RL: it sizes the generation batches that dynamic sampling filters)"
-            )
-        return self
-
-    @field_validator("reward_shaping")
-    @classmethod
-    def _reward_shaping_is_usable(cls, shaping: RewardShapingConfig) -> RewardShapingConfig:
-        """What reward shaping would refuse at the first reward stage, refused now."""
-        problems = reward_shaping_config_problems(shaping)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return shaping
-
-    @model_validator(mode="after")
-    def _whole_validation_batches(self) -> Self:
-        """NeMo RL validates ``max_val_samples // val_batch_size`` whole batches."""
-        limit, size = self.max_val_samples, self.val_batch_size
-        if limit is not None and size is not None and limit < size:
-            raise ValueError(
-                f"max_val_samples ({limit}) is smaller than val_batch_size ({size}): "
-                "no whole validation batch fits, so nothing would be validated"
-            )
-        return self
-
-
-def validation_due(loop: RolloutLoopConfig, step: int, final_step: int) -> bool:
-    """Whether the weights after ``step`` updates are validated (NeMo RL's schedule:
-    ``val_at_start`` for step 0, every ``val_period`` steps, ``val_at_end`` for the weights
-    after the run's ``final_step``)."""
-    if step == 0:
-        return loop.val_at_start
-    periodic = loop.val_period > 0 and step % loop.val_period == 0
-    return periodic or (loop.val_at_end and step == final_step)
-
-
-def validates(loop: RolloutLoopConfig) -> bool:
-    return loop.val_period > 0 or loop.val_at_start or loop.val_at_end
-
-
-def planned_steps(loop: RolloutLoopConfig, batches_per_epoch: int) -> int:
-    """Training steps of the whole run: ``max_num_steps``, or fewer when ``max_num_epochs``
-    passes over the data end first (as NeMo RL's loop stops at whichever comes first)."""
-    return min(loop.max_num_steps, loop.max_num_epochs * batches_per_epoch)
-
-
-class AsyncGRPOConfig(StrictConfig):
-    """``grpo.async_grpo:`` generation of later steps overlapping this step's training."""
-
-    enabled: Annotated[
-        bool,
-        Only(
-            False,
-            reason="asynchronous GRPO (generation overlapping training, from weights at "
-            "most max_trajectory_age_steps old) is not built in this deployment yet; "
-            "the stages run one after the other",
-        ),
-    ] = False
-    max_trajectory_age_steps: Annotated[int, Field(ge=1), PartOf("grpo.async_grpo.enabled")] = 1
-    in_flight_weight_updates: Annotated[bool, PartOf("grpo.async_grpo.enabled")] = False
-    recompute_kv_cache_after_weight_updates: Annotated[bool, PartOf("grpo.async_grpo.enabled")] = (
-        False
-    )
-
-
-_NO_TOOL_PARSING = (
-    "this deployment's environments do not parse tool calls or <think> tags, so there are no "
-    "such tokens to give an advantage to"
-)
-
-
-class GRPOConfig(GRPOAdvantageConfig, RolloutLoopConfig):
-    """``grpo:``: NeMo RL's keys and defaults (advantage and loop keys inherited)."""
-
-    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:take_prompts")]
-    async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig)
-    seq_logprob_error_threshold: Annotated[
-        float | None, Field(gt=0), Wired(f"{_GRPO}:mask_by_sequence_logprob_error")
-    ] = None
-    invalid_tool_call_advantage: Annotated[float | None, Only(None, reason=_NO_TOOL_PARSING)] = None
-    malformed_thinking_advantage: Annotated[float | None, Only(None, reason=_NO_TOOL_PARSING)] = (
-        None
-    )
-
-
-_DATA_PLANE = "data_plane.enabled"
-
-
-class DataPlaneConfig(StrictConfig):
-    """NeMo RL's ``data_plane:`` (a TransferQueue between Ray actors). Here object storage
-    is the data plane: every stage's outputs are stored batches the next stage reads."""
-
-    enabled: Annotated[
-        bool,
-        Only(
-            False,
-            reason="the TransferQueue data plane moves batches between Ray actors; in this "
-            "deployment the stages hand batches over through the run's object storage",
-        ),
-    ] = False
-    impl: Annotated[str, PartOf(_DATA_PLANE)] = "transfer_queue"
-    backend: Annotated[str, PartOf(_DATA_PLANE)] = "simple"
-    storage_capacity: Annotated[int, PartOf(_DATA_PLANE)] = 1_000_000
-    num_storage_units: Annotated[int, PartOf(_DATA_PLANE)] = 2
-    claim_meta_poll_interval_s: Annotated[float, PartOf(_DATA_PLANE)] = 0.5
-    global_segment_size: Annotated[int, PartOf(_DATA_PLANE)] = 0
-    local_buffer_size: Annotated[int, PartOf(_DATA_PLANE)] = 0
-    observability: Annotated[dict[str, Any] | None, PartOf(_DATA_PLANE)] = None
-
-
-class RLMasterConfig(StrictConfig):
-    """The sections every on-policy algorithm's YAML shares; ``algorithm`` is its own
-    section (``grpo:``, ``ppo:``), which the shared stage functions read."""
-
-    loss_fn: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig)
-    policy: PolicyConfig
-    data: DataConfig
-    env: Annotated[
-        dict[str, dict[str, Any]], Wired("nemo_rl_core.environments.utils:create_env")
-    ] = Field(default_factory=dict)
-    checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
-    logger: LoggerConfig = Field(default_factory=LoggerConfig)
-    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    data_plane: DataPlaneConfig | None = None
-    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
-    on_policy_distillation: Annotated[
-        dict[str, Any] | None,
-        Only(
-            None,
-            reason="multi-teacher on-policy distillation through NeMo-Gym teachers is not "
-            "built in this deployment",
-        ),
-    ] = None
-
-    @property
-    @abstractmethod
-    def algorithm(self) -> RolloutLoopConfig: ...
-
-    @model_validator(mode="after")
-    def _loss_knobs_fit_together(self) -> Self:
-        """NeMo RL's checks of ``loss_fn:`` combinations, reported by key before any work."""
-        loss = self.loss_fn
-        problems = [(f"loss_fn.{key}", why) for key, why in clipped_pg_config_problems(loss)]
-        if loss.truncated_importance_sampling_ratio is not None and (
-            loss.truncated_importance_sampling_type is None
-        ):
-            problems.append(
-                (
-                    "loss_fn.truncated_importance_sampling_type",
-                    "is null while truncated_importance_sampling_ratio is set: name the "
-                    "truncation (tis, icepop or seq-mask-tis)",
-                )
-            )
-        threshold = getattr(self.algorithm, "seq_logprob_error_threshold", None)
-        if loss.force_on_policy_ratio and threshold is not None:
-            problems.append(
-                (
-                    "loss_fn.force_on_policy_ratio",
-                    "skips the prev_logprobs that seq_logprob_error_threshold masks by; "
-                    "unset one of them",
-                )
-            )
-        if problems:
-            raise ValueError("; ".join(f"{key}: {why}" for key, why in problems))
-        return self
-
-    @model_validator(mode="after")
-    def _datasets_are_prompts(self) -> Self:
-        """SFT conversations (``sft_processor``, ``addition_sft``) hold their answers: there
-        is nothing left to generate and score."""
-        for split in SPLITS:
-            for index, dataset in enumerate(self.data.datasets(split)):
-                if dataset.dataset_name in SFT_DATASETS or processor_name(dataset) == SFT_PROCESSOR:
-                    raise ValueError(
-                        f"data.{split}[{index}]: {dataset.dataset_name or SFT_PROCESSOR} makes "
-                        "SFT conversations, not prompts to generate from; use "
-                        "math_data_processor (or the addition dataset) here, and flows.sft to "
-                        "train on conversations"
-                    )
-        return self
-
-    @model_validator(mode="after")
-    def _environments_are_known(self) -> Self:
-        """Each ``env.<name>`` section validates into its environment's own config now,
-        not when the first rollout reaches the environment."""
-        for name, settings in self.env.items():
-            check_env_config(name, settings)
-        return self
-
-    @model_validator(mode="after")
-    def _skipped_forwards_are_unused(self) -> Self:
-        """NeMo RL's checks of the two forward shortcuts of the logprob stage: each is
-        exact only when nothing reads what it no longer computes."""
-        loop, loss = self.algorithm, self.loss_fn
-        section = type(loop).__name__.removesuffix("Config").lower()
-        if loss.force_on_policy_ratio:
-            samples = loop.num_prompts_per_step * loop.num_generations_per_prompt
-            if self.policy.train_global_batch_size != samples:
-                raise ValueError(
-                    "loss_fn.force_on_policy_ratio needs one optimizer step per batch: "
-                    f"policy.train_global_batch_size={self.policy.train_global_batch_size} "
-                    f"must equal {section}.num_prompts_per_step x num_generations_per_prompt"
-                    f" = {samples}"
-                )
-            if loss.use_kl_in_reward and loss.reference_policy_kl_penalty != 0:
-                raise ValueError(
-                    "loss_fn.force_on_policy_ratio skips the policy forward whose "
-                    "prev_logprobs loss_fn.use_kl_in_reward reads for its KL reward; "
-                    "set one of them to false"
-                )
-        if loop.skip_reference_policy_logprobs_calculation and loss.reference_policy_kl_penalty:
-            raise ValueError(
-                f"{section}.skip_reference_policy_logprobs_calculation needs "
-                "loss_fn.reference_policy_kl_penalty: 0 "
-                f"(got {loss.reference_policy_kl_penalty}): the KL term reads them"
-            )
-        return self
-
-
-class MasterConfig(RLMasterConfig):
-    """The whole YAML of a GRPO run."""
-
-    grpo: GRPOConfig
-
-    @property
-    def algorithm(self) -> GRPOConfig:
-        return self.grpo
-
-
-def load_master_config(
-    config_path: str,
-    overrides: list[str] | None = None,
-    config_class: type[RLMasterConfig] = MasterConfig,
-) -> RLMasterConfig:
-    """Load, override and validate a GRPO YAML (or ``config_class``'s, e.g. PPO's); errors
-    name the file or the key path."""
-    raw = load_config_with_overrides(config_path, overrides)
-    return validate_config(config_class, raw, source=f"config {config_path}")
 
 
 def digest_json(value: Any) -> str:
@@ -384,21 +87,6 @@ def prompts_per_batch(loop: Any) -> int:
     under dynamic sampling (as NeMo RL sizes its dataloader)."""
     multiplier = loop.batch_multiplier if loop.use_dynamic_sampling else 1
     return int(loop.num_prompts_per_step * multiplier)
-
-
-def data_setup(config: RLMasterConfig) -> DataSetup:
-    """What the run's datasets take from outside ``data:``: the environments (the sliding
-    puzzle's games), NeMo RL's puzzle-runner sizes and the policy's sequence length."""
-    loop = config.algorithm
-    games = loop.num_prompts_per_step * loop.num_generations_per_prompt * loop.max_num_steps
-    return DataSetup(
-        env=config.env,
-        puzzle_counts={
-            "train": games,
-            "validation": loop.max_val_samples or DEFAULT_COUNTS["validation"],
-        },
-        max_seq_length=config.policy.max_total_sequence_length,
-    )
 
 
 def make_dataloader(config: RLMasterConfig, tokenizer: Any) -> StatefulDataLoader:

@@ -1,4 +1,5 @@
-"""PPO with a value model (NeMo RL's ``ppo:`` recipe): its config and the stages it adds.
+"""PPO with a value model (NeMo RL's ``ppo:`` recipe): the stages it adds, and its config
+classes (they live in :mod:`~nemo_rl_core.algorithms.ppo_config`).
 
 PPO shares GRPO's rollout stages (prompts, generate, reward, logprob: the functions of
 :mod:`nemo_rl_core.algorithms.grpo`, which read ``config.algorithm``) and adds three
@@ -6,45 +7,21 @@ steps: the value model's estimates of the rollout, GAE advantages and returns fr
 and a value update next to the policy update.
 """
 
-from typing import Annotated, Any
+from typing import Any
 
 import torch
-from pydantic import Field
 
 from nemo_rl_core.algorithms.advantage_estimator import create_advantage_estimator
-from nemo_rl_core.algorithms.config import MseValueLossConfig, PPOAdvEstimatorConfig
-from nemo_rl_core.algorithms.grpo import RLMasterConfig, RolloutLoopConfig, train_policy
+from nemo_rl_core.algorithms.grpo import train_policy
 from nemo_rl_core.algorithms.loss import MseValueLossFn
+
+# NeMo RL names the config classes here (noqa: re-exported); they live apart so that the
+# config check loads no torch.
+from nemo_rl_core.algorithms.ppo_config import PPOConfig, PPOMasterConfig  # noqa: F401
 from nemo_rl_core.algorithms.utils import masked_mean
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
-from nemo_rl_core.models.value import ValueConfig, ValueInterface
-from nemo_rl_core.utils.key_support import Wired
-
-_PPO = "nemo_rl_core.algorithms.ppo"
-
-
-class PPOConfig(RolloutLoopConfig):
-    """``ppo:``: GRPO's loop keys (with its reward scaling and shaping, e.g. 0/1
-    correctness onto -1/+1), the advantage estimator (GAE), and PPO's update schedule."""
-
-    adv_estimator: PPOAdvEstimatorConfig = Field(default_factory=PPOAdvEstimatorConfig)
-    ppo_epochs: Annotated[int, Field(ge=1), Wired(f"{_PPO}:update_policy_and_value")] = 1
-    policy_training_start_step: Annotated[
-        int, Field(ge=0), Wired(f"{_PPO}:update_policy_and_value")
-    ] = 0
-
-
-class PPOMasterConfig(RLMasterConfig):
-    """The whole YAML of a PPO run: GRPO's sections plus the value model and its loss."""
-
-    ppo: PPOConfig
-    value: ValueConfig
-    value_loss_fn: MseValueLossConfig = Field(default_factory=MseValueLossConfig)
-
-    @property
-    def algorithm(self) -> PPOConfig:
-        return self.ppo
+from nemo_rl_core.models.value import ValueInterface
 
 
 def compute_values(value_model: ValueInterface, train_data: BatchedDataDict) -> BatchedDataDict:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Self
 from pydantic import Field, model_validator
 
 from nemo_rl_core.algorithms.config import StrictConfig
-from nemo_rl_core.algorithms.grpo import validates
+from nemo_rl_core.algorithms.grpo_config import validates
 from nemo_rl_core.data.config import SFT_PROCESSOR, SFTDataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import SPLITS, DataSetup, build_dataset, processor_name

@@ -9,6 +9,7 @@ hub datasets: those validate, so NeMo RL's configs load, and are refused before 
 on a deployment that cannot download (every deployment of this project).
 """
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -106,6 +107,19 @@ class DatasetConfig(BaseModel):
 
 
 DatasetsConfig = list[DatasetConfig]  # one dataset (a mapping in YAML) or a list of them
+INPUT_FILE_KEYS = ("data_path", "prompt_file", "system_prompt_file")
+
+
+def _input_file(written: str | None, config_dir: Path) -> str | None:
+    """A relative input file from the config file's directory (as ``defaults:`` resolve), or
+    from the working directory where only that holds it (NeMo RL's own configs name files
+    from its repository root); as written when neither does, so an error shows it so."""
+    if written is None or Path(written).expanduser().is_absolute():
+        return written
+    for candidate in (config_dir / written, Path.cwd() / written):
+        if candidate.exists():
+            return str(candidate.resolve())
+    return written
 
 
 def _as_dict(entry: Any) -> dict[str, Any]:
@@ -172,6 +186,28 @@ class DataConfig(BaseModel):
     def _one_or_many(cls, value: Any) -> Any:
         """NeMo RL writes one dataset as a mapping and several as a list."""
         return [value] if isinstance(value, dict | BaseModel) else value
+
+    def with_files_from(self, config_dir: Path) -> "DataConfig":
+        """This section with each dataset's relative input files (``data_path``,
+        ``prompt_file``, ``system_prompt_file``) made absolute from ``config_dir``: a config
+        runs from any working directory, and the stored config names the files it read."""
+
+        def resolved(dataset: DatasetConfig | None) -> DatasetConfig | None:
+            if dataset is None:
+                return None
+            files = {key: _input_file(getattr(dataset, key), config_dir) for key in INPUT_FILE_KEYS}
+            return dataset.model_copy(update=files)
+
+        return self.model_copy(
+            update={
+                "default": resolved(self.default),
+                **{
+                    split: [resolved(d) for d in getattr(self, split)]
+                    for split in ("train", "validation")
+                    if getattr(self, split) is not None
+                },
+            }
+        )
 
     def datasets(self, split: str) -> list[DatasetConfig]:
         """The datasets of ``split`` (``train``/``validation``), ``default`` merged in."""

@@ -8,12 +8,13 @@ token accounting of a multi-turn episode is exact per turn.
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
-import torch
+if TYPE_CHECKING:  # the config check reads TaskDataSpec without loading torch
+    import torch
 
 LLMMessageLogType = list[dict[str, Any]]
-FlatMessagesType = dict[str, list[str] | torch.Tensor]
+FlatMessagesType = dict[str, "list[str] | torch.Tensor"]
 
 
 class DatumSpec(TypedDict):

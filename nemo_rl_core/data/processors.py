@@ -12,7 +12,6 @@ makes a conversation to train on instead of a prompt.
 from typing import Any
 
 from nemo_rl_core.data.interfaces import DatumSpec, LLMMessageLogType, TaskDataSpec
-from nemo_rl_core.data.llm_message_utils import get_formatted_message_log
 
 
 def math_data_processor(
@@ -119,6 +118,8 @@ def sft_processor(
         {"role": "user", "content": str(datum_dict["problem"])},
         {"role": "assistant", "content": str(datum_dict["expected_answer"])},
     ]
+    from nemo_rl_core.data.llm_message_utils import get_formatted_message_log  # loads torch
+
     message_log = get_formatted_message_log(
         _with_system_prompt(messages, task_data_spec),
         tokenizer,
@@ -156,6 +157,10 @@ def _datum(
     extra_env_info: dict[str, Any],
     task_name: str,
 ) -> DatumSpec:
+    # Imported here: it loads torch, and the config check reads the processors' names
+    # and prompt files without it.
+    from nemo_rl_core.data.llm_message_utils import get_formatted_message_log
+
     message_log = get_formatted_message_log(
         _with_system_prompt(messages, task_data_spec),
         tokenizer,

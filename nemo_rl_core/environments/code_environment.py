@@ -17,39 +17,16 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_rl_core.data.interfaces import LLMMessageLogType
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.code_assertions import AssertTest, compile_assert_test
 from nemo_rl_core.environments.code_sandbox import SandboxLimits, require_sandbox, run_sandboxed
+from nemo_rl_core.environments.config import CodeEnvConfig
 from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
 from nemo_rl_core.environments.metrics import reward_metrics
 
 _CODE_BLOCK = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
-
-
-class CodeEnvConfig(BaseModel):
-    """``env.code`` keys."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    num_workers: int = Field(4, ge=1, description="sandboxes run at once")
-    stop_strings: list[str] | None = None
-    wall_time_limit_s: float = Field(10.0, gt=0)
-    cpu_time_limit_s: int = Field(5, ge=1)
-    memory_limit_mb: int = Field(512, ge=64)
-    output_limit_bytes: int = Field(1 << 20, ge=1024)
-    max_processes: int = Field(16, ge=1)
-
-    def limits(self) -> SandboxLimits:
-        return SandboxLimits(
-            wall_time_s=self.wall_time_limit_s,
-            cpu_time_s=self.cpu_time_limit_s,
-            memory_mb=self.memory_limit_mb,
-            output_bytes=self.output_limit_bytes,
-            max_processes=self.max_processes,
-        )
 
 
 class CodeEnvMetadata(TypedDict, total=False):

@@ -8,39 +8,17 @@ reward 0 with the reason in its metadata instead of stalling the run.
 ``verifier_type: countdown`` (or ``CountdownEnvironment``) checks countdown expressions.
 """
 
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_rl_core.data.interfaces import LLMMessageLogType
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.environments.config import MathEnvConfig
 from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
 from nemo_rl_core.environments.math_verifier import check_answer, warm_up
 from nemo_rl_core.environments.metrics import reward_metrics
 from nemo_rl_core.environments.worker_pool import TimedProcessPool
-from nemo_rl_core.utils.key_support import Only
-
-
-class MathEnvConfig(BaseModel):
-    """``env.math`` keys."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    num_workers: int = Field(8, ge=1)
-    stop_strings: list[str] | None = None
-    # None: "math" (NeMo RL's default)
-    verifier_type: Literal["math", "countdown"] | None = "math"
-    math_verify_impl: Annotated[
-        Literal["hf_math_verify", "dapo_math_verify"] | None,
-        Only(
-            "hf_math_verify",
-            None,
-            reason="only Hugging Face's math-verify checks answers here; DAPO's rule-based "
-            "verifier is not built",
-        ),
-    ] = "hf_math_verify"
-    timeout_seconds: float = Field(10.0, gt=0, description="per-sample checking time limit")
 
 
 class MathEnvironmentMetadata(TypedDict, total=False):

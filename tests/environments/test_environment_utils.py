@@ -7,6 +7,8 @@ from nemo_rl_core.environments.utils import (
     ENV_REGISTRY,
     UnknownEnvironmentError,
     create_env,
+    environment_class,
+    get_object,
     register_env,
 )
 
@@ -39,3 +41,11 @@ def test_a_taken_name_is_refused_and_keeps_its_class(registry):
     assert registry["math"]["actor_class_fqn"].endswith(MathEnvironment.__name__)
     with pytest.raises(UnknownEnvironmentError, match="'nope'.*register_env"):
         create_env("nope")
+
+
+@pytest.mark.parametrize("name", sorted(ENV_REGISTRY))
+def test_a_built_in_section_validates_into_its_environment_s_own_config(name: str) -> None:
+    """The config check validates ``env.<name>`` by the registry's config class, without
+    importing the environment: it must be the class the environment itself builds from."""
+    entry = ENV_REGISTRY[name]
+    assert get_object(entry["config_class_fqn"]) is environment_class(name).config_class

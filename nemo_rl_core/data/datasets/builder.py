@@ -11,7 +11,7 @@ GRPO's use::
 import random
 from collections.abc import Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_core.data.config import LOCAL_DATASET, SFT_PROCESSOR, DataConfig, DatasetConfig
 from nemo_rl_core.data.datasets.generators import (
@@ -22,13 +22,15 @@ from nemo_rl_core.data.datasets.generators import (
     sliding_puzzle_games,
 )
 from nemo_rl_core.data.datasets.local_files import map_columns, read_local_rows
-from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
 from nemo_rl_core.data.interfaces import TaskDataProcessFnCallable, TaskDataSpec
 from nemo_rl_core.data.processors import (
     math_data_processor,
     sft_processor,
     sliding_puzzle_data_processor,
 )
+
+if TYPE_CHECKING:  # it loads torch; the config check reads rows and prompt files without it
+    from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
 
 SPLITS = ("train", "validation")
 PUZZLE_ENV = "sliding_puzzle_game"
@@ -158,7 +160,8 @@ def _carve(
     return [rows[i] for i in order[:-held]], [rows[i] for i in order[-held:]]
 
 
-def _task_of(dataset: DatasetConfig) -> str:
+def task_name(dataset: DatasetConfig) -> str:
+    """The environment (``env.<name>``) that scores ``dataset``'s rows."""
     return dataset.env_name or DEFAULT_TASKS.get(dataset.dataset_name or LOCAL_DATASET, "math")
 
 
@@ -179,13 +182,13 @@ def load_rows(
     if _carved_validation(config, split):
         for dataset in split_datasets(config, "train", setup):
             held = _carve(_dataset_rows(dataset, "train", setup), dataset)[1]
-            rows += [{**row, "task_name": _task_of(dataset)} for row in held]
+            rows += [{**row, "task_name": task_name(dataset)} for row in held]
         return rows
     for dataset in split_datasets(config, split, setup):
         dataset_rows = _dataset_rows(dataset, split, setup)
         if split == "train":
             dataset_rows = _carve(dataset_rows, dataset)[0]
-        rows += [{**row, "task_name": _task_of(dataset)} for row in dataset_rows]
+        rows += [{**row, "task_name": task_name(dataset)} for row in dataset_rows]
     return rows
 
 
@@ -203,7 +206,7 @@ def task_processors(
     setup = setup or DataSetup()
     named: dict[str, tuple[TaskDataSpec, str]] = {}
     for dataset in datasets:
-        task = _task_of(dataset)
+        task = task_name(dataset)
         spec = TaskDataSpec(
             task_name=task,
             prompt_file=dataset.prompt_file,
@@ -227,9 +230,11 @@ def _bound(name: str, setup: DataSetup) -> TaskDataProcessFnCallable:
 
 def build_dataset(
     config: DataConfig, tokenizer: Any, split: str = "train", setup: DataSetup | None = None
-) -> AllTaskProcessedDataset:
+) -> "AllTaskProcessedDataset":
     """Rows of ``split`` as a dataset of ``DatumSpec``s templated with ``tokenizer``, each
     row processed by its own dataset's processor and prompt."""
+    from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
+
     setup = setup or DataSetup()
     source = "train" if _carved_validation(config, split) else split
     datasets = split_datasets(config, source, setup)

@@ -15,34 +15,16 @@ from collections import deque
 from typing import Any, TypedDict
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_rl_core.data.interfaces import LLMMessageLogType
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.environments.config import SlidingPuzzleConfig, SlidingPuzzleEnvConfig
 from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
 from nemo_rl_core.environments.metrics import reward_metrics
 
 ACTION_STOP_STRINGS = ["</action>"]
 _ACTION = re.compile(r"<action>(.*?)(?:</action>|$)", re.DOTALL)
 _SLIDE = re.compile(r"^slide\s+(\d+)\s+(\d+)$")
-
-
-class SlidingPuzzleConfig(BaseModel):
-    """``env.sliding_puzzle_game.cfg.game_config`` keys."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    size: int = Field(3, ge=2, le=8)
-    shuffle_moves: int = Field(10, ge=0)
-
-
-class SlidingPuzzleEnvConfig(BaseModel):
-    """``env.sliding_puzzle_game.cfg`` keys."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    game_config: SlidingPuzzleConfig = SlidingPuzzleConfig()
-    max_moves: int = Field(50, ge=1)
 
 
 class SlidingPuzzleMetadata(TypedDict):

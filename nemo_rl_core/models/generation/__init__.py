@@ -5,9 +5,13 @@
 """
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nemo_rl_core.models.generation.config import GenerationConfig, configure_generation_config
-from nemo_rl_core.models.generation.interfaces import GenerationInterface
+from nemo_rl_core.utils.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from nemo_rl_core.models.generation.interfaces import GenerationInterface
 
 __all__ = [
     "GenerationConfig",
@@ -17,9 +21,12 @@ __all__ = [
 ]
 
 
+__getattr__ = lazy_exports(__name__, {"GenerationInterface": ".interfaces"})
+
+
 def make_generation(
     config: GenerationConfig, model_path: str | Path | None = None, *, seed: int = 0
-) -> GenerationInterface:
+) -> "GenerationInterface":
     """Build the backend that ``config.backend`` names for the model at ``model_path``.
 
     ``model_path`` defaults to ``config.model_name``; either may be a local HF directory or

@@ -2,23 +2,28 @@
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_core.models.policy.config import PolicyConfig
-from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.utils.config import validate_config
+from nemo_rl_core.utils.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from nemo_rl_core.models.policy.interfaces import PolicyInterface
+
+__getattr__ = lazy_exports(__name__, {"PolicyInterface": ".interfaces"})
 
 
 def make_policy(
     config: PolicyConfig | Mapping[str, Any],
-    tokenizer: PreTrainedTokenizerBase | None = None,
+    tokenizer: "PreTrainedTokenizerBase | None" = None,
     weights_path: str | Path | None = None,
     optimizer_path: str | Path | None = None,
     init_optimizer: bool = True,
     init_reference_model: bool = True,
-) -> PolicyInterface:
+) -> "PolicyInterface":
     """The policy for ``config.training_backend``: ``hf`` (torch) or ``megatron`` (megatron-core).
 
     ``config`` may be NeMo RL's plain ``policy:`` dict; it is validated here. Backends are

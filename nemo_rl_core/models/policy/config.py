@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from nemo_rl_core.models.generation.config import GenerationConfig
 from nemo_rl_core.models.megatron.config import MegatronConfig
-from nemo_rl_core.models.policy.utils import check_kwargs_accepted, import_class_from_path
+from nemo_rl_core.utils.config import ConfigError
 from nemo_rl_core.utils.key_support import (
     Check,
     Only,
@@ -59,11 +59,6 @@ class OptimizerConfig(StrictModel):
         }
     )
 
-    @model_validator(mode="after")
-    def _kwargs_fit_class(self) -> Self:
-        check_kwargs_accepted(import_class_from_path(self.name), self.kwargs, skip=1)
-        return self
-
 
 class SchedulerConfig(StrictModel):
     """One ``torch.optim.lr_scheduler`` class by dotted name, with its kwargs."""
@@ -72,11 +67,6 @@ class SchedulerConfig(StrictModel):
     kwargs: Annotated[dict[str, Any], Wired(f"{_OPTIM}:build_scheduler")] = Field(
         default_factory=dict
     )
-
-    @model_validator(mode="after")
-    def _kwargs_fit_class(self) -> Self:
-        check_kwargs_accepted(import_class_from_path(self.name), self.kwargs, skip=1)
-        return self
 
 
 class SchedulerMilestones(StrictModel):
@@ -358,6 +348,26 @@ class TrainedModelConfig(StrictModel):
             if section.logprob_mb_tokens is None:
                 section.logprob_mb_tokens = self.max_total_sequence_length * self.logprob_batch_size
         return self
+
+    def check_torch_classes(self, section: str) -> None:
+        """The optimizer's and schedulers' ``kwargs`` against their classes' parameters, so
+        a typo fails now, not at the first training step. This imports torch, so the config
+        check runs it after every check that does not (``flows.config_check``)."""
+        from nemo_rl_core.models.policy.utils import check_kwargs_accepted, import_class_from_path
+
+        named: list[tuple[str, Any]] = [
+            ("optimizer", self.optimizer),
+            ("scheduler", self.scheduler),
+        ]
+        if isinstance(self.scheduler, list):
+            named[1:] = [(f"scheduler.{i}", entry) for i, entry in enumerate(self.scheduler)]
+        for key, entry in named:
+            if not isinstance(entry, OptimizerConfig | SchedulerConfig):
+                continue
+            try:
+                check_kwargs_accepted(import_class_from_path(entry.name), entry.kwargs, skip=1)
+            except ValueError as err:
+                raise ConfigError(f"{section}.{key}: {err}") from None
 
 
 class PolicyConfig(TrainedModelConfig):

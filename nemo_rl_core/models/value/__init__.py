@@ -2,22 +2,27 @@
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_core.models.value.config import ValueConfig
-from nemo_rl_core.models.value.interfaces import ValueInterface
 from nemo_rl_core.utils.config import validate_config
+from nemo_rl_core.utils.lazy_exports import lazy_exports
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from nemo_rl_core.models.value.interfaces import ValueInterface
+
+__getattr__ = lazy_exports(__name__, {"ValueInterface": ".interfaces"})
 
 
 def make_value_model(
     config: ValueConfig | Mapping[str, Any],
-    tokenizer: PreTrainedTokenizerBase | None = None,
+    tokenizer: "PreTrainedTokenizerBase | None" = None,
     weights_path: str | Path | None = None,
     optimizer_path: str | Path | None = None,
     init_optimizer: bool = True,
-) -> ValueInterface:
+) -> "ValueInterface":
     """The value model for ``config.training_backend`` (``hf``, or ``megatron`` when present);
     ``config`` may be a plain dict, validated here."""
     if not isinstance(config, ValueConfig):

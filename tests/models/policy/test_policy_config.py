@@ -1,5 +1,7 @@
 """PolicyConfig accepts NeMo RL's policy: section and names the key of every mistake."""
 
+import re
+
 import pytest
 from policy_testing import NO_GPU, ONE_GPU, support_refusals
 
@@ -94,8 +96,6 @@ def test_megatron_enabled_selects_megatron_backend() -> None:
 @pytest.mark.parametrize(
     ("override", "named"),
     [
-        ({"optimizer": {"kwargs": {"lrr": 1e-3}}}, "lrr"),
-        ({"optimizer": {"name": "torch.optim.NoSuchOpt"}}, "NoSuchOpt"),
         ({"dtensor_cfg": {"tensor_paralel_size": 2}}, "dtensor_cfg.tensor_paralel_size"),
         ({"precision": "float64"}, "precision"),
         ({"train_micro_batch_size": 3}, "train_global_batch_size"),
@@ -112,6 +112,25 @@ def test_megatron_enabled_selects_megatron_backend() -> None:
 def test_bad_keys_are_named(override: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         validate_config(PolicyConfig, {**BASE, **override}, source="policy")
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ({"optimizer": {"kwargs": {"lrr": 1e-3}}}, "policy.optimizer: kwargs ['lrr']"),
+        ({"optimizer": {"name": "torch.optim.NoSuchOpt"}}, "NoSuchOpt"),
+        (
+            {"scheduler": {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factr": 1}}},
+            "policy.scheduler: kwargs ['factr']",
+        ),
+    ],
+)
+def test_torch_classes_are_checked_after_the_schema(override: dict, named: str) -> None:
+    """The optimizer's and schedulers' kwargs against torch's classes: a step of its own,
+    which the config check runs last (it loads torch; the schema does not)."""
+    config = validate_config(PolicyConfig, {**BASE, **override}, source="policy")
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        config.check_torch_classes("policy")
 
 
 @pytest.mark.parametrize(
