@@ -65,12 +65,18 @@ def _read_saved_dataset(path: Path, split: str | None) -> list[dict[str, Any]]:
 
 
 def map_columns(
-    rows: list[dict[str, Any]], input_key: str, output_key: str, source: str
+    rows: list[dict[str, Any]],
+    input_key: str,
+    output_key: str,
+    source: str,
+    config_keys: tuple[str, str] = ("data.input_key", "data.output_key"),
 ) -> list[dict[str, Any]]:
-    """Rename ``input_key`` -> ``problem`` and ``output_key`` -> ``expected_answer``, checking every row."""
+    """Rename ``input_key`` -> ``problem`` and ``output_key`` -> ``expected_answer``, checking
+    every row; an error names the row, the column and the config key (``config_keys``) that
+    chose it."""
     mapped = []
     for index, row in enumerate(rows):
-        for key, config_key in ((input_key, "data.input_key"), (output_key, "data.output_key")):
+        for key, config_key in zip((input_key, output_key), config_keys, strict=True):
             value = row.get(key)
             if value is None or (isinstance(value, str) and not value.strip()):
                 state = "is empty" if key in row else "has no column"
