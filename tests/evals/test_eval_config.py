@@ -2,6 +2,9 @@
 naming the key, the file and the row."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +12,8 @@ import pytest
 from nemo_rl_core.evals.eval import check_eval_config
 from nemo_rl_core.utils.config import ConfigError
 
-CONFIG = str(Path(__file__).resolve().parents[2] / "examples/configs/eval_addition_tiny.yaml")
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "examples/configs/eval_addition_tiny.yaml")
 TINY = "generation.model_name=tiny-llama"  # built in seconds: these tests never generate
 
 
@@ -65,3 +69,28 @@ def test_what_cannot_run_is_refused_by_key(overrides, message):
     with pytest.raises(ConfigError) as err:
         check_eval_config(CONFIG, [TINY, *overrides])
     assert message in str(err.value)
+
+
+def test_the_command_line_refuses_before_any_work_in_one_line(tmp_path: Path):
+    missing = tmp_path / "checkpoints" / "step_000004"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flows.eval",
+            "--config",
+            CONFIG,
+            "--storage-root",
+            str(tmp_path / "storage"),
+            f"generation.model_name={missing}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=85,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: ") and f"generation.model_name: model '{missing}'" in line
+    assert not (tmp_path / "storage").exists()

@@ -207,6 +207,7 @@ def test_project_prefect_yaml_declares_the_deployments() -> None:
         ("flows/grpo.py:grpo", "manual"),
         ("flows/grpo.py:grpo", "nightly"),
         ("flows/ppo.py:ppo", "manual"),
+        ("flows/eval.py:evaluate", "manual"),
         ("flows/rerun_stage.py:rerun_stage", "default"),
         ("flows/verify.py:verify_run", "default"),
     }
@@ -222,6 +223,7 @@ PROJECT_DEPLOYMENTS = {
     "grpo/manual": "flows/grpo.py",
     "grpo/nightly": "flows/grpo.py",
     "ppo/manual": "flows/ppo.py",
+    "eval/manual": "flows/eval.py",
     "rerun-stage/default": "flows/rerun_stage.py",
     "verify-run/default": "flows/verify.py",
 }
