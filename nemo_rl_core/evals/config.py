@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from nemo_rl_core.algorithms.config import StrictConfig
 from nemo_rl_core.data.config import BUILTIN_DATASETS
+from nemo_rl_core.data.datasets.builder import SPLITS
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.utils import check_env_config
 from nemo_rl_core.models.generation.config import GenerationConfig, VllmSpecificArgs
@@ -146,6 +147,15 @@ class EvalDataConfig(StrictConfig):
             raise ValueError(
                 f"file_format={self.file_format!r} but dataset_name {self.dataset_name!r} "
                 f"has suffix {suffix!r}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _builtin_split(self) -> Self:
+        if self.builtin and self.split not in (None, *SPLITS):
+            raise ValueError(
+                f"split={self.split!r}: the built-in {self.dataset_name!r} draws {SPLITS} rows "
+                "(null: validation, the held-out ones)"
             )
         return self
 

@@ -82,16 +82,19 @@ def dataset_entry(data: EvalDataConfig) -> DatasetConfig:
 
 
 def eval_rows(data: EvalDataConfig) -> list[dict[str, Any]]:
-    """The rows to score, each with its ``problem``, ``expected_answer`` and ``task_name``:
-    a built-in generator's held-out rows (the ones GRPO validates on), or a local file's
-    rows, every one of which must hold ``problem_key`` and ``solution_key``."""
+    """The rows to score, each with its ``problem``, ``expected_answer`` and ``task_name``,
+    read through ``problem_key`` and ``solution_key`` (a row without either is refused by
+    file, row and key): a built-in generator's rows of ``split`` (default ``validation``,
+    the held-out ones GRPO validates on), or a local file's (``split``: a saved dataset's)."""
     entry = dataset_entry(data)
+    (task,) = task_processors([entry])
     if data.builtin:
-        return load_rows(DataConfig(validation=[entry]), "validation")
-    raw = read_local_rows(data.dataset_name, data.split)
+        split = data.split or "validation"
+        raw = load_rows(DataConfig.model_validate({split: [entry]}), split)
+    else:
+        raw = read_local_rows(data.dataset_name, data.split)
     keys = ("data.problem_key", "data.solution_key")
     rows = map_columns(raw, data.problem_key, data.solution_key, data.dataset_name, keys)
-    (task,) = task_processors([entry])
     return [{**row, "task_name": task} for row in rows]
 
 
@@ -123,7 +126,7 @@ def generate_answers(
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
     """One answer per sample, ``generation.num_prompts_per_step`` prompts (all their tests)
     per engine call; sample i is drawn with seed ``eval.seed``'s i-th, so a rerun draws the
-    same tokens."""
+    same tokens. ``greedy`` marks answers decoded greedily (temperature 0 or top_k 1)."""
     per_call = config.generation.num_prompts_per_step
     n = config.eval.num_tests_per_prompt
     step = prompts.size if per_call == -1 else per_call * n
@@ -139,9 +142,11 @@ def generate_answers(
             tokens += metrics["total_generated_tokens"]
     finally:
         generation.finish_generation()
-    return BatchedDataDict.from_batches(answered), {
-        "mean_gen_tokens_per_sample": tokens / max(prompts.size, 1)
-    }
+    batch = BatchedDataDict.from_batches(answered)
+    settings = config.generation
+    greedy = settings.temperature == 0 or settings.top_k == 1  # the engines decode greedily
+    batch["greedy"] = torch.full((batch.size,), greedy)
+    return batch, {"mean_gen_tokens_per_sample": tokens / max(prompts.size, 1)}
 
 
 def score_answers(

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_core.evals.eval import check_eval_config
+from nemo_rl_core.evals.config import EvalDataConfig
+from nemo_rl_core.evals.eval import check_eval_config, eval_rows
 from nemo_rl_core.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,3 +95,14 @@ def test_the_command_line_refuses_before_any_work_in_one_line(tmp_path: Path):
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("error: ") and f"generation.model_name: model '{missing}'" in line
     assert not (tmp_path / "storage").exists()
+
+
+def test_a_builtin_draws_its_held_out_rows_unless_split_says_train():
+    held_out = eval_rows(EvalDataConfig(dataset_name="addition", num_samples=8))
+    trained = eval_rows(EvalDataConfig(dataset_name="addition", num_samples=8, split="train"))
+    assert {row["problem"] for row in held_out}.isdisjoint(row["problem"] for row in trained)
+    assert all(row["task_name"] == "math" and row["expected_answer"] for row in held_out)
+    with pytest.raises(ValueError, match="split='test'"):
+        EvalDataConfig(dataset_name="addition", split="test")
+    with pytest.raises(ConfigError, match=r"row 0 has no column 'question' \(data.problem_key\)"):
+        check_eval_config(CONFIG, [TINY, "data.problem_key=question"])

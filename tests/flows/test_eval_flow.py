@@ -73,6 +73,7 @@ def test_pass_at_1_is_the_validate_stage_greedy_accuracy(scored):
     assert list(samples["prompt"]) == list(greedy["prompt"])
     assert list(samples["response"]) == list(greedy["response"])
     assert samples["reward"].mean() == pytest.approx(scores["avg@1"])
+    assert samples["greedy"].all()  # temperature 0
     described = json.loads((Path(summary["results"]).parent / "config.json").read_text())
     assert described["model_name"].endswith("step_000001") and described["k_value"] == 1
 
