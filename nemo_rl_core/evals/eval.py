@@ -98,16 +98,12 @@ def eval_rows(data: EvalDataConfig) -> list[dict[str, Any]]:
     return [{**row, "task_name": task} for row in rows]
 
 
-def build_eval_dataset(
-    data: EvalDataConfig, tokenizer: Any, rows: list[dict[str, Any]] | None = None
-) -> AllTaskProcessedDataset:
+def build_eval_dataset(data: EvalDataConfig, tokenizer: Any) -> AllTaskProcessedDataset:
     """The rows as ``DatumSpec``s: the prompt file's template, the tokenizer's chat template."""
     processors = task_processors([dataset_entry(data)])
     spec = next(iter(processors.values()))[0]
     max_length = data.max_input_seq_length or 2**31 - 1
-    return AllTaskProcessedDataset(
-        rows if rows is not None else eval_rows(data), tokenizer, spec, processors, max_length
-    )
+    return AllTaskProcessedDataset(eval_rows(data), tokenizer, spec, processors, max_length)
 
 
 def eval_prompts(dataset: AllTaskProcessedDataset, settings: EvalConfig) -> BatchedDataDict:
