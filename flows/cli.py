@@ -24,25 +24,12 @@ from nemo_rl_core.data.datasets.builder import DataSetup
 from nemo_rl_core.utils.config import ConfigError
 
 
-def run_cli(
-    algorithm: str,
-    config_class: type[BaseModel],
-    setup_for: Callable[[Any], DataSetup] = data_setup,
-) -> None:
-    """The command line of the training flow ``flows.<algorithm>.<algorithm>``, whose
-    pipeline validates its config into ``config_class`` and sets its data up as
-    ``setup_for`` (its declaration's ``data_setup``) says."""
-    parser = argparse.ArgumentParser(
-        prog=f"python -m flows.{algorithm}", description=f"Train {algorithm.upper()}."
-    )
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The options every flow's command line takes."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", required=True, help="NeMo RL-style YAML config")
     parser.add_argument("--run-id", default=None, help="continue this run (default: a new one)")
-    parser.add_argument(
-        "--storage-root", default=None, help="default: checkpointing.checkpoint_dir"
-    )
-    parser.add_argument(
-        "--steps-per-run", type=int, default=None, help="iterations this call may run"
-    )
+    parser.add_argument("--storage-root", default=None, help="where the run is stored")
     parser.add_argument(
         "--traceback", action="store_true", help="print Python's traceback of an error"
     )
@@ -52,34 +39,85 @@ def run_cli(
         help="show vLLM's, Prefect's and the stages' own start-up and state logs",
     )
     parser.add_argument("overrides", nargs="*", help="key.path=value overrides")
+    return parser
+
+
+def _check_run_id(run_id: str | None) -> None:
+    from nemo_rl_core.storage.names import validate_name
+
+    if run_id is not None:
+        try:
+            validate_name("--run-id", run_id)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+
+def run_cli(
+    algorithm: str,
+    config_class: type[BaseModel],
+    setup_for: Callable[[Any], DataSetup] = data_setup,
+) -> None:
+    """The command line of the training flow ``flows.<algorithm>.<algorithm>``, whose
+    pipeline validates its config into ``config_class`` and sets its data up as
+    ``setup_for`` (its declaration's ``data_setup``) says."""
+    parser = _parser(f"python -m flows.{algorithm}", f"Train {algorithm.upper()}.")
+    parser.add_argument(
+        "--steps-per-run", type=int, default=None, help="iterations this call may run"
+    )
     args = parser.parse_args()
+
+    def check() -> None:
+        from flows.config_check import check_run_config
+
+        check_run_config(config_class, args.config, args.overrides, setup_for)
+
+    flow_name = f"flows.{algorithm}:{algorithm}"
+    shown = ("run_id", "storage_root", "iterations")
+    _run(args, check, flow_name, shown, steps_per_run=args.steps_per_run)
+
+
+def run_eval_cli() -> None:
+    """The command line of the eval flow: check the config, score, print the scores."""
+    args = _parser("python -m flows.eval", "Score a checkpoint (pass@k, avg@n).").parse_args()
+
+    def check() -> None:
+        from nemo_rl_core.evals.eval import check_eval_config
+
+        check_eval_config(args.config, args.overrides)
+
+    _run(args, check, "flows.eval:evaluate", ("run_id", "storage_root", "scores"))
+
+
+def _run(
+    args: argparse.Namespace,
+    check: Callable[[], None],
+    flow_name: str,
+    shown: tuple[str, ...],
+    **parameters: Any,
+) -> None:
+    """Check the run id and the config before Prefect or any backend loads, then run the
+    flow ``module:function``; print ``shown`` of its summary, or the error in one line."""
     if not args.verbose:
         quiet_library_logs()
     try:
-        from flows.config_check import check_run_config
-        from nemo_rl_core.storage.names import validate_name
-
-        if args.run_id is not None:
-            try:
-                validate_name("--run-id", args.run_id)
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
-        check_run_config(config_class, args.config, args.overrides, setup_for)
-        training = getattr(importlib.import_module(f"flows.{algorithm}"), algorithm)
+        _check_run_id(args.run_id)
+        check()
+        module, _, function = flow_name.partition(":")
+        run_flow = getattr(importlib.import_module(module), function)
         if not args.verbose:
             quiet_prefect_logs()
-        summary = training(
+        summary = run_flow(
             config_path=args.config,
             overrides=args.overrides,
             run_id=args.run_id,
             storage_root=args.storage_root,
-            steps_per_run=args.steps_per_run,
+            **parameters,
         )
     except Exception as err:
         if args.traceback:
             raise
         fail(err)
-    print(json.dumps({k: summary[k] for k in ("run_id", "storage_root", "iterations")}))
+    print(json.dumps({key: summary[key] for key in shown}))
 
 
 def quiet_library_logs() -> None:

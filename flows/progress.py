@@ -132,7 +132,7 @@ class IterationReports:
         rollouts = self._table(stages, ROLLOUT_STAGE, iteration, "rollouts")
         if rollouts is not None:
             create_table_artifact(
-                table=[_shown(row) for row in rollouts.to_pylist()],
+                table=[shown_row(row) for row in rollouts.to_pylist()],
                 key=artifact_key(self.run.run_id, "rollouts", "iter", iteration),
                 description=f"run {self.run.run_id}: the samples of iteration {iteration}",
             )
@@ -199,7 +199,7 @@ class IterationReports:
             self.logger.close()
 
 
-def _shown(row: dict[str, Any]) -> dict[str, Any]:
+def shown_row(row: dict[str, Any]) -> dict[str, Any]:
     """A rollout row for the Prefect UI: long texts cut."""
     cut = {}
     for key, value in row.items():

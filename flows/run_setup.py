@@ -89,12 +89,7 @@ def plan_iterations(
 ) -> tuple[list[int], int]:
     """Under the lease: check a resume keeps its model and data, store the resolved config,
     and return the iterations this flow run covers and the run's final training step."""
-    storage = open_storage(run)
-    resolved = config.model_dump(mode="json")
-    stored = storage.read_run_config()
-    if stored is not None:
-        check_same_identity(pipeline, stored, resolved, run.run_id)
-    storage.write_run_config(resolved, allow_change=True)
+    storage = store_run_config(pipeline, run, config)
     final_step = runtime_for(run).final_step()
     start = first_iteration(pipeline, storage)
     end = pipeline.last_iteration(config, final_step)
@@ -103,6 +98,18 @@ def plan_iterations(
             raise ConfigError(f"steps_per_run must be >= 1, got {steps_per_run}")
         end = min(end, start + steps_per_run)
     return list(range(start, end)), final_step
+
+
+def store_run_config(pipeline: Pipeline, run: RunRef, config: Any) -> RunStorage:
+    """Under the lease: check a resume keeps the identity keys of the run it continues, then
+    store the resolved config (what every stage of the run reads)."""
+    storage = open_storage(run)
+    resolved = config.model_dump(mode="json")
+    stored = storage.read_run_config()
+    if stored is not None:
+        check_same_identity(pipeline, stored, resolved, run.run_id)
+    storage.write_run_config(resolved, allow_change=True)
+    return storage
 
 
 def load_storage_block(storage_root: str, block_name: str | None) -> None:

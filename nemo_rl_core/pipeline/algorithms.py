@@ -6,6 +6,7 @@ stage in order, what it reads, and the core function it calls.
     PPO:  [validate] -> prompts -> generate -> reward -> logprob -> value -> advantage (GAE)
           -> train (policy and value) -> checkpoint
     SFT:  [validate (loss)] -> batch -> train (NLL) -> checkpoint
+    eval: prompts -> generate -> reward -> score   (one iteration; it trains nothing)
 
 ``validate`` runs when NeMo RL's schedule says (``val_period``, ``val_at_start``,
 ``val_at_end``) on the weights the iteration starts from; an iteration past the last
@@ -18,6 +19,7 @@ from nemo_rl_core.algorithms import grpo, sft
 from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.algorithms.sft import SFTMasterConfig
+from nemo_rl_core.evals.config import EvalMasterConfig
 from nemo_rl_core.pipeline import stages
 from nemo_rl_core.pipeline.spec import FanOut, Pipeline, Refill, Stage, register_pipeline
 
@@ -146,6 +148,27 @@ SFT = register_pipeline(
                 commits=True,
             ),
             RETENTION,
+        ),
+    )
+)
+
+EVAL = register_pipeline(
+    Pipeline(
+        name="eval",
+        config_class=EvalMasterConfig,
+        default_config="examples/configs/eval_addition_tiny.yaml",
+        identity_keys=("generation.model_name", "data"),
+        stages=(
+            Stage("prompts", stages.eval_prompts),
+            Stage(
+                "generate",
+                stages.eval_generate,
+                reads=("prompts",),
+                versions=("policy",),
+                reported=("mean_gen_tokens_per_sample",),
+            ),
+            Stage("reward", stages.eval_reward, reads=("generate",), reported=("mean_reward",)),
+            Stage("score", stages.eval_score, reads=("reward",)),
         ),
     )
 )

@@ -135,8 +135,8 @@ class Pipeline:
                     "which are not declared before it"
                 )
             by_name[stage.name] = stage
-        if sum(stage.commits for stage in self.stages) != 1:
-            raise ValueError(f"pipeline {self.name!r} must have exactly one committing stage")
+        if sum(stage.commits for stage in self.stages) > 1:
+            raise ValueError(f"pipeline {self.name!r} has more than one committing stage")
         names = [stage.name for stage in self.stages]
         if self.refill is not None:
             first = names.index(self.refill.stages[0]) if self.refill.stages[0] in names else -1
@@ -161,8 +161,10 @@ class Pipeline:
         return self._by_name[name]
 
     @property
-    def committing_stage(self) -> Stage:
-        return next(stage for stage in self.stages if stage.commits)
+    def committing_stage(self) -> Stage | None:
+        """The stage that commits the next iteration's checkpoint; None for a pipeline that
+        trains nothing (eval scores the weights it is given)."""
+        return next((stage for stage in self.stages if stage.commits), None)
 
     def downstream_of(self, name: str) -> list[str]:
         """``name`` and every stage that reads it, directly or through others, in order."""

@@ -10,6 +10,7 @@ import time
 from nemo_rl_core.algorithms import grpo, ppo, sft
 from nemo_rl_core.algorithms.loss import NLLLossFn
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.evals import eval as evaluation
 from nemo_rl_core.pipeline.context import PREVIOUS, StageContext, StageResult
 from nemo_rl_core.pipeline.spec import shard_bounds
 
@@ -203,3 +204,32 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
     return StageResult(
         {"retention": {"kept": kept, "deleted": deleted}}, {"checkpoints_kept": len(kept)}
     )
+
+
+def eval_prompts(ctx: StageContext) -> StageResult:
+    """Every eval prompt, ``eval.num_tests_per_prompt`` times, templated by the evaluated
+    model's tokenizer."""
+    dataset = evaluation.build_eval_dataset(ctx.config.data, ctx.runtime.tokenizer)
+    batch = evaluation.eval_prompts(dataset, ctx.config.eval)
+    return StageResult({"batch": batch}, {"num_samples": batch.size})
+
+
+def eval_generate(ctx: StageContext) -> StageResult:
+    """The evaluated weights' answers (``generation.model_name``), seeded per sample."""
+    rt = ctx.runtime
+    answered, metrics = evaluation.generate_answers(
+        rt.generation(ctx.iteration), ctx.batch("prompts"), rt.tokenizer, ctx.config
+    )
+    return StageResult({"batch": answered}, metrics)
+
+
+def eval_reward(ctx: StageContext) -> StageResult:
+    """Each answer's reward from the environment of its task."""
+    scored, metrics = evaluation.score_answers(ctx.batch("generate"), ctx.runtime.task_to_env)
+    return StageResult({"batch": scored}, metrics)
+
+
+def eval_score(ctx: StageContext) -> StageResult:
+    """pass@k and avg@n of the scored answers."""
+    scores = evaluation.eval_metrics(ctx.batch("reward")["total_reward"], ctx.config.eval)
+    return StageResult({"scores": scores}, scores)

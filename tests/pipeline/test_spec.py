@@ -49,9 +49,12 @@ def test_a_stage_cannot_read_one_declared_after_it():
         )
 
 
-def test_a_pipeline_commits_exactly_once():
-    with pytest.raises(ValueError, match="exactly one committing stage"):
-        Pipeline("x", object, (Stage("a", _noop),), "c")
+def test_a_pipeline_commits_at_most_once():
+    assert Pipeline("x", object, (Stage("a", _noop),), "c").committing_stage is None
+    with pytest.raises(ValueError, match="more than one committing stage"):
+        Pipeline(
+            "x", object, (Stage("a", _noop, commits=True), Stage("b", _noop, commits=True)), "c"
+        )
     with pytest.raises(ValueError, match="declares stage 'a' twice"):
         Pipeline("x", object, (Stage("a", _noop), Stage("a", _noop, commits=True)), "c")
 

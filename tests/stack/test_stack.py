@@ -208,6 +208,7 @@ def test_project_prefect_yaml_declares_the_deployments() -> None:
         ("flows/grpo.py:grpo", "nightly"),
         ("flows/ppo.py:ppo", "manual"),
         ("flows/sft.py:sft", "manual"),
+        ("flows/eval.py:evaluate", "manual"),
         ("flows/rerun_stage.py:rerun_stage", "default"),
         ("flows/verify.py:verify_run", "default"),
     }
@@ -242,7 +243,7 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
     configs, actions = _load_deploy_configs_and_actions(
         PROJECT_ROOT / "prefect.yaml", console=Console(stderr=True)
     )
-    assert len(configs) == 6, "prefect.yaml did not validate as Prefect reads it"
+    assert len(configs) == 7, "prefect.yaml did not validate as Prefect reads it"
     [step] = actions["build"]  # the version step, run as `prefect deploy` runs it
     settings = dict(step["prefect.deployments.steps.run_shell_script"])
     step_id = settings.pop("id")
@@ -256,6 +257,7 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
         ("flows/grpo.py:grpo", "nightly"): 1,
         ("flows/ppo.py:ppo", "manual"): 1,
         ("flows/sft.py:sft", "manual"): 1,
+        ("flows/eval.py:evaluate", "manual"): None,
         ("flows/rerun_stage.py:rerun_stage", "default"): None,
         ("flows/verify.py:verify_run", "default"): None,
     }
@@ -266,6 +268,7 @@ PROJECT_DEPLOYMENTS = {
     "grpo/nightly": "flows/grpo.py",
     "ppo/manual": "flows/ppo.py",
     "sft/manual": "flows/sft.py",
+    "eval/manual": "flows/eval.py",
     "rerun-stage/default": "flows/rerun_stage.py",
     "verify-run/default": "flows/verify.py",
 }
@@ -287,7 +290,7 @@ def test_project_deployments_register(local_stack: LocalStack) -> None:
         }
         assert deployment["parameters"]["storage_root"] == f"s3://{local_stack.bucket}"
         assert deployment["version"].strip() == code_version(), name
-        training = not name.startswith(("rerun-stage/", "verify-run/"))
+        training = not name.startswith(("rerun-stage/", "verify-run/", "eval/"))
         limit = (deployment["global_concurrency_limit"] or {}).get("limit")
         assert limit == (1 if training else None), name
     pause_all_schedules(local_stack)

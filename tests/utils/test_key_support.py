@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from nemo_rl_core.algorithms.grpo import MasterConfig
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.algorithms.sft import SFTMasterConfig
+from nemo_rl_core.evals.config import EvalMasterConfig
 from nemo_rl_core.utils.key_support import (
     Check,
     Machine,
@@ -114,7 +115,7 @@ def test_gpu_memory_knob_is_moot_without_cuda_and_refused_with_it():
         check_support(Knobs(), Machine(cuda_devices=1))
 
 
-MASTER_CONFIGS = [MasterConfig, PPOMasterConfig, SFTMasterConfig]
+MASTER_CONFIGS = [MasterConfig, PPOMasterConfig, SFTMasterConfig, EvalMasterConfig]
 
 
 @pytest.mark.parametrize("master", MASTER_CONFIGS, ids=lambda m: m.__name__)

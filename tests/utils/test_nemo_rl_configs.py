@@ -38,6 +38,9 @@ LOADING = [
     "grpo_smoke",
     "grpo_multiple_datasets",
     "prorlv2.v2",
+    "evals/eval",
+    "evals/local_eval",
+    "evals/math_eval",
 ]
 # Model, data and sizes: what a CPU run may change, nothing else.
 SMALL = [
@@ -71,6 +74,7 @@ CPU_OVERRIDES = {
         "grpo.max_rollout_turns=2",
         "env.sliding_puzzle_game.cfg.game_config.size=2",
     ],
+    "evals/eval": ["generation.model_name=tiny-llama", "data.dataset_name=addition"],
     "ppo_math_1B": [
         *SMALL,
         "value.model_name=tiny-llama",

@@ -76,8 +76,11 @@ def map_columns(
     output_key: str,
     source: str,
     chat_rows: bool = False,
+    config_keys: tuple[str, str] = ("data.input_key", "data.output_key"),
 ) -> list[dict[str, Any]]:
-    """Rename ``input_key`` -> ``problem`` and ``output_key`` -> ``expected_answer``, checking every row.
+    """Rename ``input_key`` -> ``problem`` and ``output_key`` -> ``expected_answer``, checking
+    every row; an error names the row, the column and the config key (``config_keys``) that
+    chose it.
 
     With ``chat_rows`` (SFT), a row holding ``messages`` is kept as that conversation, as
     NeMo RL's ``ResponseDataset`` keeps it."""
@@ -87,7 +90,7 @@ def map_columns(
             check_conversation(row[CHAT_COLUMN], f"{source}: row {index}")
             mapped.append(row)
             continue
-        for key, config_key in ((input_key, "data.input_key"), (output_key, "data.output_key")):
+        for key, config_key in zip((input_key, output_key), config_keys, strict=True):
             value = row.get(key)
             if value is None or (isinstance(value, str) and not value.strip()):
                 state = "is empty" if key in row else "has no column"

@@ -27,14 +27,21 @@ NO_SERVER_PORTS = inert(
 Precision = Literal["float32", "bfloat16", "float16", "fp8"]
 
 
+def _generation_value(context: SupportContext, name: str) -> Any:
+    """A key of the generation section that holds the key being checked: ``policy.generation``
+    in a training config, ``generation`` in an eval config."""
+    section = context.key.split(".vllm_cfg.")[0]
+    return context.value(f"{section}.{name}")
+
+
 def _engine_devices(value: int, context: SupportContext) -> str | None:
     """vLLM's tensor x pipeline parallel engine: one GPU per shard, vLLM only."""
     if value == 1:
         return None
-    backend = context.value("policy.generation.backend")
+    backend = _generation_value(context, "backend")
     if backend != "vllm":
         return f"it splits a vLLM engine; the {backend} backend generates on one device"
-    vllm_cfg = context.value("policy.generation.vllm_cfg")
+    vllm_cfg = _generation_value(context, "vllm_cfg")
     shards = vllm_cfg.tensor_parallel_size * vllm_cfg.pipeline_parallel_size
     if shards <= context.machine.cuda_devices:
         return None
@@ -50,7 +57,7 @@ _ENGINE_DEVICES = Check(_engine_devices, "vLLM shards: one GPU each must be pres
 def _fp8_on_a_gpu_engine(precision: str, context: SupportContext) -> str | None:
     if precision != "fp8":
         return None
-    if context.value("policy.generation.backend") != "vllm":
+    if _generation_value(context, "backend") != "vllm":
         return "fp8 generation is vLLM's quantization; the hf backend runs bfloat16 or float32"
     if context.machine.cuda_devices == 0:
         return "vLLM's fp8 quantization needs a GPU; this machine has none"
