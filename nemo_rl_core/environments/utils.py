@@ -6,6 +6,7 @@ reward model's transformers stack.
 """
 
 import importlib
+from collections.abc import Callable
 from typing import Any, NotRequired, TypedDict
 
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
@@ -52,7 +53,8 @@ def get_object(fqn: str) -> Any:
     return getattr(importlib.import_module(module_name), name)
 
 
-def environment_class(env_name: str) -> type[EnvironmentInterface]:
+def environment_class(env_name: str) -> Callable[[Any], EnvironmentInterface]:
+    """The registered class; every one is built from its config section (``create_env``)."""
     if env_name not in ENV_REGISTRY:
         raise UnknownEnvironmentError(
             f"unknown environment {env_name!r}; known environments: "
