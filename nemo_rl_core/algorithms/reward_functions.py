@@ -17,6 +17,7 @@ from pydantic import ConfigDict, model_validator
 
 from nemo_rl_core.algorithms.config import StrictConfig, validate_section
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.utils.config import filled
 from nemo_rl_core.utils.key_support import Wired
 
 _SHAPING = "nemo_rl_core.algorithms.reward_functions:apply_reward_shaping"
@@ -134,9 +135,11 @@ def apply_reward_shaping(
             "The number of messages in the batch must match the number of rewards "
             f"({len(lengths)} responses, {len(rewards)} rewards)"
         )
-    expected = cfg.max_response_length - cfg.overlong_buffer_length
+    buffer = filled(cfg.overlong_buffer_length, "reward_shaping.overlong_buffer_length")
+    expected = filled(cfg.max_response_length, "reward_shaping.max_response_length") - buffer
     excess = torch.tensor(lengths, dtype=rewards.dtype, device=rewards.device) - expected
-    penalty = (-excess / cfg.overlong_buffer_length * cfg.overlong_buffer_penalty).clamp(max=0)
+    scale = filled(cfg.overlong_buffer_penalty, "reward_shaping.overlong_buffer_penalty")
+    penalty = (-excess / buffer * scale).clamp(max=0)
     batch["total_reward"] = rewards + penalty
     return batch
 

@@ -12,8 +12,11 @@ from typing import Any, NotRequired, Protocol, TypedDict
 
 import torch
 
+from nemo_rl_core.data.multimodal_utils import PackedTensor
+
 LLMMessageLogType = list[dict[str, Any]]
-FlatMessagesType = dict[str, list[str] | torch.Tensor]
+# The seed says list[str] | Tensor; its own flattening also stores multimodal PackedTensors.
+FlatMessagesType = dict[str, list[str] | torch.Tensor | PackedTensor]
 
 
 class DatumSpec(TypedDict):

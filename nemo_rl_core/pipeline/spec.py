@@ -11,9 +11,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel
-
 if TYPE_CHECKING:
+    from nemo_rl_core.algorithms.grpo import RLMasterConfig
     from nemo_rl_core.pipeline.context import StageContext, StageResult
 
 # What a stage's output depends on besides the config and the stages it reads: the weights
@@ -81,7 +80,7 @@ class Pipeline:
     """An algorithm: ``name`` is its flow's name and its config's section (``grpo:``)."""
 
     name: str
-    config_class: type[BaseModel]
+    config_class: type["RLMasterConfig"]
     stages: tuple[Stage, ...]
     default_config: str
     # Keys a continued run must keep (dotted): it must train the same model on the same data.

@@ -169,11 +169,11 @@ def validate_config(model: type[ModelT], data: dict[str, Any], source: str = "co
 
 
 def filled(value: T | None, key: str) -> T:
-    """A key that validation (or a backend's setup) fills in when the user leaves it null.
+    """A nullable key that validation (or a backend's setup) fills in or requires by now.
 
     Code past that point reads it through here, so the type says it is set; None means the
     config skipped that step, which is a bug, not a user error.
     """
     if value is None:
-        raise RuntimeError(f"{key} is still null: it is read before the config filled it in")
+        raise RuntimeError(f"{key} is null where validation should have set or refused it")
     return value
