@@ -28,6 +28,7 @@ run: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # TRL's own venv for bench/vs_trl.py (its pins must not touch ours); CI builds it so that the

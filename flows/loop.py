@@ -5,6 +5,7 @@ artifacts; a summary and the curves at the end); warm objects are closed when th
 run ends."""
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from prefect import Flow, flow
@@ -110,8 +111,8 @@ def run_iterations(
             with IterationReports(pipeline, run, config, iterations, total) as reports:
                 for iteration in iterations:
                     remade += run_iteration(
-                        lambda it=iteration: run_pipeline_iteration(
-                            pipeline, config, run, it, final_step
+                        partial(
+                            run_pipeline_iteration, pipeline, config, run, iteration, final_step
                         ),
                         run,
                         iteration,

@@ -15,6 +15,7 @@ import contextvars
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Self
+from uuid import UUID
 
 import pyarrow as pa
 import yaml
@@ -95,7 +96,8 @@ class IterationReports:
         self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="report")
         self._published: list[Future] = []
         first = iterations[0] if iterations else total
-        self.progress_id = create_progress_artifact(
+        # Prefect's async_dispatch types every call as R | Coroutine; from sync code it is R.
+        self.progress_id: UUID = create_progress_artifact(  # type: ignore[assignment]
             progress=100.0 * first / self.total,
             key=artifact_key(run.run_id, "progress"),
             description=f"run {run.run_id}: iterations done of {total}",

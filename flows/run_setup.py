@@ -118,10 +118,12 @@ def load_storage_block(storage_root: str, block_name: str | None) -> None:
         return
     from prefect_aws import AwsCredentials
 
-    credentials = AwsCredentials.load(block_name)
+    # Prefect's async_dispatch types every call as R | Coroutine; from sync code it is R.
+    credentials: AwsCredentials = AwsCredentials.load(block_name)  # type: ignore[assignment]
+    secret = credentials.aws_secret_access_key
     options: dict = {
         "key": credentials.aws_access_key_id,
-        "secret": credentials.aws_secret_access_key.get_secret_value(),
+        "secret": secret.get_secret_value() if secret is not None else None,
     }
     endpoint = credentials.aws_client_parameters.endpoint_url
     if endpoint:

@@ -14,7 +14,11 @@ from typing import Any
 
 import torch
 
-from nemo_rl_core.algorithms.advantage_estimator import create_advantage_estimator
+from nemo_rl_core.algorithms.advantage_estimator import (
+    GRPOAdvantageEstimator,
+    ReinforcePlusPlusAdvantageEstimator,
+    create_advantage_estimator,
+)
 from nemo_rl_core.algorithms.config import GRPOAdvantageConfig
 from nemo_rl_core.algorithms.filters import (
     accumulate_dynamic_sampling_batch,
@@ -59,6 +63,7 @@ from nemo_rl_core.experience.rollouts import (
 )
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
+from nemo_rl_core.models.value.interfaces import ValueInterface
 
 # ``reward_reason`` prefixes of a check that did not finish (the worker pool's outcome kinds).
 ENV_FAILURE_KINDS = ("error", "timeout", "died")
@@ -137,8 +142,10 @@ def select_prompt_groups(
     loop = config.algorithm
     key = "unshaped_total_reward" if "unshaped_total_reward" in batch else "total_reward"
     rewards = batch[key]
+    # ppo: has no leave-one-out key (its baseline is the value model): the plain group std.
+    leave_one_out = isinstance(loop, GRPOAdvantageConfig) and loop.use_leave_one_out_baseline
     _, std = calculate_baseline_and_std_per_prompt(
-        batch["prompt_index"], rewards, torch.ones_like(rewards), loop.use_leave_one_out_baseline
+        batch["prompt_index"], rewards, torch.ones_like(rewards), leave_one_out
     )
     filtered, metrics = dynamic_sampling_filter(batch, std)
     target = loop.num_prompts_per_step * loop.num_generations_per_prompt
@@ -234,7 +241,7 @@ def generate_one_turn(
     flat, input_lengths = batched_message_log_to_flat_message(
         batch["message_log"], pad_value_dict={"token_ids": pad_id}
     )
-    generation_input = BatchedDataDict(
+    generation_input: BatchedDataDict[Any] = BatchedDataDict(
         {"input_ids": flat["token_ids"], "input_lengths": input_lengths, "sample_seeds": seeds}
     )
     batch, _, metrics = generate_responses(
@@ -364,7 +371,7 @@ def validate_batches(
         generation.finish_generation()
     if not results:
         raise ValueError("validation has no prompts: the validation dataset is empty")
-    table = BatchedDataDict.from_batches(results)
+    table: BatchedDataDict[Any] = BatchedDataDict.from_batches(results)
     return table, validation_metrics(table, k)
 
 
@@ -457,6 +464,11 @@ def compute_advantages(
 ) -> tuple[BatchedDataDict, dict]:
     """Per-prompt baselines and the advantage of every token (GRPO / Reinforce++)."""
     estimator = create_advantage_estimator(config.grpo.resolved_adv_estimator(), config.loss_fn)
+    if not isinstance(estimator, GRPOAdvantageEstimator | ReinforcePlusPlusAdvantageEstimator):
+        raise ValueError(
+            f"grpo.adv_estimator: {type(estimator).__name__} needs a value model; "
+            "GRPO takes grpo or reinforce_plus_plus"
+        )
     device = "cuda" if config.grpo.calculate_advantages_on_gpu else "cpu"
     advantages = estimator.compute_advantage(
         prompt_ids=train_data["prompt_index"].to(device),
@@ -550,13 +562,14 @@ def clip_advantages(advantages: torch.Tensor, loop: GRPOAdvantageConfig) -> torc
 
 
 def train_policy(
-    policy: PolicyInterface,
+    policy: PolicyInterface | ValueInterface,
     train_data: BatchedDataDict,
     loss_fn: Any,
     config: RLMasterConfig,
     iteration: int,
 ) -> dict[str, Any]:
-    """One optimizer step on the iteration's batch; a non-finite loss fails with the iteration."""
+    """One optimizer step on the iteration's batch (PPO's value model trains here too); a
+    non-finite loss fails with the iteration."""
     policy.prepare_for_training()
     try:
         results = policy.train(train_data, loss_fn)

@@ -22,6 +22,7 @@ from nemo_rl_core.algorithms.reward_config import (
     reward_shaping_config_problems,
 )
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.utils.config import filled
 
 
 class RewardShapingError(ValueError, AssertionError):
@@ -75,9 +76,11 @@ def apply_reward_shaping(
             "The number of messages in the batch must match the number of rewards "
             f"({len(lengths)} responses, {len(rewards)} rewards)"
         )
-    expected = cfg.max_response_length - cfg.overlong_buffer_length
+    buffer = filled(cfg.overlong_buffer_length, "reward_shaping.overlong_buffer_length")
+    expected = filled(cfg.max_response_length, "reward_shaping.max_response_length") - buffer
     excess = torch.tensor(lengths, dtype=rewards.dtype, device=rewards.device) - expected
-    penalty = (-excess / cfg.overlong_buffer_length * cfg.overlong_buffer_penalty).clamp(max=0)
+    scale = filled(cfg.overlong_buffer_penalty, "reward_shaping.overlong_buffer_penalty")
+    penalty = (-excess / buffer * scale).clamp(max=0)
     batch["total_reward"] = rewards + penalty
     return batch
 

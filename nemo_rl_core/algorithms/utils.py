@@ -24,6 +24,7 @@ def masked_mean(
     The normalizer is ``mask.sum(dim)`` unless ``global_normalization_factor`` is given;
     passing the global count makes the result additive over microbatches.
     """
+    normalization_factor: torch.Tensor | float
     if global_normalization_factor is None:
         normalization_factor = mask.sum(dim=dim)
     else:

@@ -5,8 +5,8 @@ The order of epoch ``e`` is a permutation drawn from ``seed + e`` alone, so the 
 uninterrupted run would have seen, in a new process, on another machine.
 """
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import torch
 
@@ -16,12 +16,20 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 _CHECKED_KEYS = ("dataset_size", "batch_size", "seed", "shuffle", "drop_last")
 
 
+class MapStyleDataset(Protocol):
+    """What the loader reads: a length and samples by index (torch's map-style dataset)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, idx: int, /) -> Any: ...
+
+
 class StatefulDataLoader:
     """Batches of ``batch_size`` samples, epoch after epoch; ``state_dict`` marks the next one."""
 
     def __init__(
         self,
-        dataset: Sequence[Any],
+        dataset: MapStyleDataset,
         batch_size: int,
         shuffle: bool = True,
         seed: int = 42,

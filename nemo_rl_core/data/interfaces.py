@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 if TYPE_CHECKING:  # the config check reads TaskDataSpec without loading torch
     import torch
 
+    from nemo_rl_core.data.multimodal_utils import PackedTensor
+
 LLMMessageLogType = list[dict[str, Any]]
-FlatMessagesType = dict[str, "list[str] | torch.Tensor"]
+# The seed says list[str] | Tensor; its own flattening also stores multimodal PackedTensors.
+FlatMessagesType = dict[str, "list[str] | torch.Tensor | PackedTensor"]
 
 
 class DatumSpec(TypedDict):

@@ -15,7 +15,7 @@ GRPO path after a rollout::
 import os
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -109,27 +109,33 @@ def batched_message_log_to_flat_message(
         for flat in flats
     ]
     if all(length is None for length in lengths):
-        batch = BatchedDataDict({k: [f[k][0] if k in f else None for f in flats] for k in keys})
-        return batch, no_lengths
+        # No token tensor in any log: each value is the list of a key's strings.
+        no_tensors = {
+            k: [cast(list[str], f[k])[0] if k in f else None for f in flats] for k in keys
+        }
+        return BatchedDataDict(no_tensors), no_lengths
     width = max(length or 0 for length in lengths)
     width = -(-width // make_sequence_length_divisible_by) * make_sequence_length_divisible_by
     batch: BatchedDataDict[FlatMessagesType] = BatchedDataDict()
     for key in keys:
         values = [flat.get(key) for flat in flats]
         present = [v for v in values if v is not None]
+        # One key holds one kind of value in every message log; its first says which.
         if isinstance(present[0], PackedTensor):
             dim = present[0].dim_to_pack
+            packs = cast(list[PackedTensor | None], values)
             batch[key] = PackedTensor.flattened_concat(
-                [v if v is not None else PackedTensor([None], dim) for v in values]
+                [v if v is not None else PackedTensor([None], dim) for v in packs]
             )
         elif isinstance(present[0], torch.Tensor):
-            _validate_tensor_consistency(present, key)
+            tensors = cast(list[torch.Tensor | None], values)
+            _validate_tensor_consistency(cast(list[torch.Tensor], present), key)
             ref = present[0]
             pad = (pad_value_dict or {}).get(key, 0)
             padded = torch.full(
                 (len(values), width, *ref.shape[1:]), pad, dtype=ref.dtype, device=ref.device
             )
-            for row, value in enumerate(values):
+            for row, value in enumerate(tensors):
                 if value is not None:
                     padded[row, : value.size(0)] = value
             batch[key] = padded

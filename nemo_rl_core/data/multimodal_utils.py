@@ -2,6 +2,7 @@
 sample (images, audio) kept as one list per batch and concatenated only when a model needs
 them."""
 
+from collections.abc import Sequence
 from typing import Self
 
 import torch
@@ -37,7 +38,7 @@ class PackedTensor:
         self.tensors = [t.to(device) if t is not None else None for t in self.tensors]
         return self
 
-    def slice(self, indices: list[int] | torch.Tensor) -> "PackedTensor":
+    def slice(self, indices: Sequence[int] | torch.Tensor) -> "PackedTensor":
         chosen = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
         if not chosen:
             return PackedTensor([None], self.dim_to_pack)

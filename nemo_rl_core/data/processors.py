@@ -22,7 +22,7 @@ def math_data_processor(
     idx: int,
 ) -> DatumSpec:
     """A question with a checkable answer; the environment gets ``ground_truth``."""
-    extra_env_info = {"ground_truth": str(datum_dict["expected_answer"])}
+    extra_env_info: dict[str, Any] = {"ground_truth": str(datum_dict["expected_answer"])}
     if "numbers" in datum_dict:  # countdown rows: the answer must use these numbers
         extra_env_info["numbers"] = list(datum_dict["numbers"])
     return _datum(

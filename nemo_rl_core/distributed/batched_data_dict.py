@@ -15,7 +15,7 @@ import copy
 import math
 from collections import UserDict
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Generic, NotRequired, Self, TypedDict, TypeVar
+from typing import Any, Generic, NotRequired, Self, TypedDict, TypeVar, overload
 
 import torch
 import torch.distributed
@@ -201,6 +201,40 @@ class BatchedDataDict(UserDict, Generic[DictT]):
         gathered: list[Any] = [None] * world_size
         torch.distributed.all_gather_object(gathered, dict(self.data), group=group)
         return type(self).from_batches(gathered)
+
+    # The seed returns a union; these overloads say which member a call gets: the reorder
+    # indices come back exactly when a token-budget plan (dynamic batching or packing) is asked.
+    @overload
+    def shard_by_batch_size(
+        self,
+        shards: int,
+        batch_size: int | None = None,
+        allow_uneven_shards: bool = False,
+        dynamic_batching_args: None = None,
+        sequence_packing_args: None = None,
+    ) -> list["SlicedDataDict"]: ...
+
+    @overload
+    def shard_by_batch_size(
+        self,
+        shards: int,
+        batch_size: int | None = None,
+        allow_uneven_shards: bool = False,
+        *,
+        dynamic_batching_args: DynamicBatchingArgs,
+        sequence_packing_args: None = None,
+    ) -> tuple[list["SlicedDataDict"], list[int]]: ...
+
+    @overload
+    def shard_by_batch_size(
+        self,
+        shards: int,
+        batch_size: int | None = None,
+        allow_uneven_shards: bool = False,
+        dynamic_batching_args: None = None,
+        *,
+        sequence_packing_args: SequencePackingArgs,
+    ) -> tuple[list["SlicedDataDict"], list[int]]: ...
 
     def shard_by_batch_size(
         self,

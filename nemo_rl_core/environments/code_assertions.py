@@ -86,7 +86,9 @@ def compile_assert_test(source: str) -> AssertTest:
                 f"may hold only assert statements (and `import math`), not `{ast.unparse(statement)}`"
             )
         text = ast.unparse(statement.test)
-        condition = ast.Expression(body=_Splitter(probes).visit(statement.test))
+        body = _Splitter(probes).visit(statement.test)
+        assert isinstance(body, ast.expr)  # an expression's visit returns an expression
+        condition = ast.Expression(body=body)
         conditions.append((text, compile(ast.fix_missing_locations(condition), "<assert>", "eval")))
     if not conditions:
         raise ValueError("holds no assert statement")

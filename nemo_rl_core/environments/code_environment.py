@@ -117,7 +117,8 @@ class CodeEnvironment(EnvironmentInterface[CodeEnvMetadata]):
             if code is not None
             for j, test in enumerate(tests[i])
         }
-        rewards, new_metadata, observations, answers = [], [], [], []
+        rewards, observations, answers = [], [], []
+        new_metadata: list[CodeEnvMetadata] = []
         for i, (code, meta) in enumerate(zip(codes, metadata, strict=True)):
             if code is None:
                 passed, reason = 0, "no fenced code block in the response"

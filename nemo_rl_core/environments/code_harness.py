@@ -23,7 +23,7 @@ import resource
 import sys
 from _json import encode_basestring_ascii
 
-_SEQUENCES = {list: "list", tuple: "tuple", set: "set", frozenset: "frozenset"}
+_SEQUENCES: dict[type, str] = {list: "list", tuple: "tuple", set: "set", frozenset: "frozenset"}
 _CONSTRUCTORS = {tag: kind for kind, tag in _SEQUENCES.items()}
 _MAX_DEPTH = 100
 # Audit events the first filter refuses: process creation, sockets, native code, signals,
@@ -63,17 +63,18 @@ def encode_plain(value: object, depth: int = 0) -> object:
         raise ValueError(f"nested deeper than {_MAX_DEPTH} levels")
     if value is None or kind is bool or kind is int or kind is str:
         return value
-    if kind is float:
+    if type(value) is float:
         return value if math.isfinite(value) else {"float": repr(value)}
-    if kind in _SEQUENCES:
+    # ``kind in _SEQUENCES`` refuses subclasses; isinstance only tells the type checker.
+    if kind in _SEQUENCES and isinstance(value, list | tuple | set | frozenset):
         return {_SEQUENCES[kind]: [encode_plain(item, depth + 1) for item in value]}
-    if kind is dict:
+    if type(value) is dict:
         return {
             "dict": [
                 [encode_plain(k, depth + 1), encode_plain(v, depth + 1)] for k, v in value.items()
             ]
         }
-    if kind is bytes:
+    if type(value) is bytes:
         return {"bytes": value.hex()}
     raise TypeError(
         f"a value of type {kind.__name__} is not plain "
@@ -88,7 +89,7 @@ def decode_plain(data: object, depth: int = 0) -> object:
         raise ValueError(f"nested deeper than {_MAX_DEPTH} levels")
     if data is None or kind in (bool, int, float, str):
         return data
-    if kind is not dict or len(data) != 1:
+    if type(data) is not dict or len(data) != 1:
         raise ValueError(f"unexpected {kind.__name__} in a plain-value report")
     ((tag, body),) = data.items()
     if tag == "float" and body in ("nan", "inf", "-inf"):
@@ -114,15 +115,15 @@ def dump_json(data: object) -> str:
     if data is None or data is True or data is False:
         return "null" if data is None else "true" if data else "false"
     kind = type(data)
-    if kind is int:
+    if type(data) is int:
         return int.__repr__(data)
-    if kind is float:
+    if type(data) is float:
         return float.__repr__(data)
-    if kind is str:
+    if type(data) is str:
         return encode_basestring_ascii(data)
-    if kind is list:
+    if type(data) is list:
         return "[" + ",".join([dump_json(item) for item in data]) + "]"
-    if kind is dict:
+    if type(data) is dict:
         pairs = [
             encode_basestring_ascii(key) + ":" + dump_json(value) for key, value in data.items()
         ]

@@ -181,7 +181,7 @@ def _bwrap_command(
 ) -> list[str]:
     # setpriv instead of Popen(user=...): that would fork this (often large) process
     # rather than vfork it, ~10 ms per run with torch loaded
-    command = [] if uid is None else [
+    command = [] if uid is None or boundary.setpriv is None else [
         boundary.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
     ]  # fmt: skip
     command += [

@@ -68,7 +68,8 @@ class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
             for response, meta in zip(responses, metadata, strict=True)
         ]
         outcomes = self._pool.map(items, self.cfg.timeout_seconds)
-        rewards, answers, new_metadata, observations = [], [], [], []
+        rewards, answers, observations = [], [], []
+        new_metadata: list[MathEnvironmentMetadata] = []
         for meta, outcome in zip(metadata, outcomes, strict=True):
             if outcome.ok:
                 reward, answer = outcome.value

@@ -7,6 +7,7 @@ reward model's transformers stack, and checking a config's ``env:`` loads no env
 """
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 if TYPE_CHECKING:
@@ -72,7 +73,8 @@ def registry_entry(env_name: str) -> EnvRegistryEntry:
     return ENV_REGISTRY[env_name]
 
 
-def environment_class(env_name: str) -> "type[EnvironmentInterface]":
+def environment_class(env_name: str) -> "Callable[[Any], EnvironmentInterface]":
+    """The registered class; every one is built from its config section (``create_env``)."""
     return get_object(registry_entry(env_name)["actor_class_fqn"])
 
 

@@ -48,7 +48,7 @@ def _worker_main(
 
 
 class _Worker:
-    def __init__(self, ctx: multiprocessing.context.BaseContext, fn: Callable, warmup_item: Any):
+    def __init__(self, ctx: multiprocessing.context.ForkContext, fn: Callable, warmup_item: Any):
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
             target=_worker_main, args=(child, self.conn, fn, warmup_item), daemon=True
@@ -119,7 +119,7 @@ class TimedProcessPool:
 
     @property
     def pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers]
+        return [w.process.pid for w in self._workers if w.process.pid is not None]
 
     def map(self, items: Sequence[Any], timeout_s: float) -> list[TaskOutcome]:
         """Run ``fn`` on every item, each within ``timeout_s`` seconds of its start."""
@@ -139,8 +139,11 @@ class TimedProcessPool:
             busy = [w for w in self._workers if w.task is not None]
             starting = [w.conn for w in self._workers if not w.ready]
             wait_for = min((w.deadline for w in busy), default=time.monotonic() + 1.0)
+            watched: list[Connection | int] = [w.conn for w in busy]
+            watched += [w.process.sentinel for w in busy]
+            watched += starting
             ready = wait(
-                [w.conn for w in busy] + [w.process.sentinel for w in busy] + starting,
+                watched,
                 timeout=max(wait_for - time.monotonic(), 0.0),
             )
             for index, worker in enumerate(self._workers):

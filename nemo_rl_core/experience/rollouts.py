@@ -148,7 +148,7 @@ def run_multi_turn_rollout(
             [get_keys_from_message_log(log, ["token_ids"]) for log in active_batch["message_log"]],
             pad_value_dict={"token_ids": pad_id},
         )
-        generation_input = BatchedDataDict(
+        generation_input: BatchedDataDict[GenerationDatumSpec] = BatchedDataDict(
             {
                 "input_ids": flat["token_ids"],
                 "input_lengths": input_lengths,

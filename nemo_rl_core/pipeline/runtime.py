@@ -265,7 +265,7 @@ def runtime_for(run: RunRef) -> RunRuntime:
             )
         pipeline = pipeline_for_config(stored)
         config = pipeline.config_class.model_validate(stored)
-        model_dir = resolve_model(config.policy.model_name)  # type: ignore[attr-defined]
+        model_dir = resolve_model(config.policy.model_name)
         _runtimes[run] = RunRuntime(run, pipeline, config, model_dir)
     return _runtimes[run]
 

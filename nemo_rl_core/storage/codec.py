@@ -135,7 +135,7 @@ def _non_null_list(values: pa.Array, list_size: int | None = None) -> pa.DataTyp
 def table_to_batch(table: pa.Table, source: str = "<table>") -> BatchedDataDict:
     """Decode a table written by ``batch_to_table``; ``source`` names it in errors."""
     metadata = _read_metadata(table.schema, source)
-    batch = BatchedDataDict()
+    batch: BatchedDataDict[Any] = BatchedDataDict()
     with warnings.catch_warnings():
         # Arrow buffers are read-only to numpy, but tensors over them may be written: they
         # are fresh Arrow memory (Parquet), the caller's bytes or a copy-on-write file map.

@@ -35,7 +35,7 @@ def check_format(fmt: str) -> BatchFormat:
     """``fmt`` if it names a container, else a ``ValueError`` naming the value."""
     if fmt not in FORMATS:
         raise ValueError(f"batch format {fmt!r} is not one of {', '.join(map(repr, FORMATS))}")
-    return fmt  # type: ignore[return-value]
+    return fmt
 
 
 def format_for_path(path: str | Path) -> BatchFormat:

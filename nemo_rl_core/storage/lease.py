@@ -185,16 +185,16 @@ class Lease:
         while True:
             current = self._object.read()
             record = _record(current)
-            held = record is not None and record.get("token") != self.token
-            if held and record["expires_at"] > time.time():
-                until = datetime.fromtimestamp(record["expires_at"], UTC).isoformat()
+            held = record if record is not None and record.get("token") != self.token else None
+            if held is not None and held["expires_at"] > time.time():
+                until = datetime.fromtimestamp(held["expires_at"], UTC).isoformat()
                 raise LeaseHeldError(
-                    f"run {self.storage.run_url} is leased by {record.get('owner')!r} until "
+                    f"run {self.storage.run_url} is leased by {held.get('owner')!r} until "
                     f"{until}; wait, or stop that owner"
                 )
             with contextlib.suppress(VersionConflict):
                 self._write(current)
-                self.taken_over = record if held else None
+                self.taken_over = held
                 return
 
     def renew(self) -> None:

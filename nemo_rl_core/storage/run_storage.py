@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -419,7 +420,7 @@ class RunStorage:
         for remote in self._call(ckpt, lambda: self.fs.find(source)):
             relative = posixpath.relpath(remote, source)
             (target / relative).parent.mkdir(parents=True, exist_ok=True)
-            self._call(ckpt, lambda r=remote, rel=relative: self.fs.get_file(r, str(target / rel)))
+            self._call(ckpt, partial(self.fs.get_file, remote, str(target / relative)))
         return target
 
     def read_checkpoint_info(self, step: int) -> dict:
@@ -671,7 +672,7 @@ class RunStorage:
             pass
 
 
-def _sha256(data: bytes) -> str:
+def _sha256(data: bytes | mmap.mmap) -> str:
     return hashlib.sha256(data).hexdigest()
 
 

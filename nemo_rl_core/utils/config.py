@@ -7,6 +7,7 @@ NeMo RL users bring their YAML and their command lines; both work unchanged here
 are read as OmegaConf reads them (``1e-8`` is a float), and a typo fails before any work.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -16,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+T = TypeVar("T")
 
 _OVERRIDE_MARKER = "_override_"
 
@@ -30,7 +32,11 @@ class OverridesError(ConfigError):
 
 def register_omegaconf_resolvers() -> None:
     """Register NeMo RL's arithmetic resolvers (``${mul:a,b}``, ``${div:a,b}``, ``${max:a,b}``)."""
-    resolvers = {"mul": lambda a, b: a * b, "div": lambda a, b: a / b, "max": max}
+    resolvers: dict[str, Callable[..., Any]] = {
+        "mul": lambda a, b: a * b,
+        "div": lambda a, b: a / b,
+        "max": max,
+    }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
@@ -165,3 +171,14 @@ def validate_config(model: type[ModelT], data: dict[str, Any], source: str = "co
         others = [k or "<config>" for k in keys[1:]]
         also = f" (also wrong: {', '.join(others)})" if others else ""
         raise ConfigError(f"invalid {source}: {problem}{also}") from None
+
+
+def filled(value: T | None, key: str) -> T:
+    """A nullable key that validation (or a backend's setup) fills in or requires by now.
+
+    Code past that point reads it through here, so the type says it is set; None means the
+    config skipped that step, which is a bug, not a user error.
+    """
+    if value is None:
+        raise RuntimeError(f"{key} is null where validation should have set or refused it")
+    return value

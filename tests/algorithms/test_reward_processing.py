@@ -11,6 +11,7 @@ from nemo_rl_core.algorithms.grpo import (
     prompts_per_batch,
     select_prompt_groups,
 )
+from nemo_rl_core.algorithms.ppo import PPOConfig
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
@@ -95,3 +96,15 @@ def test_selection_gives_up_after_the_allowed_batches():
     select_prompt_groups(flat, None, config, 1)  # 2 batches processed: NeMo RL goes on
     with pytest.raises(DynamicSamplingExhaustedError, match="processed 3 generation batches"):
         select_prompt_groups(flat, None, config, 2)
+
+
+def test_ppo_selection_uses_the_plain_group_std():
+    """ppo: has no use_leave_one_out_baseline (its baseline is the value model)."""
+    config = Config()
+    config.algorithm = PPOConfig(
+        num_prompts_per_step=2, num_generations_per_prompt=3, max_num_steps=9,
+        use_dynamic_sampling=True,
+    )  # fmt: skip
+    batch = rollouts([1.0, 1.0, 0.0, 1.0, 1.0, 1.0], [0, 0, 0, 1, 1, 1], [3] * 6, [False] * 6)
+    kept, complete, _ = select_prompt_groups(batch, None, config, 0)
+    assert not complete and kept["prompt_index"].tolist() == [0, 0, 0]

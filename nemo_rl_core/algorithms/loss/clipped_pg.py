@@ -9,6 +9,7 @@ from nemo_rl_core.algorithms.config import ClippedPGLossConfig, clipped_pg_confi
 from nemo_rl_core.algorithms.loss.interfaces import LossInputType, LossType
 from nemo_rl_core.algorithms.loss.utils import reduce_token_loss
 from nemo_rl_core.algorithms.utils import calculate_kl, masked_mean
+from nemo_rl_core.utils.config import filled
 
 
 class ClippedPGLossFn:
@@ -224,6 +225,7 @@ class ClippedPGLossFn:
         if kind == "seq-mask-tis":
             log_ratio = torch.nan_to_num(prev - gen, nan=0.0, posinf=0.0, neginf=0.0)
             geo_mean = masked_mean(log_ratio, token_mask, dim=-1).exp().detach()
+            low = filled(low, "loss_fn.truncated_importance_sampling_ratio_min")
             kept = ((geo_mean >= low) & (geo_mean <= high)).to(weights.dtype)
             oob = masked_mean(1.0 - kept, sample_mask, None, global_valid_seqs)
             return weights * kept.unsqueeze(-1), {"is_oob_ratio": oob.item()}

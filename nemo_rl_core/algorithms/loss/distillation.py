@@ -61,6 +61,11 @@ class DistillationLossFn:
             self.kl_type, w * forward + (1.0 - w) * reverse
         )
         if self.zero_outside_topk and self.kl_type != "forward":
+            if H_all is None:
+                raise ValueError(
+                    f"zero_outside_topk with kl_type={self.kl_type!r} needs H_all, the student's "
+                    "full-vocabulary entropy (prepare_loss_input computes it)"
+                )
             rest_entropy = H_all - (q * q_log).sum(-1)
             rest_mass = 1 - q.sum(-1)
             correction = rest_entropy - LOG_INFINITESIMAL * rest_mass

@@ -104,7 +104,7 @@ class DPOLossFn(PreferenceLossFn):
         self.sft_average_log_probs = cfg.sft_average_log_probs
         self.sft_loss = NLLLossFn()
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         next_token_logprobs: torch.Tensor,
         data: Mapping[str, Any],

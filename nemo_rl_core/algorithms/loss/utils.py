@@ -108,15 +108,15 @@ def prepare_loss_input(
             "H_all": entropy,
         }, data
     if input_type == LossInputType.DRAFT:
-        student = draft_logits if draft_logits is not None else data.get("student_logits")
-        if student is None:
+        draft = draft_logits if draft_logits is not None else data.get("student_logits")
+        if draft is None:
             raise ValueError(
                 "a DRAFT loss needs the draft model's logits: draft_logits= or "
                 "data['student_logits'] ([B, S, V])"
             )
         return {
             "teacher_logits": shift_left(logits.detach()),
-            "student_logits": student,
+            "student_logits": draft,
             "token_mask": shift_left(data["token_mask"]),
         }, data
     raise ValueError(f"unknown loss input_type {input_type!r}")

@@ -121,7 +121,7 @@ def countdown_puzzles(
     has a solution; answers are checked by the ``countdown`` verifier of the math env.
     """
     rng = random.Random(seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
     while len(rows) < num_samples:
         numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
         value = Fraction(numbers[0])

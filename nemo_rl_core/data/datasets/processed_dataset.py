@@ -55,7 +55,7 @@ class AllTaskProcessedDataset:
 
 def rl_collate_fn(data_batch: list[DatumSpec]) -> BatchedDataDict[DatumSpec]:
     """Stack DatumSpecs into the batch a rollout takes (message logs stay per-sample lists)."""
-    batch = BatchedDataDict(
+    batch: BatchedDataDict[DatumSpec] = BatchedDataDict(
         {
             "message_log": [d["message_log"] for d in data_batch],
             "length": torch.tensor([d["length"] for d in data_batch], dtype=torch.long),

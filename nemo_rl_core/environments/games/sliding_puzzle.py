@@ -173,7 +173,8 @@ class SlidingPuzzleEnv(EnvironmentInterface[SlidingPuzzleMetadata]):
         *args: Any,
         **kwargs: Any,
     ) -> EnvironmentReturn[SlidingPuzzleMetadata]:
-        observations, new_metadata, rewards, terminateds = [], [], [], []
+        observations, rewards, terminateds = [], [], []
+        new_metadata: list[SlidingPuzzleMetadata] = []
         for i, (log, meta) in enumerate(zip(message_log_batch, metadata, strict=True)):
             if "game_state" not in meta:
                 raise KeyError(f"sample {i}: metadata has no 'game_state' (keys: {sorted(meta)})")

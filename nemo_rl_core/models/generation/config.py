@@ -234,9 +234,9 @@ class GenerationConfig(_Strict):
         return self
 
     @property
-    def top_k_enabled(self) -> bool:
-        """True when top-k filtering changes the sampling distribution."""
-        return self.top_k is not None and self.top_k != -1
+    def top_k_filter(self) -> int | None:
+        """The k of top-k filtering; None when top_k leaves the distribution unchanged."""
+        return None if self.top_k == -1 else self.top_k
 
 
 def configure_generation_config(
@@ -252,6 +252,10 @@ def configure_generation_config(
     if pad is None:
         pad = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
+    if pad is None:
+        raise ValueError(
+            "generation.pad_token_id: the tokenizer has neither a pad nor an eos token; set it"
         )
     stop_ids = config.stop_token_ids
     if stop_ids is None and tokenizer.eos_token_id is not None:

@@ -43,6 +43,7 @@ from nemo_rl_core.models.generation.sequences import (
     build_requests,
     pack_generation_outputs,
 )
+from nemo_rl_core.utils.config import filled
 
 
 class _SampledTokenLogprobs(LogitsProcessor):
@@ -87,7 +88,9 @@ class _StopStrings(StoppingCriteria):
         # Enough trailing tokens to hold any stop string (a token holds >= 1 byte).
         self.window = 4 * max((len(s) for ss in stop_strings for s in ss or []), default=0) + 2
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any):
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any
+    ) -> torch.BoolTensor:
         generated = input_ids.shape[1] - self.prompt_width
         for row, strings in enumerate(self.stop_strings):
             if not strings or self.stopped_after[row] is not None:
@@ -96,7 +99,9 @@ class _StopStrings(StoppingCriteria):
             text = self.tokenizer.decode(tail, skip_special_tokens=True)
             if any(s in text for s in strings):
                 self.stopped_after[row] = generated
-        return torch.tensor([s is not None for s in self.stopped_after], device=input_ids.device)
+        # transformers annotates the legacy BoolTensor type, which no torch op returns.
+        done = torch.tensor([s is not None for s in self.stopped_after], device=input_ids.device)
+        return done  # type: ignore[return-value]
 
 
 class HFGeneration(GenerationInterface):
@@ -106,13 +111,15 @@ class HFGeneration(GenerationInterface):
         self, config: GenerationConfig, model_path: str | Path | None = None, *, seed: int = 0
     ) -> None:
         self.model_spec, self.cfg, self.max_model_len = setup_backend(config, model_path)
+        self.pad_token_id = filled(self.cfg.pad_token_id, "generation.pad_token_id")
         precision = self.cfg.vllm_cfg.precision
         if precision == "fp8":
             raise ValueError("vllm_cfg.precision: fp8 is vLLM-only; use bfloat16 with backend: hf")
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        # transformers' @wraps(Module.to) types ``self`` as the first argument.
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_spec.path, dtype=getattr(torch, precision)
-        ).to(device)
+        ).to(device)  # type: ignore[arg-type]
         self.model.eval()
         # vLLM also stops on the tokenizer's eos and the model's generation_config eos ids.
         eos = self.model.generation_config.eos_token_id
@@ -139,7 +146,7 @@ class HFGeneration(GenerationInterface):
             do_sample=not greedy,
             max_new_tokens=max_new_tokens,
             eos_token_id=self.stop_token_ids or None,
-            pad_token_id=self.cfg.pad_token_id,
+            pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
             **neutral,
         )
@@ -150,8 +157,8 @@ class HFGeneration(GenerationInterface):
         warpers: list[LogitsProcessor] = []
         if self.cfg.temperature != 1.0:
             warpers.append(TemperatureLogitsWarper(self.cfg.temperature))
-        if self.cfg.top_k_enabled:
-            warpers.append(TopKLogitsWarper(top_k=self.cfg.top_k))
+        if self.cfg.top_k_filter is not None:
+            warpers.append(TopKLogitsWarper(top_k=self.cfg.top_k_filter))
         if self.cfg.top_p < 1.0:
             warpers.append(TopPLogitsWarper(top_p=self.cfg.top_p))
         return warpers
@@ -159,7 +166,7 @@ class HFGeneration(GenerationInterface):
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder-only batches generate from a common right edge."""
         width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.cfg.pad_token_id, dtype=torch.long)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
@@ -213,7 +220,7 @@ class HFGeneration(GenerationInterface):
             response_logprobs.append(logprobs[row, :length].tolist())
             truncated.append(hit_budget)
         return pack_generation_outputs(
-            data, responses, response_logprobs, self.cfg.pad_token_id, truncated
+            data, responses, response_logprobs, self.pad_token_id, truncated
         )
 
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:

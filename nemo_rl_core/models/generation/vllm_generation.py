@@ -18,7 +18,7 @@ import logging
 import os
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -39,6 +39,10 @@ from nemo_rl_core.models.generation.model_files import (
     weights_to_load,
 )
 from nemo_rl_core.models.generation.sequences import build_requests, pack_generation_outputs
+from nemo_rl_core.utils.config import filled
+
+if TYPE_CHECKING:  # vLLM is an optional extra, imported where an engine starts
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 DEFAULT_CPU_KVCACHE_GIB = "1"
 # Prompt tokens one CPU engine step may prefill (vLLM's CPU default is 2048-4096).
@@ -82,7 +86,7 @@ def _check_cpu_head_dim(head_dim: int, model_path: Path) -> None:
 
 def _repack_tied_lm_head(model: torch.nn.Module) -> None:
     """Rebuild the CPU kernel's packed copy of a tied lm_head from the new embedding."""
-    lm_head = model.lm_head
+    lm_head = cast("VocabParallelEmbedding", model.get_submodule("lm_head"))
     lm_head.quant_method.process_weights_after_loading(lm_head)
 
 
@@ -93,6 +97,7 @@ class VllmGeneration(GenerationInterface):
         self, config: GenerationConfig, model_path: str | Path | None = None, *, seed: int = 0
     ) -> None:
         self.model, self.cfg, self.max_model_len = setup_backend(config, model_path)
+        self.pad_token_id = filled(self.cfg.pad_token_id, "generation.pad_token_id")
         self.on_gpu = torch.cuda.is_available()
         self._refit_info: RefitInfo = dict(self.model.weights)
         self._sleeping = False
@@ -156,7 +161,7 @@ class VllmGeneration(GenerationInterface):
             seed=seed,
             temperature=0.0 if greedy else self.cfg.temperature,
             top_p=1.0 if greedy else self.cfg.top_p,
-            top_k=-1 if greedy or not self.cfg.top_k_enabled else self.cfg.top_k,
+            top_k=-1 if greedy or self.cfg.top_k_filter is None else self.cfg.top_k_filter,
             max_tokens=max_tokens,
             logprobs=0,
             # One flat list per request instead of a dict per token; with detokenize off
@@ -174,6 +179,7 @@ class VllmGeneration(GenerationInterface):
     ) -> BatchedDataDict[GenerationOutputSpec]:
         """Sample one response per prompt; logprobs are those the sampler used."""
         from vllm.inputs import TokensPrompt
+        from vllm.logprobs import FlatLogprobs
 
         greedy = greedy or self.cfg.temperature == 0.0
         if self._sleeping:
@@ -202,12 +208,13 @@ class VllmGeneration(GenerationInterface):
             completion = output.outputs[0]
             truncated.append(completion.finish_reason == "length")
             tokens = list(completion.token_ids)
-            # logprobs=0: exactly the sampled token's logprob at each position
-            if completion.logprobs.token_ids != tokens:
+            # logprobs=0, flat_logprobs: exactly the sampled token's logprob at each position
+            sampled = completion.logprobs
+            if not isinstance(sampled, FlatLogprobs) or sampled.token_ids != tokens:
                 raise RuntimeError("vLLM returned logprobs for other tokens than it sampled")
             responses.append(tokens)
-            logprobs.append(list(completion.logprobs.logprobs))
-        return pack_generation_outputs(data, responses, logprobs, self.cfg.pad_token_id, truncated)
+            logprobs.append(list(sampled.logprobs))
+        return pack_generation_outputs(data, responses, logprobs, self.pad_token_id, truncated)
 
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
         """Wake a sleeping GPU engine (weights first, as NeMo RL's refit does); no-op on CPU."""

@@ -89,7 +89,7 @@ def _norm_keys(layer: str, fused_norms: bool) -> tuple[str, str]:
     return f"{layer}input_layernorm.weight", f"{layer}pre_mlp_layernorm.weight"
 
 
-def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: GPTLayout) -> torch.Tensor:
+def _fuse_qkv(lay: GPTLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     groups, per_group, hd = lay.num_query_groups, lay.heads_per_group, lay.head_dim
     rest = q.shape[1:]
     fused = torch.cat(
@@ -158,11 +158,11 @@ def hf_to_megatron(
         hf, mc = f"model.layers.{i}.", f"decoder.layers.{i}."
         attn = hf + "self_attn."
         out[mc + "self_attention.linear_qkv.weight"] = col(
-            _fuse_qkv(*(hf_state[f"{attn}{p}_proj.weight"] for p in "qkv"), layout)
+            _fuse_qkv(layout, *(hf_state[f"{attn}{p}_proj.weight"] for p in "qkv"))
         )
         if layout.qkv_bias:
             out[mc + "self_attention.linear_qkv.bias"] = col(
-                _fuse_qkv(*(hf_state[f"{attn}{p}_proj.bias"] for p in "qkv"), layout)
+                _fuse_qkv(layout, *(hf_state[f"{attn}{p}_proj.bias"] for p in "qkv"))
             )
         out[mc + "self_attention.linear_proj.weight"] = row(hf_state[attn + "o_proj.weight"])
         gate, up = hf_state[hf + "mlp.gate_proj.weight"], hf_state[hf + "mlp.up_proj.weight"]

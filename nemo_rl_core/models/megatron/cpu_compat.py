@@ -23,7 +23,7 @@ import contextlib
 import functools
 import importlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -119,10 +119,21 @@ class _CpuTorch(ModuleType):
         return factory
 
 
+def _manual_seed(seed: int) -> None:
+    """``torch.cuda.manual_seed`` without CUDA: seed the CPU generator megatron's RNG uses."""
+    torch.default_generator.manual_seed(int(seed))
+
+
 class _CudaAsCpuMode(torch.overrides.TorchFunctionMode):
     """Map CUDA devices to the CPU and report CPU tensors as CUDA types, inside the block."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
@@ -178,8 +189,10 @@ def apply_cpu_compat() -> bool:
     # torch.cuda is unusable without CUDA, so redirecting it cannot change working code.
     torch.cuda.get_rng_state = _get_rng_state
     torch.cuda.set_rng_state = _set_rng_state
-    torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
-    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.manual_seed = _manual_seed
+    # Deliberately not torch's ``int``: megatron places buffers on ``current_device()``, and an
+    # int would mean cuda:<n>; "cpu" is the device those buffers must go to here.
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.empty_cache = lambda *args, **kwargs: None
     mrandom._get_cuda_rng_state = _get_rng_state

@@ -185,6 +185,8 @@ def serve() -> None:
                 worker = MegatronWorker(*args, **kwargs)
                 _send(conn, ("ok", (False, None)))
                 continue
+            if worker is None:
+                raise RuntimeError(f"{method} was called before __init__")
             result = getattr(worker, method)(*args, **kwargs)
             _send(conn, ("ok", (worker.result_rank(), result)))
         except Exception:  # noqa: BLE001 - the traceback goes to the driver, which raises

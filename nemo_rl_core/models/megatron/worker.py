@@ -40,6 +40,7 @@ from nemo_rl_core.models.megatron.model import (
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, padded_layout
 from nemo_rl_core.models.policy.hf_loading import load_hf_config
+from nemo_rl_core.utils.config import filled
 
 Head = Literal["lm", "value"]
 
@@ -127,7 +128,9 @@ class MegatronWorker:
         if spec.weights_path is not None:
             self._load_hf_weights(Path(spec.weights_path))
         self.model = self._wrap()
-        self.optimizer = self.scheduler = None
+        # megatron-core is untyped (Any); both stay None with init_optimizer=False.
+        self.optimizer: Any = None
+        self.scheduler: Any = None
         if spec.init_optimizer:
             self._build_optimizer()
         if spec.optimizer_path is not None:
@@ -173,7 +176,8 @@ class MegatronWorker:
                 f"loading {path} into the Megatron model: missing {missing}, unexpected {unexpected}"
             )
 
-    def _wrap(self) -> torch.nn.Module:
+    def _wrap(self) -> Any:
+        """The model in megatron-core's (untyped) ``DistributedDataParallel``."""
         from megatron.core.distributed import (
             DistributedDataParallel,
             DistributedDataParallelConfig,
@@ -287,7 +291,7 @@ class MegatronWorker:
             return
         with torch.no_grad():
             for mb in share.make_microbatch_iterator(
-                micro_batch_size or self.cfg.logprob_batch_size
+                micro_batch_size or filled(self.cfg.logprob_batch_size, "policy.logprob_batch_size")
             ):
                 yield self._forward(mb)
 
@@ -470,13 +474,13 @@ class MegatronWorker:
         from megatron.core import parallel_state
 
         local = {k: v.cpu() for k, v in self._weights_snapshot().items()}
-        if self.tp == 1:
-            shards = [local]
-        else:
+        shards: list[dict[str, torch.Tensor]] = [local]
+        if self.tp > 1:
             group = parallel_state.get_tensor_model_parallel_group()
-            shards = [None] * self.tp if self.tp_rank == 0 else None
+            gathered: list[Any] | None = [None] * self.tp if self.tp_rank == 0 else None
             dst = dist.get_global_rank(group, 0)
-            dist.gather_object(local, shards, dst=dst, group=group)
+            dist.gather_object(local, gathered, dst=dst, group=group)
+            shards = gathered or []
         if self.tp_rank != 0:
             return None
         if self.spec.head == "value":
@@ -503,8 +507,8 @@ class MegatronWorker:
 
     def save_checkpoint(self, weights_path: str, optimizer_path: str | None) -> None:
         """HF safetensors + config from rank 0; optimizer state from every rank."""
-        state = self._gathered_hf_state()
-        if self.dp_rank == 0 and self.tp_rank == 0:
+        state = self._gathered_hf_state()  # None except on TP rank 0
+        if self.dp_rank == 0 and state is not None:
             self._write_hf(Path(weights_path), state)
         if optimizer_path is not None:
             self.save_optimizer(optimizer_path)

@@ -1,6 +1,6 @@
 """Policies behind NeMo RL's ``PolicyInterface``; ``make_policy`` picks the training backend."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +31,15 @@ def make_policy(
     """
     if not isinstance(config, PolicyConfig):
         config = validate_config(PolicyConfig, dict(config), source="policy config")
+    policy_cls: Callable[..., PolicyInterface]
     if config.training_backend == "megatron":
-        from nemo_rl_core.models.policy.megatron_policy import MegatronPolicy as policy_cls
+        from nemo_rl_core.models.policy.megatron_policy import MegatronPolicy
+
+        policy_cls = MegatronPolicy
     else:
-        from nemo_rl_core.models.policy.hf_policy import HFPolicy as policy_cls
+        from nemo_rl_core.models.policy.hf_policy import HFPolicy
+
+        policy_cls = HFPolicy
     return policy_cls(
         config,
         tokenizer=tokenizer,

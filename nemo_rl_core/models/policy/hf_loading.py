@@ -6,7 +6,7 @@ autocast, as NeMo RL's FSDP mixed precision does, so small RL updates are not ro
 
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import (
@@ -20,6 +20,9 @@ from transformers import (
 from nemo_rl_core.data.chat_templates import configure_chat_template
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy.config import TrainedModelConfig
+
+if TYPE_CHECKING:  # peft loads only where LoRA is used
+    from peft import PeftModel
 
 
 class VocabMismatchError(ValueError):
@@ -37,7 +40,8 @@ def load_tokenizer(config: TrainedModelConfig) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if settings.chat_template_kwargs:
-        tokenizer.apply_chat_template = partial(
+        # Bound on this instance on purpose, so every caller's template gets the kwargs.
+        tokenizer.apply_chat_template = partial(  # type: ignore[method-assign]
             tokenizer.apply_chat_template, **settings.chat_template_kwargs
         )
     return configure_chat_template(tokenizer, settings.chat_template)
@@ -75,9 +79,14 @@ def load_pretrained(
     return model
 
 
-def check_vocab(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> None:
+def embedding_rows(model: "PreTrainedModel | PeftModel") -> int:
+    """How many token ids the model's input embedding table holds."""
+    return int(model.get_input_embeddings().get_parameter("weight").shape[0])
+
+
+def check_vocab(tokenizer: PreTrainedTokenizerBase, model: "PreTrainedModel | PeftModel") -> None:
     """Fail when the tokenizer's ids reach past the model's embedding table."""
-    rows = model.get_input_embeddings().weight.shape[0]
+    rows = embedding_rows(model)
     if len(tokenizer) > rows:
         raise VocabMismatchError(
             f"tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; "

@@ -9,12 +9,13 @@ does, so training logprobs match the sampler's processed logprobs.
 
 import copy
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction, LossInputType
 from nemo_rl_core.algorithms.loss.utils import next_token_logprobs_from_logits, prepare_loss_input
@@ -34,6 +35,7 @@ from nemo_rl_core.models.policy.interfaces import (
 from nemo_rl_core.models.policy.lora import add_adapters, merged_model, save_lora_checkpoint
 from nemo_rl_core.models.policy.selected_logprobs import HeadSplits, selected_token_logprobs
 from nemo_rl_core.models.policy.utils import DTYPES
+from nemo_rl_core.utils.config import filled
 
 SINGLE_PROCESS_REFIT = (
     "this single-process policy has no collective group; refit a generation engine with "
@@ -59,7 +61,7 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         # NeMo RL keeps the *base* model as reference, even when resuming from a checkpoint.
         self.reference_model = _frozen_copy(base) if init_reference_model else None
         self.lora = config.dtensor_cfg.lora_cfg
-        model = base
+        model: PreTrainedModel | PeftModel = base
         if self.lora is not None and self.lora.enabled:
             model = add_adapters(base, self.lora, weights_path)
         elif weights_path is not None:
@@ -173,10 +175,13 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         self.check_inputs(data)
 
         def forwards() -> Iterator[tuple[torch.Tensor, Callable[[], Any]]]:
-            mbs = micro_batch_size or self.cfg.logprob_batch_size
+            mbs = micro_batch_size or filled(
+                self.cfg.logprob_batch_size, "policy.logprob_batch_size"
+            )
             for mb in data.make_microbatch_iterator(mbs):
                 layout = self.layout(mb, packed=False)
-                yield layout.attention_mask.bool(), lambda layout=layout: self.forward(layout)
+                assert layout.attention_mask is not None  # padded rows always carry one
+                yield layout.attention_mask.bool(), partial(self.forward, layout)
 
         with torch.no_grad():
             return calibrate_qkv_scales(self.model, forwards(), percentile, margin, include_q)

@@ -14,9 +14,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction
@@ -28,10 +29,14 @@ from nemo_rl_core.distributed.batched_data_dict import (
 )
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, packed_layout, padded_layout
-from nemo_rl_core.models.policy.hf_loading import check_vocab
+from nemo_rl_core.models.policy.hf_loading import check_vocab, embedding_rows
 from nemo_rl_core.models.policy.optim import build_optimizer, build_scheduler
 from nemo_rl_core.models.policy.utils import check_model_inputs
+from nemo_rl_core.utils.config import filled
 from nemo_rl_core.utils.timer import Timer
+
+if TYPE_CHECKING:  # peft loads only where LoRA is used
+    from peft import PeftModel
 
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
@@ -64,7 +69,7 @@ class HFTrainable(ABC):
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: "PreTrainedModel | PeftModel",
         tokenizer: PreTrainedTokenizerBase,
         config: TrainedModelConfig,
         init_optimizer: bool,
@@ -74,18 +79,21 @@ class HFTrainable(ABC):
         self.tokenizer = tokenizer
         self.cfg = config
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = model.to(self.device)
+        # transformers' @wraps(Module.to) types ``self`` as the first argument.
+        self.model = model.to(self.device)  # type: ignore[arg-type]
         if config.dtensor_cfg.activation_checkpointing:
             # Recomputes each layer's activations in backward: less memory, same gradients.
             # Non-reentrant, so layers whose inputs need no grad (frozen LoRA bases) still
             # give their adapters gradients.
             self.model.gradient_checkpointing_enable({"use_reentrant": False})
-        self.vocab_size = self._embedding_rows()
+        self.vocab_size = embedding_rows(self.model)
         self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.scheduler: LRScheduler | None = None
         if init_optimizer:
             trainable = [p for p in self.model.parameters() if p.requires_grad]
-            self.optimizer = build_optimizer(trainable, config.optimizer)
+            self.optimizer = build_optimizer(
+                trainable, filled(config.optimizer, "policy.optimizer")
+            )
             self.scheduler = build_scheduler(self.optimizer, config.scheduler)
         if optimizer_path is not None:
             self.load_optimizer(optimizer_path)
@@ -95,10 +103,6 @@ class HFTrainable(ABC):
         self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
     ) -> dict[str, torch.Tensor]:
         """Run the forward pass on ``layout`` and return the loss function's keyword inputs."""
-
-    def _embedding_rows(self) -> int:
-        embeddings = self.model.get_input_embeddings()
-        return int(embeddings.weight.shape[0])
 
     # ---- inputs and microbatches -------------------------------------------------------
 
@@ -144,26 +148,32 @@ class HFTrainable(ABC):
         packing, sorted within each global batch), and the order that undoes the sort."""
         dynamic, packing = self.cfg.dynamic_batching, self.cfg.sequence_packing
         if dynamic.enabled:
-            args = DynamicBatchingArgs(
-                max_tokens_per_microbatch=dynamic.train_mb_tokens
-                if train
-                else dynamic.logprob_mb_tokens,
+            dynamic_args = DynamicBatchingArgs(
+                max_tokens_per_microbatch=filled(
+                    dynamic.train_mb_tokens if train else dynamic.logprob_mb_tokens,
+                    "policy.dynamic_batching.*_mb_tokens",
+                ),
                 sequence_length_round=dynamic.sequence_length_round,
                 input_key="input_ids",
                 input_lengths_key="input_lengths",
             )
-            shards, order = data.shard_by_batch_size(1, batch_size, dynamic_batching_args=args)
+            shards, order = data.shard_by_batch_size(
+                1, batch_size, dynamic_batching_args=dynamic_args
+            )
         elif packing.enabled:
-            args = SequencePackingArgs(
-                max_tokens_per_microbatch=packing.train_mb_tokens
-                if train
-                else packing.logprob_mb_tokens,
+            packing_args = SequencePackingArgs(
+                max_tokens_per_microbatch=filled(
+                    packing.train_mb_tokens if train else packing.logprob_mb_tokens,
+                    "policy.sequence_packing.*_mb_tokens",
+                ),
                 input_key="input_ids",
                 input_lengths_key="input_lengths",
                 algorithm=packing.algorithm,
                 sequence_length_pad_multiple=self.cfg.make_sequence_length_divisible_by,
             )
-            shards, order = data.shard_by_batch_size(1, batch_size, sequence_packing_args=args)
+            shards, order = data.shard_by_batch_size(
+                1, batch_size, sequence_packing_args=packing_args
+            )
         else:
             return data, None
         return shards[0], order
@@ -197,11 +207,13 @@ class HFTrainable(ABC):
                     per_mb(self.layout(mb, self.cfg.sequence_packing.enabled)),
                     width - mb["input_ids"].shape[1],
                 )
-                for mb in self.microbatches(planned, mbs or self.cfg.logprob_batch_size)
+                for mb in self.microbatches(
+                    planned, mbs or filled(self.cfg.logprob_batch_size, "policy.logprob_batch_size")
+                )
             ]
         finally:
             model.train(was_training)
-        result = BatchedDataDict.from_batches(outputs)
+        result: BatchedDataDict[Any] = BatchedDataDict.from_batches(outputs)
         if order is not None:
             result.reorder_data(order)
         return result
@@ -235,8 +247,8 @@ class HFTrainable(ABC):
         self.check_inputs(data)
         if data.size % gbs:
             raise ValueError(f"train data has {data.size} samples, not a multiple of gbs={gbs}")
-        if not eval_mode and self.optimizer is None:
-            raise RuntimeError("this model was built with init_optimizer=False; it cannot train")
+        if not eval_mode:
+            self._optimizers("this model was built with init_optimizer=False; it cannot train")
         if "sample_mask" not in data:
             data = BatchedDataDict({**data, "sample_mask": torch.ones(data.size)})
         planned, _ = self.plan(data, gbs, train=True)
@@ -283,7 +295,7 @@ class HFTrainable(ABC):
                 grad_norms.append(self._clip_and_step(gb_idx))
             losses.append(gb_loss)
         if not eval_mode:
-            self.scheduler.step()
+            self._optimizers("no scheduler to step")[1].step()
         return {
             "loss": torch.tensor(losses),
             "grad_norm": torch.tensor(grad_norms),
@@ -311,8 +323,14 @@ class HFTrainable(ABC):
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if not math.isfinite(grad_norm):
             self._abort_step(f"gradient norm is {grad_norm} at global batch {gb_idx}")
-        self.optimizer.step()
+        self._optimizers("no optimizer to step")[0].step()
         return grad_norm
+
+    def _optimizers(self, why: str) -> tuple[torch.optim.Optimizer, LRScheduler]:
+        """The optimizer and its scheduler; both exist exactly with ``init_optimizer=True``."""
+        if self.optimizer is None or self.scheduler is None:
+            raise RuntimeError(why)
+        return self.optimizer, self.scheduler
 
     # ---- checkpoints ------------------------------------------------------------------
 
@@ -348,23 +366,23 @@ class HFTrainable(ABC):
 
     def save_optimizer(self, optimizer_path: str | Path) -> None:
         """Optimizer and scheduler state, so a resumed run continues bit-exactly."""
-        if self.optimizer is None:
-            raise RuntimeError("no optimizer to save (built with init_optimizer=False)")
+        optimizer, scheduler = self._optimizers(
+            "no optimizer to save (built with init_optimizer=False)"
+        )
         path = Path(optimizer_path)
         path.mkdir(parents=True, exist_ok=True)
-        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
-        torch.save(self.scheduler.state_dict(), path / SCHEDULER_FILE)
+        torch.save(optimizer.state_dict(), path / OPTIMIZER_FILE)
+        torch.save(scheduler.state_dict(), path / SCHEDULER_FILE)
 
     def load_optimizer(self, optimizer_path: str | Path) -> None:
         path = Path(optimizer_path)
-        if self.optimizer is None:
-            raise RuntimeError(
-                f"optimizer_path={path} was given with init_optimizer=False; pass one or the other"
-            )
+        optimizer, scheduler = self._optimizers(
+            f"optimizer_path={path} was given with init_optimizer=False; pass one or the other"
+        )
         for name in (OPTIMIZER_FILE, SCHEDULER_FILE):
             if not (path / name).is_file():
                 raise FileNotFoundError(f"optimizer checkpoint {path} has no {name}")
-        self.optimizer.load_state_dict(
+        optimizer.load_state_dict(
             torch.load(path / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
         )
-        self.scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=True))
+        scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=True))

@@ -1,6 +1,6 @@
 """Value models behind NeMo RL's ``ValueInterface``; ``make_value_model`` builds one."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,10 +27,15 @@ def make_value_model(
     ``config`` may be a plain dict, validated here."""
     if not isinstance(config, ValueConfig):
         config = validate_config(ValueConfig, dict(config), source="value config")
+    value_cls: Callable[..., ValueInterface]
     if config.training_backend == "megatron":
-        from nemo_rl_core.models.value.megatron_value import MegatronValue as value_cls
+        from nemo_rl_core.models.value.megatron_value import MegatronValue
+
+        value_cls = MegatronValue
     else:
-        from nemo_rl_core.models.value.hf_value import HFValue as value_cls
+        from nemo_rl_core.models.value.hf_value import HFValue
+
+        value_cls = HFValue
     return value_cls(
         config,
         tokenizer=tokenizer,

@@ -9,7 +9,7 @@ reproducible without a seed.
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel, PreTrainedTokenizerBase
@@ -18,6 +18,7 @@ from nemo_rl_core.algorithms.loss.interfaces import LossFunction
 from nemo_rl_core.algorithms.loss.utils import prepare_loss_input
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.generation.interfaces import GenerationDatumSpec
+from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout
 from nemo_rl_core.models.policy.hf_loading import load_pretrained, load_tokenizer
 from nemo_rl_core.models.policy.hf_trainer import HFTrainable
@@ -33,11 +34,13 @@ def load_value_model(path: str | Path, config: ValueConfig) -> PreTrainedModel:
     model = load_pretrained(
         AutoModelForTokenClassification, path, config, num_labels=1, classifier_dropout=0.0
     )
-    saved = json.loads((Path(model.name_or_path) / "config.json").read_text())
+    saved = json.loads((resolve_model(str(path)) / "config.json").read_text())
     if not any(arch.endswith(HEAD_SUFFIX) for arch in saved.get("architectures") or []):
-        torch.nn.init.zeros_(model.score.weight)
-        if model.score.bias is not None:
-            torch.nn.init.zeros_(model.score.bias)
+        # HF's *ForTokenClassification head is a Linear named ``score``.
+        score = cast(torch.nn.Linear, model.get_submodule("score"))
+        torch.nn.init.zeros_(score.weight)
+        if score.bias is not None:
+            torch.nn.init.zeros_(score.bias)
     return model
 
 

@@ -8,6 +8,7 @@ starting from a causal-LM checkpoint. ``values[:, t]`` reads the hidden state of
 """
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -47,5 +48,5 @@ class MegatronValue(MegatronDriver, ValueInterface):
         """``values [batch, seq]``; zero at position 0 and past each sample's length."""
         return BatchedDataDict({"values": torch.cat(self._gathered("get_values", data, None))})
 
-    def prepare_for_inference(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def prepare_for_inference(self, *args: Any, **kwargs: Any) -> None:
         """Ranks switch train/eval mode per call; nothing to move."""

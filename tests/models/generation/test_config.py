@@ -40,7 +40,7 @@ def test_nemo_rl_block_validates_unchanged() -> None:
     config = GenerationConfig.model_validate(NEMO_RL_GRPO_GENERATION)
     assert config.vllm_cfg.max_model_len == 512
     assert config.colocated.enabled
-    assert not config.top_k_enabled
+    assert config.top_k_filter is None
 
 
 def test_private_pad_token_key_is_accepted() -> None:
