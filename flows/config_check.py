@@ -28,7 +28,7 @@ from nemo_rl_core.utils.key_support import check_support
 
 
 def check_run_config(
-    config_class: type[BaseModel],
+    config_class: type[Any],
     config_path: str,
     overrides: list[str] | None,
     setup_for: Callable[[Any], DataSetup] = data_setup,
@@ -67,7 +67,9 @@ def trained_models(config: BaseModel) -> list[tuple[str, TrainedModelConfig]]:
 
 def check_model_files(section: str, model: TrainedModelConfig) -> None:
     """The model and its tokenizer resolve to local files (nothing is built or loaded)."""
-    named = [("model_name", model.model_name, check_model)]
+    named: list[tuple[str, str, Callable[[str], object]]] = [
+        ("model_name", model.model_name, check_model)
+    ]
     if model.tokenizer.name is not None:
         named.append(("tokenizer.name", model.tokenizer.name, check_tokenizer))
     for key, name, check in named:

@@ -237,9 +237,10 @@ def shards_in(upstream: Mapping[str, StageRef]) -> list[str]:
     return [name for name in upstream if name.startswith(SHARD_PREFIX)]
 
 
-def stage_task_for(config: Any, name: str, task: Task = stage) -> Task:
-    """The stage task with the stage's ``orchestration.stage_timeout_seconds`` (``name`` may
-    carry a refill round: ``reward.2`` has ``reward``'s timeout), or without a timeout."""
+def stage_task_for(config: Any, name: str, task: "Task[P, T]") -> "Task[P, T]":
+    """``task`` (a stage, or a shard of one) with the stage's
+    ``orchestration.stage_timeout_seconds`` (``name`` may carry a refill round: ``reward.2``
+    has ``reward``'s timeout), or without a timeout."""
     seconds = config.orchestration.stage_timeout_seconds.get(split_round(name)[0])
     return task if seconds is None else task.with_options(timeout_seconds=seconds)
 
@@ -258,4 +259,4 @@ def run_stage_tasks(
         ]
         wait(futures)
         upstream = {**upstream, **{shard_part(i, count): f.result() for i, f in enumerate(futures)}}
-    return stage_task_for(config, name)(run, iteration, name, upstream)
+    return stage_task_for(config, name, stage)(run, iteration, name, upstream)

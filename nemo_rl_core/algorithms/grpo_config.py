@@ -5,7 +5,7 @@ re-exports these names by NeMo RL's paths): the config check imports it without 
 
 from abc import abstractmethod
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Protocol, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -107,7 +107,15 @@ class RolloutLoopConfig(StrictConfig):
         return self
 
 
-def validation_due(loop: RolloutLoopConfig, step: int, final_step: int) -> bool:
+class ValidationSchedule(Protocol):
+    """NeMo RL's validation keys, which ``grpo:``, ``ppo:`` and ``sft:`` all carry."""
+
+    val_period: int
+    val_at_start: bool
+    val_at_end: bool
+
+
+def validation_due(loop: ValidationSchedule, step: int, final_step: int) -> bool:
     """Whether the weights after ``step`` updates are validated (NeMo RL's schedule:
     ``val_at_start`` for step 0, every ``val_period`` steps, ``val_at_end`` for the weights
     after the run's ``final_step``)."""
@@ -117,7 +125,7 @@ def validation_due(loop: RolloutLoopConfig, step: int, final_step: int) -> bool:
     return periodic or (loop.val_at_end and step == final_step)
 
 
-def validates(loop: RolloutLoopConfig) -> bool:
+def validates(loop: ValidationSchedule) -> bool:
     return loop.val_period > 0 or loop.val_at_start or loop.val_at_end
 
 

@@ -134,13 +134,13 @@ def generate_answers(
     try:
         for start in range(0, prompts.size, step):
             end = min(start + step, prompts.size)
-            chunk = BatchedDataDict(prompts.slice(start, end))
+            chunk: BatchedDataDict[Any] = BatchedDataDict(prompts.slice(start, end))
             done, metrics = generate_one_turn(generation, chunk, tokenizer, seeds[start:end])
             answered.append(done)
             tokens += metrics["total_generated_tokens"]
     finally:
         generation.finish_generation()
-    batch = BatchedDataDict.from_batches(answered)
+    batch: BatchedDataDict[Any] = BatchedDataDict.from_batches(answered)
     settings = config.generation
     greedy = settings.temperature == 0 or settings.top_k == 1  # the engines decode greedily
     batch["greedy"] = torch.full((batch.size,), greedy)

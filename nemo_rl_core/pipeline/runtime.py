@@ -264,7 +264,7 @@ def runtime_for(run: RunRef) -> RunRuntime:
                 f"run {run.run_id!r} under {run.storage_root} has no stored config.yaml"
             )
         pipeline = pipeline_for_config(stored)
-        config = pipeline.config_class.model_validate(stored)
+        config: Any = pipeline.config_class.model_validate(stored)
         model_dir = resolve_model(config.policy.model_name)
         _runtimes[run] = RunRuntime(run, pipeline, config, model_dir)
     return _runtimes[run]

@@ -6,6 +6,7 @@ PPO differ, they declare different functions.
 """
 
 import time
+from typing import Any
 
 from nemo_rl_core.algorithms import grpo, ppo, sft
 from nemo_rl_core.algorithms.loss import NLLLossFn
@@ -75,7 +76,7 @@ def reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResul
     """The scored slices joined in order; then what needs the whole batch: the metrics,
     scaling and shaping, filtering, dynamic sampling's selection."""
     config = ctx.config
-    scored = BatchedDataDict.from_batches(shards)
+    scored: BatchedDataDict[Any] = BatchedDataDict.from_batches(shards)
     metrics = grpo.reward_metrics(scored, config)
     scored, processing = grpo.process_rewards(scored, config)
     metrics |= processing

@@ -79,7 +79,7 @@ class DataSetup:
         self.puzzle_counts = {**DEFAULT_COUNTS, **(puzzle_counts or {})}
         self.max_seq_length = max_seq_length  # when data.max_input_seq_length is null
         self.default_processor = default_processor
-        self.sft_options = dict(sft_options or {})
+        self.sft_options: dict[str, Any] = dict(sft_options or {})
 
     def puzzle_settings(self) -> dict[str, Any]:
         entry = self.env.get(PUZZLE_ENV) or {}
