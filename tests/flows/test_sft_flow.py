@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from flows.config_check import check_run_config
 from flows.rerun_stage import rerun_stage
-from flows.run_setup import check_run_config
 from flows.sft import sft
 from nemo_rl_core.data.datasets.local_files import DatasetRowError
 from nemo_rl_core.pipeline.algorithms import SFT
+from nemo_rl_core.pipeline.spec import declared
 from tasks.stage import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
@@ -101,16 +102,20 @@ def test_rerun_of_one_stage_is_bit_identical(uninterrupted):
 def test_bad_data_is_refused_before_any_work(tmp_path):
     missing = tmp_path / "absent.jsonl"
     with pytest.raises(FileNotFoundError, match=f"dataset path {missing} does not exist"):
-        check_run_config(SFT, str(CONFIG), [f"++data.train.data_path={missing}", *_local()])
+        check_sft_config([f"++data.train.data_path={missing}", *_local()])
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"question": "1 + 1?", "answer": "2"}\n{"question": "2 + 2?"}\n')
     keys = ["++data.train.input_key=question", "++data.train.output_key=answer"]
     with pytest.raises(DatasetRowError, match=r"rows.jsonl: row 1 has no column 'answer'"):
-        check_run_config(SFT, str(CONFIG), [f"++data.train.data_path={rows}", *_local(), *keys])
+        check_sft_config([f"++data.train.data_path={rows}", *_local(), *keys])
     chat = tmp_path / "chat.jsonl"
     chat.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
     with pytest.raises(DatasetRowError, match=r"chat.jsonl: row 0: 'messages' has no assistant"):
-        check_run_config(SFT, str(CONFIG), [f"++data.train.data_path={chat}", *_local()])
+        check_sft_config([f"++data.train.data_path={chat}", *_local()])
+
+
+def check_sft_config(overrides: list[str]) -> None:
+    check_run_config(SFT.config_class, str(CONFIG), overrides, declared(SFT, "data_setup"))
 
 
 def _local() -> list[str]:
