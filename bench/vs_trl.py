@@ -25,17 +25,27 @@ projects only the trained tokens through the LM head, and commits a checkpoint p
 TRL generates with ``transformers.generate`` (its CPU path: vLLM is not in its venv) and
 pads its micro batches to the batch's longest completion.
 
+Reward over seeds: ``--seeds`` runs both sides once per ``grpo.seed`` (our sampler and
+prompt order; TRL's seed), each side on that seed's prompts, and prints the reward of the
+first vs the last ``--window`` steps (the rise and its standard error, per seed too), each
+step's mean +- std over the seeds, and plots the mean with a +- std band.
+
 Run:   .venv/bin/python bench/vs_trl.py            (tiny Llama and SmolLM2-135M-Instruct)
+Seeds: .venv/bin/python bench/vs_trl.py --models smollm2-135m-instruct --dataset addition \
+           --prompts 8 --tokens 32 --steps 12 --lr 5e-5 --seeds 1 2 3 --concurrent
 Smoke: .venv/bin/python bench/vs_trl.py --smoke    (tiny Llama, 2 steps each)
+       (``--without-trl``: our side only, e.g. where TRL's venv cannot be built)
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from common import (
@@ -63,12 +73,23 @@ ON_POLICY_OVERRIDES = [
 # Ours, not TRL's: microbatches cut by a token budget over the length-sorted batch (NeMo RL's
 # dynamic batching) instead of 8 samples padded to the longest; the same optimizer step.
 OUR_MACHINERY = ["policy.dynamic_batching.enabled=true"]
+OURS, TRL = "ours (Prefect flow)", "TRL GRPOTrainer"  # the sides' names in curves and plots
 # Steps in the plotted trailing mean of the reward (drawn once a run has twice as many).
 SMOOTHING = 5
 # model -> (config it ships with, learning rate used on both sides)
 MODELS = {
     "tiny-llama": ("examples/configs/grpo_math_tiny.yaml", 5e-4),
     "smollm2-135m-instruct": ("examples/configs/grpo_math_smollm2.yaml", 1e-5),
+}
+# --dataset -> overrides: the configs' arithmetic word problems (their CoT prompt file), or
+# the two-digit additions, whose questions state the answer format themselves.
+DATASETS = {
+    "arithmetic": [],
+    "addition": [
+        "data.train.dataset_name=addition",
+        "data.validation.dataset_name=addition",
+        "data.default.prompt_file=null",
+    ],
 }
 
 
@@ -84,18 +105,22 @@ def ensure_trl_venv() -> Path:
     return python
 
 
-def shared_settings(model: str, prompts: int, generations: int, steps: int, tokens: int) -> dict:
-    """Our config (validated) and the same settings as TRL needs them."""
+def shared_settings(model: str, args: argparse.Namespace, seed: int | None) -> dict:
+    """Our config (validated) and the same settings as TRL needs them; ``seed`` sets
+    ``grpo.seed`` (our sampler and data order, TRL's seed), None keeps the config's."""
     from nemo_rl_core.algorithms.grpo import load_master_config
     from nemo_rl_core.utils.config import load_config_with_overrides
 
-    config_path, lr = MODELS[model]
+    config_path, default_lr = MODELS[model]
+    lr = args.lr or default_lr
     overrides = (
-        batch_overrides(prompts, generations, steps)
+        batch_overrides(args.prompts, args.generations, args.steps)
         + ON_POLICY_OVERRIDES
         + OUR_MACHINERY
+        + DATASETS[args.dataset]
+        + ([] if seed is None else [f"grpo.seed={seed}"])
         + [
-            f"policy.generation.max_new_tokens={tokens}",
+            f"policy.generation.max_new_tokens={args.tokens}",
             f"policy.optimizer.kwargs.lr={lr:.1e}",  # 1e-05 would read as a YAML string
         ]
     )
@@ -105,17 +130,17 @@ def shared_settings(model: str, prompts: int, generations: int, steps: int, toke
     longest_prompt = load_config_with_overrides(config_path, overrides)["data"][
         "max_input_seq_length"
     ]
-    overrides.append(f"policy.max_total_sequence_length={longest_prompt + tokens}")
+    overrides.append(f"policy.max_total_sequence_length={longest_prompt + args.tokens}")
     config = load_master_config(config_path, overrides)
     optimizer = config.policy.optimizer.kwargs
     return {
         "config_path": config_path,
         "overrides": overrides,
         "model_dir": "",
-        "prompts": prompts,
-        "generations": generations,
-        "steps": steps,
-        "max_completion_length": tokens,
+        "prompts": args.prompts,
+        "generations": args.generations,
+        "steps": args.steps,
+        "max_completion_length": args.tokens,
         "lr": lr,
         "weight_decay": optimizer.get("weight_decay", 0.0),
         "betas": list(optimizer.get("betas", (0.9, 0.999))),
@@ -127,7 +152,7 @@ def shared_settings(model: str, prompts: int, generations: int, steps: int, toke
         "temperature": config.policy.generation.temperature,
         "top_p": config.policy.generation.top_p,
         "seed": config.grpo.seed,
-        "rows": prompt_rows(config, steps),
+        "rows": prompt_rows(config, args.steps),
     }
 
 
@@ -160,14 +185,21 @@ def prompt_rows(config, steps: int) -> list[dict]:
     return rows
 
 
-def run_trl(python: Path, settings: dict, workdir: Path) -> dict:
-    """Run TRL in its venv; returns its per-step end times and rewards."""
+def start_trl(python: Path, settings: dict, workdir: Path) -> Callable[[], dict]:
+    """Start TRL in its venv; the function returned waits for it and returns its per-step
+    end times and rewards."""
     spec = workdir / "trl_spec.json"
     out = workdir / "trl_result.json"
     spec.write_text(json.dumps({**settings, "output": str(out), "workdir": str(workdir)}))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    subprocess.run([str(python), __file__, "--trl-worker", str(spec)], check=True, env=env)
-    return json.loads(out.read_text())
+    worker = subprocess.Popen([str(python), __file__, "--trl-worker", str(spec)], env=env)
+
+    def result() -> dict:
+        if worker.wait():
+            raise subprocess.CalledProcessError(worker.returncode, worker.args)
+        return json.loads(out.read_text())
+
+    return result
 
 
 def trl_worker(spec_path: str) -> None:
@@ -266,7 +298,12 @@ def trl_worker(spec_path: str) -> None:
     Path(spec["output"]).write_text(json.dumps(result))
 
 
-def plot_rewards(curves: dict[str, dict[str, list[float]]], path: Path) -> None:
+Curves = dict[str, dict[str, list[list[float]]]]  # model -> side -> one curve per seed
+
+
+def plot_rewards(curves: Curves, path: Path) -> None:
+    """Per side: the mean over seeds with a band of +- one std over seeds; a single seed's
+    points with their trailing mean once the run is long enough to show a trend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -274,13 +311,22 @@ def plot_rewards(curves: dict[str, dict[str, list[float]]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.8), squeeze=False)
     for ax, (model, sides) in zip(axes[0], curves.items(), strict=True):
-        for side, rewards in sides.items():
-            steps = range(1, len(rewards) + 1)
-            (line,) = ax.plot(steps, rewards, marker="o", alpha=0.5, label=side)
-            if len(rewards) >= 2 * SMOOTHING:  # one step's mean is noisy: show the trend too
+        for side, runs in sides.items():
+            spread = step_spread(runs)
+            means = [mean for mean, _ in spread]
+            steps = range(1, len(means) + 1)
+            if len(runs) > 1:
+                label = f"{side} (mean of {len(runs)} seeds +- std)"
+                (line,) = ax.plot(steps, means, marker="o", label=label)
+                low = [mean - std for mean, std in spread]
+                high = [mean + std for mean, std in spread]
+                ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+                continue
+            (line,) = ax.plot(steps, means, marker="o", alpha=0.5, label=side)
+            if len(means) >= 2 * SMOOTHING:  # one step's mean is noisy: show the trend too
                 trend = [
-                    sum(rewards[max(0, i + 1 - SMOOTHING) : i + 1]) / min(i + 1, SMOOTHING)
-                    for i in range(len(rewards))
+                    statistics.mean(means[max(0, i + 1 - SMOOTHING) : i + 1])
+                    for i in range(len(means))
                 ]
                 ax.plot(steps, trend, color=line.get_color(), linestyle="--")
         ax.set(title=model, xlabel="optimizer step", ylabel="mean reward of the step's batch")
@@ -290,74 +336,145 @@ def plot_rewards(curves: dict[str, dict[str, list[float]]], path: Path) -> None:
     print(f"plot: {path}")
 
 
-def late_reward(rewards: list[float]) -> tuple[float, float, int]:
-    """Mean reward over the second half of the steps, its standard error over those steps'
-    means, and the first step counted: one step's mean is too noisy to compare sides by."""
-    late = rewards[len(rewards) // 2 :]
-    mean = sum(late) / len(late)
-    if len(late) < 2:
-        return mean, float("nan"), len(rewards)
-    variance = sum((r - mean) ** 2 for r in late) / (len(late) - 1)
-    return mean, (variance / len(late)) ** 0.5, len(rewards) - len(late) + 1
+def step_spread(runs: list[list[float]]) -> list[tuple[float, float]]:
+    """Per step: mean and standard deviation over the seeds' runs (nan for one seed)."""
+    return [
+        (statistics.mean(step), statistics.stdev(step) if len(step) > 1 else float("nan"))
+        for step in zip(*runs, strict=True)
+    ]
 
 
-def late_reward_lines(curves: dict[str, dict[str, list[float]]]) -> list[str]:
-    """One line per model: each side's ``late_reward``."""
-    lines = []
+def reward_rise(runs: list[list[float]], window: int) -> tuple[float, float, float, float]:
+    """Mean step reward over the first and the last ``window`` steps of every seed, their
+    difference, and its standard error (from the spread of the step means in each window:
+    one step's mean is too noisy to compare by)."""
+    first = [r for run in runs for r in run[:window]]
+    last = [r for run in runs for r in run[-window:]]
+    if len(first) < 2:
+        return first[0], last[0], last[0] - first[0], float("nan")
+    se = (statistics.variance(first) / len(first) + statistics.variance(last) / len(last)) ** 0.5
+    return (
+        statistics.mean(first),
+        statistics.mean(last),
+        statistics.mean(last) - statistics.mean(first),
+        se,
+    )
+
+
+def reward_rise_lines(curves: Curves, window: int) -> list[str]:
+    """One line per model and side: ``reward_rise``, each seed's own rise, and their mean
+    +- its standard error over the seeds (the seeds are the independent repeats)."""
+    lines = [
+        f"reward, first {window} vs last {window} steps (all seeds' step means; the rise +- its"
+        " standard error; each seed's rise, their mean +- standard error over seeds)"
+    ]
     for model, sides in curves.items():
-        cells = []
-        for side, rewards in sides.items():
-            mean, se, first = late_reward(rewards)
-            cells.append(f"{side} {mean:.3f} +- {se:.3f} (steps {first}-{len(rewards)})")
-        lines.append(f"{model:<24}mean reward, second half: " + "; ".join(cells))
+        for side, runs in sides.items():
+            first, last, rise, se = reward_rise(runs, window)
+            rises = [reward_rise([run], window)[2] for run in runs]
+            over_seeds = (
+                statistics.stdev(rises) / len(rises) ** 0.5 if len(rises) > 1 else float("nan")
+            )
+            lines.append(
+                f"{model:<24}{side:<20} {first:.3f} -> {last:.3f}: {rise:+.3f} +- {se:.3f}"
+                f"; per seed [{', '.join(f'{r:+.3f}' for r in rises)}]"
+                f" {statistics.mean(rises):+.3f} +- {over_seeds:.3f}"
+            )
     return lines
 
 
-def rounded_curves(curves: dict[str, dict[str, list[float]]], digits: int) -> str:
-    """``{model: {side: [per step]}}`` as one JSON line, values rounded."""
+def step_table(curves: Curves) -> list[str]:
+    """A markdown table per model: each step's mean reward +- std over the seeds, per side."""
+    lines = []
+    for model, sides in curves.items():
+        names = list(sides)
+        lines += [
+            f"{model}: mean reward per step +- std over seeds",
+            "| step | " + " | ".join(names) + " |",
+        ]
+        lines.append("|---" * (len(names) + 1) + "|")
+        spreads = [step_spread(runs) for runs in sides.values()]
+        for step, cells in enumerate(zip(*spreads, strict=True), start=1):
+            row = " | ".join(f"{mean:.3f} +- {std:.3f}" for mean, std in cells)
+            lines.append(f"| {step} | {row} |")
+    return lines
+
+
+def rounded_curves(curves: Curves, digits: int) -> str:
+    """``{model: {side: [[per step] per seed]}}`` as one JSON line, values rounded."""
     return json.dumps(
         {
-            m: {side: [round(v, digits) for v in c] for side, c in sides.items()}
+            m: {
+                side: [[round(v, digits) for v in run] for run in runs]
+                for side, runs in sides.items()
+            }
             for m, sides in curves.items()
         }
     )
 
 
-def compare(model: str, python: Path, args: argparse.Namespace, workdir: Path) -> dict:
+def compare(
+    model: str, seed: int | None, python: Path | None, args: argparse.Namespace, workdir: Path
+) -> dict:
     """Seconds per step (median, first step left out) of both sides, of each of our stages
-    (wall: from the previous stage's commit to its own), and both reward curves."""
+    (wall: from the previous stage's commit to its own), and both reward curves. With
+    ``args.concurrent`` TRL runs beside our flow (the seconds then count each other's load);
+    without TRL's ``python``, our side alone (``trl`` None)."""
     from nemo_rl_core.models.local_models import resolve_model
 
-    settings = shared_settings(model, args.prompts, args.generations, args.steps, args.tokens)
+    settings = shared_settings(model, args, seed)
     settings["model_dir"] = str(resolve_model(model))
     overrides = settings["overrides"] + (SMOKE_OVERRIDES if args.smoke else [])
     storage_root = f"file://{workdir}/store"
+    trl_result = start_trl(python, settings, workdir) if python and args.concurrent else None
     ours_times, ours_curves = flow_run(settings["config_path"], overrides, args.steps, storage_root)
-    trl = run_trl(python, settings, workdir)
-    trl_times = [b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]
-    return {
+    result = {
         "ours": median([t["total"] for t in ours_times]),
         "ours_stages": {s: median([t[s] for t in ours_times]) for s in every_iteration_stages()},
         "ours_update": median([t["update"] for t in ours_times]),
         "ours_tokens": median(ours_curves["response_tokens"][1:]),
-        "trl_tokens": median(trl["response_tokens"][1:]),
-        "trl": median(trl_times),
-        "trl_generation": median(trl["generation"][1:]),
-        "rewards": {
-            "ours (Prefect flow)": ours_curves["reward"],
-            "TRL GRPOTrainer": trl["rewards"],
-        },
-        "response_tokens": {
-            "ours (Prefect flow)": ours_curves["response_tokens"],
-            "TRL GRPOTrainer": trl["response_tokens"],
-        },
+        "trl": None,
+        "rewards": {OURS: ours_curves["reward"]},
+        "response_tokens": {OURS: ours_curves["response_tokens"]},
     }
+    if python is None:
+        return result
+    trl = (trl_result or start_trl(python, settings, workdir))()
+    result["trl"] = {
+        "step": median([b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]),
+        "generation": median(trl["generation"][1:]),
+        "tokens": median(trl["response_tokens"][1:]),
+    }
+    result["rewards"][TRL] = trl["rewards"]
+    result["response_tokens"][TRL] = trl["response_tokens"]
+    return result
 
 
-def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--trl-worker":
-        trl_worker(sys.argv[2])
-        return
+def speed_lines(label: str, result: dict) -> tuple[str, str, str]:
+    """``compare``'s seconds as the table's row, our stages' row and the split row."""
+    trl = result["trl"]
+    last = {side: round(r[-1], 3) for side, r in result["rewards"].items()}
+    cells = (
+        f"{trl['step']:>12.2f}{trl['step'] / result['ours']:>10.2f}"
+        if trl
+        else f"{'-':>12}{'-':>10}"
+    )
+    row = f"{label:<30}{result['ours']:>12.2f}{cells}  last step {last}"
+    stages = f"{label:<30}" + " ".join(f"{s} {t:.2f}" for s, t in result["ours_stages"].items())
+    split = (
+        f"{label:<30}ours: update {result['ours_update']:.2f} (rest of the train stage:"
+        f" {result['ours_stages']['train'] - result['ours_update']:.2f})"
+    )
+    if trl:
+        split += (
+            f"; TRL: generate+reward {trl['generation']:.2f}, rest"
+            f" {trl['step'] - trl['generation']:.2f}; response tokens: ours"
+            f" {result['ours_tokens']:.1f}, TRL {trl['tokens']:.1f}"
+        )
+    return row, stages, split
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny model, 2 steps, batch 2x2")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -365,56 +482,99 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=4, help="generations per prompt")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps (first: warm-up)")
     parser.add_argument("--tokens", type=int, default=32, help="max completion length")
+    parser.add_argument("--dataset", default="arithmetic", choices=list(DATASETS))
+    parser.add_argument("--lr", type=float, help="learning rate of both sides (default: per model)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="grpo.seed of each run pair")
+    parser.add_argument("--window", type=int, help="steps compared first vs last (steps // 3)")
+    parser.add_argument(
+        "--concurrent", action="store_true", help="run TRL beside our flow, not after it"
+    )
+    parser.add_argument("--without-trl", action="store_true", help="our side only")
+    parser.add_argument(
+        "--summarize", type=Path, help="a run's kept curves (.json): print and plot them only"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.models, args.prompts, args.generations, args.steps = ["tiny-llama"], 2, 2, 2
         args.tokens = 8
+    if args.window is not None and not args.summarize and not 1 <= args.window <= args.steps:
+        parser.error(f"--window must be between 1 and --steps ({args.steps}), got {args.window}")
+    return args
+
+
+def plot_name(args: argparse.Namespace) -> str:
+    """The run's plot file name (its curves are kept beside it as ``.json``)."""
+    shape = f"{args.prompts}x{args.generations}_{args.tokens}tok_{args.steps}steps"
+    if args.dataset != "arithmetic":
+        shape += f"_{args.dataset}"
+    if args.seeds and len(args.seeds) > 1:
+        shape += f"_{len(args.seeds)}seeds"
+    if args.models != list(MODELS):  # a run of one model keeps the other's plot
+        shape += "_" + "_".join(args.models)
+    return f"vs_trl_rewards_{shape}.png"
+
+
+def summarize(curves: dict, window: int | None, png: Path) -> str:
+    """The reward summary of ``{"seeds", "rewards", "response_tokens"}`` (curves per seed),
+    first vs last ``window`` steps (default: a third of the steps); plots the rewards to
+    ``png``."""
+    rewards, seeds = curves["rewards"], curves["seeds"]
+    steps = min(len(run) for sides in rewards.values() for runs in sides.values() for run in runs)
+    window = window or max(1, steps // 3)
+    plot_rewards(rewards, png)
+    return "\n".join(
+        reward_rise_lines(rewards, window)
+        + (step_table(rewards) if len(seeds) > 1 else [])
+        + [
+            f"reward per step (per seed {seeds}): {rounded_curves(rewards, 3)}",
+            f"mean response tokens per step: {rounded_curves(curves['response_tokens'], 1)}",
+        ]
+    )
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--trl-worker":
+        trl_worker(sys.argv[2])
+        return
+    args = parse_args()
+    if args.summarize:  # the curves of a run that ended early, or an earlier one's
+        curves = json.loads(args.summarize.read_text())
+        print(summarize(curves, args.window, args.summarize.with_suffix(".png")))
+        return
+    seeds = args.seeds or [None]
     print(machine_line(), flush=True)
-    python = ensure_trl_venv()
-    lines = [f"{'model':<24}{'ours s/step':>12}{'TRL s/step':>12}{'TRL/ours':>10}  rewards"]
-    curves, lengths = {}, {}
+    python = None if args.without_trl else ensure_trl_venv()
+    lines = [f"{'model, seed':<30}{'ours s/step':>12}{'TRL s/step':>12}{'TRL/ours':>10}  rewards"]
+    curves: dict = {"seeds": [], "rewards": {}, "response_tokens": {}}
     stage_lines = ["ours per stage, s (median wall time, commit to commit):"]
     split_lines = [
         "split, s (medians): our policy update inside the train stage (the stage's rest:"
         " checkpoint commit, batch read); TRL's generate+reward call; mean response tokens"
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        for model in args.models:
-            workdir = Path(tmp) / model
-            workdir.mkdir()
-            result = compare(model, python, args, workdir)
-            curves[model] = result["rewards"]
-            lengths[model] = result["response_tokens"]
-            last = {side: round(r[-1], 3) for side, r in result["rewards"].items()}
-            lines.append(
-                f"{model:<24}{result['ours']:>12.2f}{result['trl']:>12.2f}"
-                f"{result['trl'] / result['ours']:>10.2f}  last step {last}"
-            )
-            print(lines[-1], flush=True)
-            stage_lines.append(
-                f"{model:<24}" + " ".join(f"{s} {t:.2f}" for s, t in result["ours_stages"].items())
-            )
-            split_lines.append(
-                f"{model:<24}ours: update {result['ours_update']:.2f} (rest of the train stage:"
-                f" {result['ours_stages']['train'] - result['ours_update']:.2f});"
-                f" TRL: generate+reward {result['trl_generation']:.2f}, rest"
-                f" {result['trl'] - result['trl_generation']:.2f}; response tokens: ours"
-                f" {result['ours_tokens']:.1f}, TRL {result['trl_tokens']:.1f}"
-            )
-        shape = f"{args.prompts}x{args.generations}_{args.tokens}tok_{args.steps}steps"
-        if args.models != list(MODELS):  # a run of one model keeps the other's plot
-            shape += "_" + "_".join(args.models)
-        png = (Path(tmp) if args.smoke else PLOTS) / f"vs_trl_rewards_{shape}.png"
+        png = (Path(tmp) if args.smoke else PLOTS) / plot_name(args)
         PLOTS.mkdir(exist_ok=True)
-        plot_rewards(curves, png)
+        for model, seed in [(m, s) for m in args.models for s in seeds]:
+            label = model if seed is None else f"{model} {seed}"
+            workdir = Path(tmp) / label.replace(" ", "_")
+            workdir.mkdir()
+            result = compare(model, seed, python, args, workdir)
+            if seed not in curves["seeds"]:
+                curves["seeds"].append(seed)
+            for key in ("rewards", "response_tokens"):
+                for side, curve in result[key].items():
+                    curves[key].setdefault(model, {}).setdefault(side, []).append(curve)
+            # Kept after each seed: a run stopped early is summarized with --summarize.
+            png.with_suffix(".json").write_text(json.dumps(curves))
+            row, stages, split = speed_lines(label, result)
+            lines.append(row)
+            stage_lines.append(stages)
+            split_lines.append(split)
+            print(row, flush=True)
+        per_step = summarize(curves, args.window, png)
     print("\n".join(stage_lines + split_lines))
-    table = "\n".join(lines + stage_lines + split_lines)
-    per_step = (
-        "\n".join(late_reward_lines(curves)) + "\n"
-        f"reward per step: {rounded_curves(curves, 3)}\n"
-        f"mean response tokens per step: {rounded_curves(lengths, 1)}"
-    )
     print(per_step)
+    table = "\n".join(lines + stage_lines + split_lines)
     record(
         "TRL GRPOTrainer vs our GRPO flow, seconds per optimizer step (issue 8)",
         f"{table}\n{per_step}\nplot: bench/plots/{png.name}",

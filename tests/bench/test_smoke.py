@@ -15,10 +15,10 @@ TRL_VENV_PYTHON = REPO / ".bench-venvs" / "trl" / "bin" / "python"
 RATIO = r"\d+\.\d+"
 
 
-def run_bench_smoke(script: str) -> str:
+def run_bench_smoke(script: str, *args: str) -> str:
     """The script's ``--smoke`` output; fails with its tail when the script fails."""
     result = subprocess.run(
-        [sys.executable, f"bench/{script}", "--smoke"],
+        [sys.executable, f"bench/{script}", "--smoke", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -28,9 +28,9 @@ def run_bench_smoke(script: str) -> str:
     return result.stdout
 
 
-def run_smoke(script: str) -> str:
+def run_smoke(script: str, *args: str) -> str:
     """An issue-8 script's smoke output, which says that it recorded nothing."""
-    out = run_bench_smoke(script)
+    out = run_bench_smoke(script, *args)
     assert "not recorded in bench/RESULTS.md" in out
     return out
 
@@ -63,13 +63,19 @@ def test_roofline_smoke() -> None:
     assert re.search(r"logprob stage\s.*\d\.\d%\s+\d+%", out)
 
 
-@pytest.mark.skipif(
-    not TRL_VENV_PYTHON.exists() and not os.environ.get("CI"),
-    reason="TRL's venv is not built (`make bench-venvs`; CI builds it, so CI never skips this)",
-)
 def test_vs_trl_smoke() -> None:
-    out = run_smoke("vs_trl.py")
-    assert re.search(r"tiny-llama\s+\d+\.\d\d\s+\d+\.\d\d\s+\d+\.\d\d", out)
+    """Two seeds at the smallest size: the speed rows, each side's reward rise with its
+    standard error and per-seed rises, and the per-step table over seeds. Where TRL's venv
+    is not built (`make bench-venvs`; CI builds it, so CI always runs TRL), our side alone."""
+    with_trl = TRL_VENV_PYTHON.exists() or bool(os.environ.get("CI"))
+    out = run_smoke("vs_trl.py", "--seeds", "1", "2", *([] if with_trl else ["--without-trl"]))
+    trl_cells = r"\d+\.\d\d\s+\d+\.\d\d" if with_trl else r"-\s+-"
+    for seed in (1, 2):
+        assert re.search(rf"^tiny-llama {seed}\s+\d+\.\d\d\s+{trl_cells}\s", out, re.MULTILINE)
+    rise = r"\d\.\d{3} -> \d\.\d{3}: [-+]\d\.\d{3} \+- \d\.\d{3}; per seed \[[-+]\d\.\d{3}, [-+]\d\.\d{3}\]"
+    for side in ["ours \\(Prefect flow\\)"] + (["TRL GRPOTrainer"] if with_trl else []):
+        assert re.search(rf"^tiny-llama\s+{side}\s+{rise}", out, re.MULTILINE), out[-3000:]
+    assert re.search(r"^\| 2 \| \d\.\d{3} \+- \d\.\d{3} \|", out, re.MULTILINE)
 
 
 @pytest.mark.parametrize(
