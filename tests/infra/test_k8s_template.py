@@ -36,6 +36,13 @@ def rendered(stage: str) -> dict:
     return apply_values(TEMPLATE["job_configuration"], values)["job_manifest"]
 
 
+def check_job_variables(variables: dict) -> None:
+    """Prefect's check of a deployment's job variables against the pool's schema."""
+    validate(
+        variables, TEMPLATE["variables"], raise_on_error=True, preprocess=True, ignore_required=True
+    )
+
+
 def test_prefect_accepts_the_template_as_a_kubernetes_pool() -> None:
     pool = WorkPoolCreate(name="k8s-gpu", type="kubernetes", base_job_template=TEMPLATE)
     assert pool.base_job_template == TEMPLATE
@@ -45,13 +52,7 @@ def test_every_stage_has_job_variables_valid_for_the_pool() -> None:
     stages = {stage.name for pipeline in (GRPO, PPO) for stage in pipeline.stages}
     assert set(STAGE_VARIABLES) == stages
     for variables in STAGE_VARIABLES.values():
-        validate(
-            variables,
-            TEMPLATE["variables"],
-            raise_on_error=True,
-            preprocess=True,
-            ignore_required=True,
-        )
+        check_job_variables(variables)
 
 
 @pytest.mark.parametrize(
@@ -59,13 +60,7 @@ def test_every_stage_has_job_variables_valid_for_the_pool() -> None:
 )
 def test_prefect_refuses_bad_job_variables(variables: dict) -> None:
     with pytest.raises(ValidationError):
-        validate(
-            variables,
-            TEMPLATE["variables"],
-            raise_on_error=True,
-            preprocess=True,
-            ignore_required=True,
-        )
+        check_job_variables(variables)
 
 
 @pytest.mark.parametrize("stage,gpus", [("generate", 8), ("train", 8), ("reward", 0)])
