@@ -110,7 +110,7 @@ DatasetsConfig = list[DatasetConfig]  # one dataset (a mapping in YAML) or a lis
 INPUT_FILE_KEYS = ("data_path", "prompt_file", "system_prompt_file")
 
 
-def _input_file(written: str | None, config_dir: Path) -> str | None:
+def input_file(written: str | None, config_dir: Path) -> str | None:
     """A relative input file from the config file's directory (as ``defaults:`` resolve), or
     from the working directory where only that holds it (NeMo RL's own configs name files
     from its repository root); as written when neither does, so an error shows it so."""
@@ -195,7 +195,7 @@ class DataConfig(BaseModel):
         def resolved(dataset: DatasetConfig | None) -> DatasetConfig | None:
             if dataset is None:
                 return None
-            files = {key: _input_file(getattr(dataset, key), config_dir) for key in INPUT_FILE_KEYS}
+            files = {key: input_file(getattr(dataset, key), config_dir) for key in INPUT_FILE_KEYS}
             return dataset.model_copy(update=files)
 
         return self.model_copy(

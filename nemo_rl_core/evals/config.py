@@ -13,7 +13,7 @@ from typing import Annotated, Any, Self
 from pydantic import Field, model_validator
 
 from nemo_rl_core.algorithms.config import StrictConfig
-from nemo_rl_core.data.config import BUILTIN_DATASETS
+from nemo_rl_core.data.config import BUILTIN_DATASETS, input_file
 from nemo_rl_core.data.datasets.builder import SPLITS
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.utils import check_env_config
@@ -111,6 +111,9 @@ class EvalGenerationConfig(GenerationConfig):
         return self
 
 
+_PROMPT_FILES = ("prompt_file", "system_prompt_file")
+
+
 class EvalDataConfig(StrictConfig):
     """``data:`` of an eval config (NeMo RL's keys): a built-in generator's held-out rows,
     or a local file whose ``problem_key`` and ``solution_key`` columns every row must hold."""
@@ -139,6 +142,14 @@ class EvalDataConfig(StrictConfig):
     # Not in NeMo RL: how many rows a built-in generator draws, from which seed.
     num_samples: Annotated[int | None, Wired(f"{_EVAL}:eval_rows")] = Field(None, ge=1)
     seed: Annotated[int, Wired(f"{_EVAL}:eval_rows")] = 42
+
+    def with_files_from(self, config_dir: Path) -> "EvalDataConfig":
+        """Relative prompt files, and a dataset given as a file path, made absolute from
+        ``config_dir`` (as a training config's ``data:``): the config runs from anywhere."""
+        files = {key: input_file(getattr(self, key), config_dir) for key in _PROMPT_FILES}
+        if Path(self.dataset_name).suffix or "/" in self.dataset_name:
+            files["dataset_name"] = input_file(self.dataset_name, config_dir)
+        return self.model_copy(update=files)
 
     @model_validator(mode="after")
     def _format_matches_the_file(self) -> Self:

@@ -10,6 +10,7 @@ reads the same stored inputs and writes the same bytes:
 """
 
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -170,6 +171,8 @@ def check_eval_config(config_path: str, overrides: list[str] | None = None) -> E
     config = validate_config(
         EvalMasterConfig, load_config_with_overrides(config_path, overrides), source=source
     )
+    data = config.data.with_files_from(Path(config_path).resolve().parent)
+    config = config.model_copy(update={"data": data})
     check_support(config, source=source)
     for key, name in (
         ("generation.model_name", config.generation.model_name),
