@@ -7,7 +7,9 @@ so its ``?tab=`` is dropped and a tab must be clicked like a person would.
 
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -25,7 +27,8 @@ class Browser:
         executable = shutil.which("chromium")
         if executable is None:
             raise RuntimeError("no chromium on PATH: apt-get install -y chromium")
-        self._profile = tempfile.TemporaryDirectory(prefix="chromium-")
+        # A helper process that outlives the browser may still write the profile as it goes.
+        self._profile = tempfile.TemporaryDirectory(prefix="chromium-", ignore_cleanup_errors=True)
         # --no-sandbox: Chromium's sandbox refuses to run as root, as CI does.
         self._process = subprocess.Popen(
             [
@@ -41,6 +44,7 @@ class Browser:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its renderer and helper processes go with it on close
         )
         port = self._debugging_port(Path(self._profile.name), start_timeout)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as reply:
@@ -112,14 +116,26 @@ class Browser:
         )
 
     def close(self) -> None:
+        """End the browser and every process of its session, then remove its profile."""
         self._socket.close()
-        self._process.terminate()
+        self._signal_session(signal.SIGTERM)
         try:
             self._process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self._process.kill()
             self._process.wait()
+        deadline = time.monotonic() + 10
+        while self._signal_session(signal.SIGKILL) and time.monotonic() < deadline:
+            time.sleep(0.1)
         self._profile.cleanup()
+
+    def _signal_session(self, signum: int) -> bool:
+        """Send ``signum`` to the browser's process group; False once none is left."""
+        try:
+            os.killpg(self._process.pid, signum)
+        except ProcessLookupError:
+            return False
+        return True
 
     def __enter__(self) -> Self:
         return self
