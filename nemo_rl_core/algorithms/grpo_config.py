@@ -4,7 +4,6 @@ re-exports these names by NeMo RL's paths): the config check imports it without 
 """
 
 from abc import abstractmethod
-from pathlib import Path
 from typing import Annotated, Any, Protocol, Self
 
 from pydantic import Field, field_validator, model_validator
@@ -27,7 +26,7 @@ from nemo_rl_core.environments.utils import UnknownEnvironmentError, check_env_c
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
-from nemo_rl_core.utils.config import load_config_with_overrides, validate_config
+from nemo_rl_core.utils.config import load_config_file
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 from nemo_rl_core.utils.logger import LoggerConfig
 
@@ -329,10 +328,7 @@ def load_master_config(
     """Load, override and validate a GRPO YAML (or ``config_class``'s, e.g. PPO's); errors
     name the file or the key path. Relative input files of ``data:`` are made absolute
     from the config file's directory (``DataConfig.with_files_from``)."""
-    raw = load_config_with_overrides(config_path, overrides)
-    config = validate_config(config_class, raw, source=f"config {config_path}")
-    data = config.data.with_files_from(Path(config_path).resolve().parent)
-    return config.model_copy(update={"data": data})
+    return load_config_file(config_path, overrides, config_class)
 
 
 def data_setup(config: RLMasterConfig) -> DataSetup:

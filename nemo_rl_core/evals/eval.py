@@ -10,7 +10,6 @@ reads the same stored inputs and writes the same bytes:
 """
 
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ from nemo_rl_core.evals.config import EvalConfig, EvalDataConfig, EvalMasterConf
 from nemo_rl_core.experience.rollouts import calculate_rewards
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
 from nemo_rl_core.models.local_models import resolve_model
-from nemo_rl_core.utils.config import ConfigError, load_config_with_overrides, validate_config
+from nemo_rl_core.utils.config import ConfigError, load_config_file
 from nemo_rl_core.utils.key_support import check_support
 
 MasterConfig = EvalMasterConfig  # NeMo RL's name for the eval YAML's model
@@ -168,11 +167,7 @@ def check_eval_config(config_path: str, overrides: list[str] | None = None) -> E
     does not exist), the rows (a row without its answer) and the environment that scores
     them. Reads the config and its inputs only; writes nothing."""
     source = f"config {config_path}"
-    config = validate_config(
-        EvalMasterConfig, load_config_with_overrides(config_path, overrides), source=source
-    )
-    data = config.data.with_files_from(Path(config_path).resolve().parent)
-    config = config.model_copy(update={"data": data})
+    config = load_config_file(config_path, overrides, EvalMasterConfig)
     check_support(config, source=source)
     for key, name in (
         ("generation.model_name", config.generation.model_name),

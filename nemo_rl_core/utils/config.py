@@ -173,6 +173,22 @@ def validate_config(model: type[ModelT], data: dict[str, Any], source: str = "co
         raise ConfigError(f"invalid {source}: {problem}{also}") from None
 
 
+def load_config_file(
+    config_path: str, overrides: list[str] | None, config_class: type[ModelT]
+) -> ModelT:
+    """Load, override and validate a YAML into ``config_class``; errors name the file or
+    the key path. Relative input files of its ``data:`` section are made absolute from the
+    config file's directory (``with_files_from``), so a run started elsewhere finds them."""
+    source = f"config {config_path}"
+    config = validate_config(
+        config_class, load_config_with_overrides(config_path, overrides), source
+    )
+    data = cast(Any, config).data
+    return config.model_copy(
+        update={"data": data.with_files_from(Path(config_path).resolve().parent)}
+    )
+
+
 def filled(value: T | None, key: str) -> T:
     """A nullable key that validation (or a backend's setup) fills in or requires by now.
 
