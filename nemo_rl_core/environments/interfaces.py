@@ -1,7 +1,7 @@
 """The environment contract of NeMo RL (``nemo_rl.environments.interfaces``)."""
 
 import abc
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 import torch
 
@@ -23,6 +23,10 @@ class EnvironmentReturn(NamedTuple, Generic[MetadataT]):
 
 
 class EnvironmentInterface(abc.ABC, Generic[MetadataT]):
+    # Whether ``step`` returns each response's extracted answer (``answers``), which
+    # eval's cons@k votes over.
+    extracts_answers: ClassVar[bool] = False
+
     @abc.abstractmethod
     def step(
         self,

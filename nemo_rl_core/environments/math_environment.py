@@ -31,6 +31,7 @@ class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
     """Single-turn: reward 1/0 for the final answer of the last assistant turn."""
 
     config_class = MathEnvConfig
+    extracts_answers = True
 
     def __init__(self, cfg: MathEnvConfig | dict[str, Any] | None = None):
         self.cfg = (

@@ -6,9 +6,10 @@ key carries its rule (:mod:`nemo_rl_core.utils.key_support`).
 directory, such as a run's ``checkpoints/step_000004``.
 """
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -23,6 +24,7 @@ from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 
 _EVAL = "nemo_rl_core.evals.eval"
+MAX_CONS_SUBSETS = 1_000_000  # cons@k enumerates them, as NeMo RL does
 # NeMo RL's eval datasets that it downloads (load_eval_dataset's names); a name with "://"
 # is a URL it downloads too.
 HUB_EVAL_DATASETS = (
@@ -54,14 +56,7 @@ def _downloads_nothing(name: str, context: SupportContext) -> str | None:
 class EvalConfig(StrictConfig):
     """``eval:``: how many samples per prompt and which score."""
 
-    metric: Annotated[
-        str,
-        Only(
-            "pass@k",
-            reason="cons@k (majority vote over extracted answers) is not built here; "
-            "pass@k and avg@n are reported",
-        ),
-    ] = "pass@k"
+    metric: Annotated[Literal["pass@k", "cons@k"], Wired(f"{_EVAL}:eval_metrics")] = "pass@k"
     num_tests_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_EVAL}:eval_prompts")] = 1
     seed: Annotated[int, Wired(f"{_EVAL}:generate_answers")] = 42
     k_value: Annotated[int, Field(ge=1), Wired(f"{_EVAL}:eval_metrics")] = 1
@@ -75,6 +70,13 @@ class EvalConfig(StrictConfig):
             raise ValueError(
                 f"k_value={self.k_value} exceeds num_tests_per_prompt="
                 f"{self.num_tests_per_prompt}: pass@k needs at least k samples per prompt"
+            )
+        subsets = math.comb(self.num_tests_per_prompt, self.k_value)
+        if self.metric == "cons@k" and subsets > MAX_CONS_SUBSETS:
+            raise ValueError(
+                f"metric=cons@k votes in every k-subset of each prompt's samples: "
+                f"C({self.num_tests_per_prompt}, {self.k_value}) = {subsets} subsets, over "
+                f"the {MAX_CONS_SUBSETS} that stay seconds; lower k_value or num_tests_per_prompt"
             )
         return self
 

@@ -1,5 +1,5 @@
 """Evaluation (NeMo RL's ``nemo_rl.evals.eval``): score any checkpoint on a dataset with
-answers, ``num_tests_per_prompt`` samples per prompt, pass@k and avg@n.
+answers, ``num_tests_per_prompt`` samples per prompt, pass@k, cons@k and avg@n.
 
 NeMo RL runs ``run_env_eval`` as one loop; here each step is a function that a stage of the
 eval pipeline calls (:data:`nemo_rl_core.pipeline.algorithms.EVAL`), so a rerun of one stage
@@ -9,7 +9,9 @@ reads the same stored inputs and writes the same bytes:
     -> score (eval_metrics)
 """
 
+import itertools
 import math
+from collections import Counter
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ from nemo_rl_core.data.datasets.local_files import DatasetRowError, map_columns,
 from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset, rl_collate_fn
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
+from nemo_rl_core.environments.utils import environment_class
 from nemo_rl_core.evals.config import EvalConfig, EvalDataConfig, EvalMasterConfig
 from nemo_rl_core.experience.rollouts import calculate_rewards
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
@@ -51,13 +54,47 @@ def eval_pass_k(rewards: torch.Tensor, num_tests_per_prompt: int, k: int) -> flo
     return sum(pass_at_k(num_tests_per_prompt, int(c), k) for c in correct)
 
 
-def eval_metrics(rewards: torch.Tensor, settings: EvalConfig) -> dict[str, Any]:
-    """``pass@k`` (mean over prompts) and ``avg@n`` (the mean reward of all n samples of
-    every prompt, n = ``num_tests_per_prompt``)."""
+def eval_cons_k(
+    rewards: torch.Tensor, num_tests_per_prompt: int, k: int, answers: list[str | None]
+) -> float:
+    """NeMo RL's sum of per-prompt cons@k: of every ``k``-subset of a prompt's samples, the
+    fraction whose majority answer (the extracted answer most of them give; a tie goes to
+    the one met first) is right, i.e. the prompt's first sample giving it has reward 1.
+    Divide by the number of prompts for the score."""
+    if len(answers) != len(rewards):
+        raise ValueError(f"{len(answers)} extracted answers for {len(rewards)} rewards")
+    total = 0.0
+    for start in range(0, len(answers), num_tests_per_prompt):
+        group = answers[start : start + num_tests_per_prompt]
+        group_rewards = rewards[start : start + num_tests_per_prompt].tolist()
+        right = 0
+        subsets = list(itertools.combinations(range(len(group)), k))
+        for subset in subsets:
+            majority = Counter(group[i] for i in subset).most_common(1)[0][0]
+            right += group_rewards[group.index(majority)] == 1.0
+        total += right / len(subsets)
+    return total
+
+
+def extracted_answers(batch: BatchedDataDict) -> list[str | None]:
+    """Each sample's answer as its environment extracted it (``None``: none found)."""
+    return [info.get("extracted_answer") for info in batch["extra_env_info"]]
+
+
+def eval_metrics(
+    rewards: torch.Tensor, settings: EvalConfig, answers: list[str | None] | None = None
+) -> dict[str, Any]:
+    """``pass@k`` (mean over prompts), ``avg@n`` (the mean reward of all n samples of
+    every prompt, n = ``num_tests_per_prompt``) and, with ``metric: cons@k``, ``cons@k``
+    from the extracted ``answers``."""
     n, k = settings.num_tests_per_prompt, settings.k_value
     prompts = len(rewards) // n
-    return {
-        f"pass@{k}": eval_pass_k(rewards, n, k) / prompts,
+    scores: dict[str, Any] = {f"pass@{k}": eval_pass_k(rewards, n, k) / prompts}
+    if settings.metric == "cons@k":
+        if answers is None:
+            raise ValueError("cons@k needs the extracted answers of the samples")
+        scores[f"cons@{k}"] = eval_cons_k(rewards, n, k, answers) / prompts
+    return scores | {
         f"avg@{n}": float(rewards.float().mean()),
         "num_prompts": prompts,
         "num_samples": len(rewards),
@@ -190,4 +227,11 @@ def check_eval_config(config_path: str, overrides: list[str] | None = None) -> E
             f"{source}: env.{missing[0]}: the rows are scored by environment {missing[0]!r}, "
             f"which env: does not configure (it has {sorted(config.env)})"
         )
+    if config.eval.metric == "cons@k":
+        for task in sorted({row["task_name"] for row in rows}):
+            if not getattr(environment_class(task), "extracts_answers", False):
+                raise ConfigError(
+                    f"{source}: eval.metric='cons@k': votes over extracted answers, and "
+                    f"environment {task!r} extracts none (the math environment does)"
+                )
     return config

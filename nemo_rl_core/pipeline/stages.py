@@ -231,6 +231,9 @@ def eval_reward(ctx: StageContext) -> StageResult:
 
 
 def eval_score(ctx: StageContext) -> StageResult:
-    """pass@k and avg@n of the scored answers."""
-    scores = evaluation.eval_metrics(ctx.batch("reward")["total_reward"], ctx.config.eval)
+    """pass@k, avg@n and (``metric: cons@k``) cons@k of the scored answers."""
+    scored = ctx.batch("reward")
+    scores = evaluation.eval_metrics(
+        scored["total_reward"], ctx.config.eval, evaluation.extracted_answers(scored)
+    )
     return StageResult({"scores": scores}, scores)

@@ -60,7 +60,16 @@ def test_a_missing_dataset_file_is_refused(tmp_path: Path):
             ["data.dataset_name=aime2024"],
             "data.dataset_name='aime2024': a dataset NeMo RL downloads",
         ),
-        (["eval.metric=cons@k"], "eval.metric='cons@k': cons@k"),
+        (["eval.metric=maj@k"], "eval.metric: Input should be 'pass@k' or 'cons@k'"),
+        (
+            [
+                "eval.metric=cons@k",
+                "eval.num_tests_per_prompt=40",
+                "eval.k_value=20",
+                "generation.temperature=1.0",
+            ],
+            "C(40, 20) = 137846528820 subsets",
+        ),
         (["data.file_format=csv"], "data.file_format='csv'"),
         (["+eval.pass_k_value=2"], "eval.pass_k_value: unknown key"),
         (["~env.math"], "env.math: the rows are scored by environment 'math'"),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nemo_rl_core.evals.config import EvalConfig
-from nemo_rl_core.evals.eval import eval_metrics, eval_pass_k, pass_at_k
+from nemo_rl_core.evals.eval import eval_cons_k, eval_metrics, eval_pass_k, pass_at_k
 
 
 @pytest.mark.parametrize(
@@ -50,3 +50,22 @@ def test_scores_group_samples_by_prompt():
     assert scores["pass@2"] == pytest.approx(1.5 / 3)
     assert scores["avg@4"] == pytest.approx(4.5 / 12)
     assert (scores["num_prompts"], scores["num_samples"]) == (3, 12)
+
+
+def test_cons_at_k_is_right_when_the_majority_of_a_subset_is():
+    # prompt 1: "b" is wrong, "a" right; of the 6 pairs, {b,b} and the two ties that meet
+    # "b" first lose: 3/6. Prompt 2: every sample says the right "c": 1.
+    answers = ["b", "a", "a", "b", "c", "c", "c", "c"]
+    rewards = torch.tensor([0.0, 1, 1, 0, 1, 1, 1, 1])
+    assert eval_cons_k(rewards, 4, 2, answers) == pytest.approx(0.5 + 1.0)
+    settings = EvalConfig(metric="cons@k", num_tests_per_prompt=4, k_value=2)
+    scores = eval_metrics(rewards, settings, answers)
+    assert scores["cons@2"] == pytest.approx(0.75)
+    assert scores["pass@2"] == pytest.approx((1 - 1 / 6 + 1.0) / 2)
+
+
+def test_cons_at_k_counts_no_answer_as_an_answer_with_its_reward():
+    # two samples extracted nothing (reward 0): None is their majority in 1 of 3 pairs
+    rewards = torch.tensor([0.0, 0, 1])
+    assert eval_cons_k(rewards, 3, 2, [None, None, "7"]) == pytest.approx(0.0)
+    assert eval_cons_k(rewards, 3, 1, [None, None, "7"]) == pytest.approx(1 / 3)

@@ -11,6 +11,9 @@ import pytest
 from flows.eval import evaluate
 from flows.grpo import grpo
 from flows.rerun_stage import rerun_stage
+from nemo_rl_core.evals.eval import eval_cons_k
+from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.run_storage import ObjectRef
 
 pytestmark = pytest.mark.e2e
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
@@ -93,3 +96,29 @@ def test_rerun_of_generate_is_bit_identical_and_the_run_continues(scored):
     )
     assert {name: e["outputs"] for name, e in stages(root, "scored").items()} == before
     assert again["scores"] == summary["scores"]
+
+
+def test_cons_at_k_votes_over_the_extracted_answers(scored, tmp_path):
+    root, _, overrides, _ = scored
+    tests = [
+        "eval.metric=cons@k",
+        "eval.num_tests_per_prompt=4",
+        "eval.k_value=3",
+        "generation.temperature=1.0",
+    ]
+    summary = evaluate(
+        config_path=str(CONFIGS / "eval_addition_tiny.yaml"),
+        overrides=[*overrides, *tests],
+        run_id="voted",
+        storage_root=str(tmp_path),
+    )
+    scores = stages(tmp_path, "voted")["score"]["metrics"]
+    assert scores["num_samples"] == 4 * PROBLEMS
+    batch = open_storage(RunRef(str(tmp_path), "voted")).read_batch(
+        ObjectRef.from_dict(stages(tmp_path, "voted")["reward"]["outputs"]["batch"])
+    )
+    answers = [info["extracted_answer"] for info in batch["extra_env_info"]]
+    assert any(answer is not None for answer in answers)
+    expected = eval_cons_k(batch["total_reward"], 4, 3, answers) / PROBLEMS
+    assert summary["scores"]["cons@3"] == scores["cons@3"] == pytest.approx(expected)
+    assert 0.0 <= scores["cons@3"] <= scores["pass@3"]
