@@ -26,6 +26,7 @@ TAG = "v0.7.0"
 LOADING = [
     "grpo_math_1B",
     "sft",
+    "sft_openmathinstruct2",
     "grpo_math_8B",
     "grpo_sliding_puzzle",
     "ppo_math_1B",

@@ -115,7 +115,9 @@ class MegatronOptimizerConfig(_Strict):
     sgd_momentum: Annotated[float, _OPTIMIZER] = 0.9
     use_distributed_optimizer: Annotated[bool, _OPTIMIZER] = True
     use_precision_aware_optimizer: Annotated[bool, _OPTIMIZER] = True
-    clip_grad: Annotated[float, _OPTIMIZER] = 1.0
+    # null (NeMo RL's configs write ${policy.max_grad_norm}, which may be null): no clipping,
+    # Megatron-core's clip_grad 0.
+    clip_grad: Annotated[float | None, _OPTIMIZER] = 1.0
     optimizer_cpu_offload: Annotated[bool, _OPTIMIZER] = False
     optimizer_offload_fraction: Annotated[float, _OPTIMIZER] = 0.0
 

@@ -230,7 +230,7 @@ class MegatronWorker:
             use_distributed_optimizer=opt.use_distributed_optimizer,
             # The precision-aware path needs TE's FusedAdam.
             use_precision_aware_optimizer=opt.use_precision_aware_optimizer and self.use_te,
-            clip_grad=opt.clip_grad,
+            clip_grad=opt.clip_grad or 0.0,
             # Host memory is where everything already is without CUDA: nothing to offload.
             optimizer_cpu_offload=opt.optimizer_cpu_offload and torch.cuda.is_available(),
             optimizer_offload_fraction=opt.optimizer_offload_fraction,
