@@ -22,12 +22,12 @@ from nemo_rl_core.algorithms.reward_config import (
 from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
 from nemo_rl_core.data.datasets.builder import DEFAULT_COUNTS, SPLITS, DataSetup, processor_name
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
-from nemo_rl_core.environments.utils import UnknownEnvironmentError, check_env_config
+from nemo_rl_core.environments.utils import UnknownEnvironmentError, check_env_config, env_section
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_file
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, TypedSections, Wired
 from nemo_rl_core.utils.logger import LoggerConfig
 
 _GRPO = "nemo_rl_core.algorithms.grpo"
@@ -206,7 +206,9 @@ class RLMasterConfig(StrictConfig):
     policy: PolicyConfig
     data: DataConfig
     env: Annotated[
-        dict[str, dict[str, Any]], Wired("nemo_rl_core.environments.utils:create_env")
+        dict[str, dict[str, Any]],
+        Wired("nemo_rl_core.environments.utils:create_env"),
+        TypedSections(env_section),
     ] = Field(default_factory=dict)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = Field(default_factory=LoggerConfig)

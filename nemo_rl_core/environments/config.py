@@ -18,8 +18,18 @@ class MathEnvConfig(BaseModel):
 
     num_workers: int = Field(8, ge=1)
     stop_strings: list[str] | None = None
-    # None: "math" (NeMo RL's default)
-    verifier_type: Literal["math", "countdown"] | None = "math"
+    # None: "math" (NeMo RL's default); english_multichoice: "Answer: <letter>"
+    verifier_type: Annotated[
+        Literal["math", "countdown", "english_multichoice", "multilingual_multichoice"] | None,
+        Only(
+            "math",
+            "countdown",
+            "english_multichoice",
+            None,
+            reason="the multilingual answer patterns are not built here; english_multichoice "
+            'reads "Answer: <letter>"',
+        ),
+    ] = "math"
     math_verify_impl: Annotated[
         Literal["hf_math_verify", "dapo_math_verify"] | None,
         Only(

@@ -10,6 +10,8 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
+from pydantic import BaseModel
+
 if TYPE_CHECKING:
     from nemo_rl_core.environments.interfaces import EnvironmentInterface
 
@@ -89,6 +91,12 @@ def _settings(env_config: Any) -> Any:
 def check_env_config(env_name: str, env_config: Any) -> None:
     """Refuse an unknown environment or a wrong key of its section, naming
     ``env.<name>.<key>``, without building the environment."""
+    env_section(env_name, env_config)
+
+
+def env_section(env_name: str, env_config: Any) -> tuple[str, BaseModel] | None:
+    """The section's path below ``env.`` and its validated model (None: the environment
+    declares no config class); an unknown environment or a wrong key is refused."""
     from nemo_rl_core.algorithms.config import validate_section
 
     entry = registry_entry(env_name)
@@ -97,9 +105,10 @@ def check_env_config(env_name: str, env_config: Any) -> None:
     else:  # a registered environment of the user's: its class says
         config_class = getattr(environment_class(env_name), "config_class", None)
     settings = _settings(env_config)
-    if config_class is not None and isinstance(settings, dict):
-        section = f"env.{env_name}" + (".cfg" if settings is not env_config else "")
-        validate_section(config_class, settings, section)
+    if config_class is None or not isinstance(settings, dict):
+        return None
+    path = env_name + (".cfg" if settings is not env_config else "")
+    return path, validate_section(config_class, settings, f"env.{path}")
 
 
 def create_env(env_name: str, env_config: Any = None) -> "EnvironmentInterface":

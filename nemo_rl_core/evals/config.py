@@ -17,11 +17,11 @@ from nemo_rl_core.algorithms.config import StrictConfig
 from nemo_rl_core.data.config import BUILTIN_DATASETS, input_file
 from nemo_rl_core.data.datasets.builder import SPLITS
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
-from nemo_rl_core.environments.utils import check_env_config
+from nemo_rl_core.environments.utils import check_env_config, env_section
 from nemo_rl_core.models.generation.config import GenerationConfig, VllmSpecificArgs
 from nemo_rl_core.models.policy.config import TokenizerConfig
 from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, TypedSections, Wired
 
 _EVAL = "nemo_rl_core.evals.eval"
 MAX_CONS_SUBSETS = 1_000_000  # cons@k enumerates them, as NeMo RL does
@@ -196,7 +196,9 @@ class EvalMasterConfig(StrictConfig):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     data: EvalDataConfig
     env: Annotated[
-        dict[str, dict[str, Any]], Wired("nemo_rl_core.environments.utils:create_env")
+        dict[str, dict[str, Any]],
+        Wired("nemo_rl_core.environments.utils:create_env"),
+        TypedSections(env_section),
     ] = Field(default_factory=dict)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)

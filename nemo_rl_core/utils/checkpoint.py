@@ -59,10 +59,13 @@ class CheckpointingConfig(BaseModel):
     save_period: Annotated[int, _RETENTION] = Field(default=1, ge=1)
     # DD:HH:MM:SS after the flow run starts; it stops one average iteration early.
     checkpoint_must_save_by: Annotated[str | None, Wired("flows.loop:run_iterations")] = None
+    # null: NeMo RL's "the policy worker's own format" (its v1 DTensor worker's); the one
+    # policy backend here writes HF safetensors.
     model_save_format: Annotated[
-        str,
+        str | None,
         Only(
             "safetensors",
+            None,
             reason="checkpoints are HF safetensors directories that transformers, vLLM and "
             "the next stage load; torch_save (DCP) is not written",
         ),

@@ -211,6 +211,15 @@ def check_support(
         raise UnsupportedConfigError(source, refusals)
 
 
+class TypedSections:
+    """Marks a mapping of raw sections (``env:``) whose keys' rules live in a model per
+    section: ``model_for(name, raw)`` gives the section's dotted path below the mapping and
+    its validated model, or None where no model declares its keys."""
+
+    def __init__(self, model_for: Callable[[str, Any], tuple[str, BaseModel] | None]) -> None:
+        self.model_for = model_for
+
+
 def _rules_with_values(model: BaseModel, prefix: str) -> Iterator[tuple[str, Any, KeyRule]]:
     for name, info in type(model).model_fields.items():
         key = f"{prefix}{info.alias or name}"
@@ -218,6 +227,13 @@ def _rules_with_values(model: BaseModel, prefix: str) -> Iterator[tuple[str, Any
         rule = key_rule(info.metadata)
         if rule is not None:
             yield key, value, rule
+        typed = [meta for meta in info.metadata if isinstance(meta, TypedSections)]
+        if typed and isinstance(value, dict):
+            for section, raw in value.items():
+                if (found := typed[0].model_for(section, raw)) is not None:
+                    path, section_model = found
+                    yield from _rules_with_values(section_model, f"{key}.{path}.")
+            continue
         yield from _nested(value, key)
 
 

@@ -4,11 +4,16 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from nemo_rl_core.algorithms.grpo_config import load_master_config
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.math_environment import MathEnvConfig, MathEnvironment
+from nemo_rl_core.utils.key_support import UnsupportedConfigError, check_support
+
+CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 
 # (model response, ground truth, expected reward)
 ANSWER_TABLE = [
@@ -150,3 +155,35 @@ def test_missing_ground_truth_names_the_sample(env):
 def test_unknown_config_key_is_named():
     with pytest.raises(ValueError, match="num_worker"):
         MathEnvConfig.model_validate({"num_worker": 2})
+
+
+def test_english_multichoice_reads_the_answer_letter():
+    environment = MathEnvironment({"num_workers": 1, "verifier_type": "english_multichoice"})
+    try:
+        responses = [
+            "The capital is Paris.\nAnswer: C",
+            "**Answer: $\\boxed{C}$**",
+            "answer:b",
+            "Answer: B because C is wrong",
+            "I think it is C.",
+        ]
+        result = environment.step(
+            [_log(response) for response in responses], [{"ground_truth": "C"}] * len(responses)
+        )
+    finally:
+        environment.shutdown()
+    assert result.rewards.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert result.answers == ["C", "C", "b", "B", None]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("env.math.verifier_type=multilingual_multichoice", "multilingual answer patterns"),
+        ("env.math.math_verify_impl=dapo_math_verify", "DAPO's rule-based verifier"),
+    ],
+)
+def test_env_keys_that_cannot_run_are_refused_by_path(override, message):
+    config = load_master_config(str(CONFIGS / "grpo_math_tiny.yaml"), [override])
+    with pytest.raises(UnsupportedConfigError, match=f"{override.split('=')[0]}=.*{message}"):
+        check_support(config)
