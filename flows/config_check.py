@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from nemo_rl_core.algorithms.grpo_config import RLMasterConfig, data_setup, load_master_config
+from nemo_rl_core.algorithms.grpo_config import RolloutMasterConfig, data_setup, load_master_config
 from nemo_rl_core.data.datasets.builder import (
     SPLITS,
     DataSetup,
@@ -44,7 +44,7 @@ def check_run_config(
     setup = setup_for(config)
     for split in SPLITS:  # reads the prompt files: a missing one fails here, not mid-run
         task_processors(split_datasets(config.data, split, setup), setup)
-    if isinstance(config, RLMasterConfig):
+    if isinstance(config, RolloutMasterConfig):
         check_dataset_environments(config, setup)
     if not load_rows(config.data, setup=setup):
         raise ConfigError(
@@ -79,7 +79,7 @@ def check_model_files(section: str, model: TrainedModelConfig) -> None:
             raise ConfigError(f"{section}.{key}: {err}") from None
 
 
-def check_dataset_environments(config: RLMasterConfig, setup: DataSetup) -> None:
+def check_dataset_environments(config: RolloutMasterConfig, setup: DataSetup) -> None:
     """Every dataset is scored by an environment of ``env:`` (NeMo RL builds one per
     ``env_name`` from its section), so a misspelled name fails now, not after generation."""
     for split in SPLITS:

@@ -32,6 +32,7 @@ NEMO_RL_TIMERS = {
     "logprob": "policy_and_reference_logprobs",
     "value": "value_inference",
     "advantage": "advantage_calculation",
+    "teacher": "teacher_logprob_inference",
     "train": "policy_training",
     "checkpoint": "checkpointing",
 }

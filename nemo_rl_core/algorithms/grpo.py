@@ -34,7 +34,8 @@ from nemo_rl_core.algorithms.grpo_config import (
     GRPOConfig,  # noqa: F401
     MasterConfig,
     RLMasterConfig,
-    RolloutLoopConfig,  # noqa: F401
+    RolloutLoopConfig,
+    RolloutScheduleConfig,
     data_setup,
     load_master_config,  # noqa: F401
     planned_steps,  # noqa: F401
@@ -87,11 +88,12 @@ def build_loss_fn(config: RLMasterConfig) -> ClippedPGLossFn:
     return ClippedPGLossFn(config.loss_fn)
 
 
-def prompts_per_batch(loop: Any) -> int:
+def prompts_per_batch(loop: RolloutScheduleConfig) -> int:
     """Prompts per generation batch: ``num_prompts_per_step``, times ``batch_multiplier``
-    under dynamic sampling (as NeMo RL sizes its dataloader)."""
-    multiplier = loop.batch_multiplier if loop.use_dynamic_sampling else 1
-    return int(loop.num_prompts_per_step * multiplier)
+    under dynamic sampling (as NeMo RL sizes its dataloader; distillation has none)."""
+    if isinstance(loop, RolloutLoopConfig) and loop.use_dynamic_sampling:
+        return int(loop.num_prompts_per_step * loop.batch_multiplier)
+    return loop.num_prompts_per_step
 
 
 def make_dataloader(config: RLMasterConfig, tokenizer: Any) -> StatefulDataLoader:

@@ -39,9 +39,10 @@ def _needs_cuda(value: bool, context: SupportContext) -> str | None:
     return None
 
 
-class RolloutLoopConfig(StrictConfig):
-    """The loop keys ``grpo:`` and ``ppo:`` share (NeMo RL's names and defaults): how many
-    prompts and samples per step, how many steps, validation, the seed."""
+class RolloutScheduleConfig(StrictConfig):
+    """The loop keys every algorithm that generates shares (``grpo:``, ``ppo:``,
+    ``distillation:``; NeMo RL's names and defaults): how many prompts and samples per step,
+    how many steps, validation, the seed."""
 
     num_prompts_per_step: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:make_dataloader")]
     num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:take_prompts")] = 1
@@ -55,14 +56,31 @@ class RolloutLoopConfig(StrictConfig):
     val_at_end: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
     max_val_samples: Annotated[int | None, Field(ge=1), Wired(f"{_GRPO}:validate_batches")] = None
     seed: Annotated[int, Wired(f"{_GRPO}:sampling_seeds")] = 42
-    skip_reference_policy_logprobs_calculation: Annotated[
-        bool, Wired(f"{_GRPO}:compute_logprobs")
-    ] = False
     # Not in NeMo RL: a reward checker that raised, hung or died gives reward 0; past this
     # fraction of the batch the reward stage fails instead of training on broken rewards.
     max_env_failure_fraction: Annotated[
         float, Field(ge=0.0, le=1.0), Wired(f"{_GRPO}:score_rollouts")
     ] = 0.5
+
+    @model_validator(mode="after")
+    def _whole_validation_batches(self) -> Self:
+        """NeMo RL validates ``max_val_samples // val_batch_size`` whole batches."""
+        limit, size = self.max_val_samples, self.val_batch_size
+        if limit is not None and size is not None and limit < size:
+            raise ValueError(
+                f"max_val_samples ({limit}) is smaller than val_batch_size ({size}): "
+                "no whole validation batch fits, so nothing would be validated"
+            )
+        return self
+
+
+class RolloutLoopConfig(RolloutScheduleConfig):
+    """The loop keys ``grpo:`` and ``ppo:`` share beyond the schedule: the forwards they
+    skip and what happens to rewards and samples between scoring and the advantages."""
+
+    skip_reference_policy_logprobs_calculation: Annotated[
+        bool, Wired(f"{_GRPO}:compute_logprobs")
+    ] = False
     # What happens to rewards and samples between scoring and the advantages.
     overlong_filtering: Annotated[bool, Wired(f"{_GRPO}:process_rewards")] = False
     use_dynamic_sampling: Annotated[bool, Wired(f"{_GRPO}:select_prompt_groups")] = False
@@ -94,17 +112,6 @@ class RolloutLoopConfig(StrictConfig):
             raise ValueError("; ".join(problems))
         return shaping
 
-    @model_validator(mode="after")
-    def _whole_validation_batches(self) -> Self:
-        """NeMo RL validates ``max_val_samples // val_batch_size`` whole batches."""
-        limit, size = self.max_val_samples, self.val_batch_size
-        if limit is not None and size is not None and limit < size:
-            raise ValueError(
-                f"max_val_samples ({limit}) is smaller than val_batch_size ({size}): "
-                "no whole validation batch fits, so nothing would be validated"
-            )
-        return self
-
 
 class ValidationSchedule(Protocol):
     """NeMo RL's validation keys, which ``grpo:``, ``ppo:`` and ``sft:`` all carry."""
@@ -128,7 +135,7 @@ def validates(loop: ValidationSchedule) -> bool:
     return loop.val_period > 0 or loop.val_at_start or loop.val_at_end
 
 
-def planned_steps(loop: RolloutLoopConfig, batches_per_epoch: int) -> int:
+def planned_steps(loop: RolloutScheduleConfig, batches_per_epoch: int) -> int:
     """Training steps of the whole run: ``max_num_steps``, or fewer when ``max_num_epochs``
     passes over the data end first (as NeMo RL's loop stops at whichever comes first)."""
     return min(loop.max_num_steps, loop.max_num_epochs * batches_per_epoch)
@@ -198,11 +205,11 @@ class DataPlaneConfig(StrictConfig):
     observability: Annotated[dict[str, Any] | None, PartOf(_DATA_PLANE)] = None
 
 
-class RLMasterConfig(StrictConfig):
-    """The sections every on-policy algorithm's YAML shares; ``algorithm`` is its own
-    section (``grpo:``, ``ppo:``), which the shared stage functions read."""
+class RolloutMasterConfig(StrictConfig):
+    """The sections of every algorithm whose policy generates and whose environments score
+    (GRPO, PPO, on-policy distillation); ``algorithm`` is its own section (``grpo:``,
+    ``ppo:``, ``distillation:``), which the shared rollout stages read."""
 
-    loss_fn: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig)
     policy: PolicyConfig
     data: DataConfig
     env: Annotated[
@@ -213,8 +220,45 @@ class RLMasterConfig(StrictConfig):
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    data_plane: DataPlaneConfig | None = None
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+
+    @property
+    @abstractmethod
+    def algorithm(self) -> RolloutScheduleConfig: ...
+
+    @model_validator(mode="after")
+    def _datasets_are_prompts(self) -> Self:
+        """SFT conversations (``sft_processor``, ``addition_sft``) hold their answers: there
+        is nothing left to generate and score."""
+        for split in SPLITS:
+            for index, dataset in enumerate(self.data.datasets(split)):
+                if dataset.dataset_name in SFT_DATASETS or processor_name(dataset) == SFT_PROCESSOR:
+                    raise ValueError(
+                        f"data.{split}[{index}]: {dataset.dataset_name or SFT_PROCESSOR} makes "
+                        "SFT conversations, not prompts to generate from; use "
+                        "math_data_processor (or the addition dataset) here, and flows.sft to "
+                        "train on conversations"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _environments_are_known(self) -> Self:
+        """Each ``env.<name>`` section validates into its environment's own config now,
+        not when the first rollout reaches the environment."""
+        for name, settings in self.env.items():
+            try:
+                check_env_config(name, settings)
+            except UnknownEnvironmentError as err:
+                raise ValueError(f"env.{name}: {err}") from None
+        return self
+
+
+class RLMasterConfig(RolloutMasterConfig):
+    """The sections every policy-gradient algorithm's YAML shares (GRPO, PPO): the rollout
+    sections plus the clipped policy-gradient loss."""
+
+    loss_fn: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig)
+    data_plane: DataPlaneConfig | None = None
     on_policy_distillation: Annotated[
         dict[str, Any] | None,
         Only(
@@ -254,32 +298,6 @@ class RLMasterConfig(StrictConfig):
             )
         if problems:
             raise ValueError("; ".join(f"{key}: {why}" for key, why in problems))
-        return self
-
-    @model_validator(mode="after")
-    def _datasets_are_prompts(self) -> Self:
-        """SFT conversations (``sft_processor``, ``addition_sft``) hold their answers: there
-        is nothing left to generate and score."""
-        for split in SPLITS:
-            for index, dataset in enumerate(self.data.datasets(split)):
-                if dataset.dataset_name in SFT_DATASETS or processor_name(dataset) == SFT_PROCESSOR:
-                    raise ValueError(
-                        f"data.{split}[{index}]: {dataset.dataset_name or SFT_PROCESSOR} makes "
-                        "SFT conversations, not prompts to generate from; use "
-                        "math_data_processor (or the addition dataset) here, and flows.sft to "
-                        "train on conversations"
-                    )
-        return self
-
-    @model_validator(mode="after")
-    def _environments_are_known(self) -> Self:
-        """Each ``env.<name>`` section validates into its environment's own config now,
-        not when the first rollout reaches the environment."""
-        for name, settings in self.env.items():
-            try:
-                check_env_config(name, settings)
-            except UnknownEnvironmentError as err:
-                raise ValueError(f"env.{name}: {err}") from None
         return self
 
     @model_validator(mode="after")
@@ -333,7 +351,7 @@ def load_master_config(
     return load_config_file(config_path, overrides, config_class)
 
 
-def data_setup(config: RLMasterConfig) -> DataSetup:
+def data_setup(config: RolloutMasterConfig) -> DataSetup:
     """What the run's datasets take from outside ``data:``: the environments (the sliding
     puzzle's games), NeMo RL's puzzle-runner sizes and the policy's sequence length."""
     loop = config.algorithm

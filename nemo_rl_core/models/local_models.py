@@ -27,11 +27,13 @@ CHATML_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 TINY_MODELS = {"tiny-llama": "llama", "tiny-qwen2": "qwen2"}
 ADDITION_MODEL = "tiny-llama-arith"  # trained on first use by warm_start.build_addition_model
+# Random, smaller, with tiny-llama-arith's tokenizer: the student it teaches by distillation.
+ADDITION_STUDENT = "tiny-llama-arith-student"
 # Bumped whenever build_tiny_model's output changes, so a cached older build is not reused.
 TINY_BUILD_VERSION = 2
 SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUILT_IN_NAMES = (*TINY_MODELS, ADDITION_MODEL, SMOLLM2_NAME)
+BUILT_IN_NAMES = (*TINY_MODELS, ADDITION_MODEL, ADDITION_STUDENT, SMOLLM2_NAME)
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -253,13 +255,21 @@ def smollm2_135m_instruct(output_dir: str | Path | None = None, dtype: str = "bf
 
 def _builders() -> dict[str, tuple[str, Callable[[Path], Path]]]:
     """Built-in names that are built on first use: cache folder name and builder."""
-    from nemo_rl_core.models.warm_start import ADDITION_BUILD_VERSION, build_addition_model
+    from nemo_rl_core.models.warm_start import (
+        ADDITION_BUILD_VERSION,
+        build_addition_model,
+        build_addition_student,
+    )
 
     builders: dict[str, tuple[str, Callable[[Path], Path]]] = {
         name: (f"{name}-v{TINY_BUILD_VERSION}", functools.partial(build_tiny_model, arch=arch))
         for name, arch in TINY_MODELS.items()
     }
     builders[ADDITION_MODEL] = (f"{ADDITION_MODEL}-v{ADDITION_BUILD_VERSION}", build_addition_model)
+    builders[ADDITION_STUDENT] = (
+        f"{ADDITION_STUDENT}-v{ADDITION_BUILD_VERSION}",
+        build_addition_student,
+    )
     return builders
 
 
@@ -267,8 +277,9 @@ def resolve_model(model_name: str, cache_dir: str | Path | None = None) -> Path:
     """Map ``model_name`` to a local HF directory: a built-in name or an existing directory.
 
     Built-in names: ``tiny-llama``, ``tiny-qwen2`` (random, built on first use),
-    ``tiny-llama-arith`` (trained on first use, see ``warm_start``) and
-    ``smollm2-135m-instruct`` (converted on first use).
+    ``tiny-llama-arith`` (trained on first use, see ``warm_start``), its random smaller
+    student ``tiny-llama-arith-student`` and ``smollm2-135m-instruct`` (converted on first
+    use).
     """
     cache = Path(cache_dir) if cache_dir else default_model_cache()
     builders = _builders()

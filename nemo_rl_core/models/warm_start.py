@@ -34,7 +34,12 @@ from nemo_rl_core.data.datasets.generators import (
 )
 from nemo_rl_core.data.interfaces import TaskDataSpec
 from nemo_rl_core.data.processors import math_data_processor
-from nemo_rl_core.models.local_models import build_tiny_model, train_tokenizer
+from nemo_rl_core.models.local_models import (
+    ADDITION_MODEL,
+    build_tiny_model,
+    resolve_model,
+    train_tokenizer,
+)
 
 # Bumped whenever build_addition_model's output changes, so a cached older build is not reused.
 ADDITION_BUILD_VERSION = 1
@@ -160,3 +165,22 @@ def build_addition_model(output_dir: str | Path, seed: int = 0) -> Path:
     )
     model.save_pretrained(output_dir)
     return output_dir
+
+
+def build_addition_student(output_dir: str | Path, seed: int = 0) -> Path:
+    """Build ``tiny-llama-arith-student``: a random Llama half as wide as ``tiny-llama-arith``,
+    with its tokenizer (one vocabulary, as distillation needs), the student that
+    ``examples/configs/distillation_tiny.yaml`` teaches from ``tiny-llama-arith``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(ADDITION_MODEL))
+    return build_tiny_model(
+        output_dir,
+        "llama",
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        seed=seed,
+        tokenizer=tokenizer,
+    )

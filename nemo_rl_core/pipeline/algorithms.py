@@ -6,6 +6,8 @@ stage in order, what it reads, and the core function it calls.
     PPO:  [validate] -> prompts -> generate -> reward -> logprob -> value -> advantage (GAE)
           -> train (policy and value) -> checkpoint
     SFT:  [validate (loss)] -> batch -> train (NLL) -> checkpoint
+    distillation: [validate] -> prompts -> generate -> reward (metrics only) -> teacher
+          (top-k logits) -> train (KL to the teacher) -> checkpoint
     eval: prompts -> generate -> reward -> score   (one iteration; it trains nothing)
 
 ``validate`` runs when NeMo RL's schedule says (``val_period``, ``val_at_start``,
@@ -15,7 +17,8 @@ training step may hold only it (``val_at_end``) and the checkpoint bookkeeping.
 
 from typing import Any
 
-from nemo_rl_core.algorithms import grpo, sft
+from nemo_rl_core.algorithms import distillation, grpo, sft
+from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
 from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.algorithms.sft import SFTMasterConfig
@@ -169,6 +172,40 @@ EVAL = register_pipeline(
             ),
             Stage("reward", stages.eval_reward, reads=("generate",), reported=("mean_reward",)),
             Stage("score", stages.eval_score, reads=("reward",)),
+        ),
+    )
+)
+
+DISTILLATION = register_pipeline(
+    Pipeline(
+        name="distillation",
+        config_class=DistillationMasterConfig,
+        default_config="examples/configs/distillation_tiny.yaml",
+        identity_keys=("policy.model_name", "teacher.model_name", "data", "distillation.seed"),
+        dataloader=grpo.make_dataloader,
+        data_setup=grpo.data_setup,
+        reference_policy=False,
+        preflight=distillation.check_teacher_fits,
+        stages=(
+            VALIDATE,
+            *ROLLOUT[:2],
+            Stage(
+                "reward",
+                stages.score,
+                reads=("generate",),
+                reported=("mean_reward",),
+                fan_out=FanOut(stages.reward_shard, stages.scored_merge),
+            ),
+            Stage("teacher", stages.teacher_topk, reads=("reward",)),
+            Stage(
+                "train",
+                stages.distillation_train,
+                reads=("teacher", "prompts"),
+                versions=("policy",),
+                reported=("loss", "grad_norm"),
+                commits=True,
+            ),
+            RETENTION,
         ),
     )
 )

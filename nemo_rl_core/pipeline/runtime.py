@@ -68,6 +68,7 @@ class RunRuntime:
     _policy_step: int | None = None
     _value: ValueInterface | None = None
     _value_step: int | None = None
+    _teacher: PolicyInterface | None = None
     _generation: GenerationInterface | None = None
     _generation_step: int | None = None
     _envs: dict[str, EnvironmentInterface] | None = None
@@ -178,6 +179,20 @@ class RunRuntime:
         self._value_step = None
         return value
 
+    def teacher(self) -> PolicyInterface:
+        """On-policy distillation's ``teacher:``: frozen weights, inference only (no optimizer,
+        no reference copy), reading the student's tokens."""
+        if self._teacher is None:
+            teacher = self.config.teacher
+            resolved = str(resolve_model(teacher.model_name))
+            self._teacher = make_policy(
+                teacher.model_copy(update={"model_name": resolved}),
+                tokenizer=self.tokenizer,
+                init_optimizer=False,
+                init_reference_model=False,
+            )
+        return self._teacher
+
     def commit_checkpoint(
         self,
         step: int,
@@ -246,7 +261,7 @@ class RunRuntime:
     def close(self) -> None:
         for env in (self._envs or {}).values():
             env.shutdown()
-        for engine in (self._generation, self._policy, self._value):
+        for engine in (self._generation, self._policy, self._value, self._teacher):
             if engine is not None:
                 engine.shutdown()
         self._scratch.cleanup()

@@ -121,6 +121,9 @@ class Pipeline:
     data_setup: Callable[[Any], Any] | None = None
     # Whether its policy keeps the starting weights as the reference (KL terms); SFT's does not.
     reference_policy: bool = True
+    # ``preflight(config)``: checks that need the run's models built (a teacher's vocabulary
+    # against the student's), run before any of the run is written.
+    preflight: Callable[[Any], None] | None = None
     _by_name: dict[str, Stage] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

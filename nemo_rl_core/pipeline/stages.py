@@ -8,7 +8,7 @@ PPO differ, they declare different functions.
 import time
 from typing import Any
 
-from nemo_rl_core.algorithms import grpo, ppo, sft
+from nemo_rl_core.algorithms import distillation, grpo, ppo, sft
 from nemo_rl_core.algorithms.loss import NLLLossFn
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.evals import eval as evaluation
@@ -237,3 +237,35 @@ def eval_score(ctx: StageContext) -> StageResult:
         scored["total_reward"], ctx.config.eval, evaluation.extracted_answers(scored)
     )
     return StageResult({"scores": scores}, scores)
+
+
+def score(ctx: StageContext) -> StageResult:
+    """The environments score each rollout, for the metrics only (on-policy distillation
+    trains on the teacher's logits, not on rewards). Unsplit: one shard, merged."""
+    return scored_merge(ctx, [reward_shard(ctx, 0, 1)])
+
+
+def scored_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
+    """The scored slices joined in order, with their reward metrics."""
+    scored: BatchedDataDict[Any] = BatchedDataDict.from_batches(shards)
+    return StageResult({"batch": scored}, grpo.reward_metrics(scored, ctx.config))
+
+
+def teacher_topk(ctx: StageContext) -> StageResult:
+    """The teacher's top-k logits on the student's rollouts (``distillation.topk_logits_k``),
+    stored with the training inputs the student trains on."""
+    rt = ctx.runtime
+    train_data = distillation.rollouts_to_train_data(ctx.batch("reward"), rt.tokenizer, ctx.config)
+    with_teacher = distillation.teacher_topk_logits(rt.teacher(), train_data, ctx.config)
+    return StageResult({"batch": with_teacher})
+
+
+def distillation_train(ctx: StageContext) -> StageResult:
+    """One optimizer step of the student toward the teacher (``DistillationLossFn``: the
+    ``loss_fn.kl_type`` KL on the teacher's top-k), committed as the next iteration's
+    checkpoint."""
+    step = ctx.iteration
+    policy = ctx.runtime.policy_for_update(step)
+    loss_fn = distillation.build_loss_fn(ctx.config)
+    metrics = grpo.train_policy(policy, ctx.batch("teacher"), loss_fn, ctx.config, step)
+    return _committed(ctx, {"policy": policy}, metrics)

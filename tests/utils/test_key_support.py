@@ -6,6 +6,7 @@ from typing import Annotated
 import pytest
 from pydantic import BaseModel
 
+from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
 from nemo_rl_core.algorithms.grpo import MasterConfig
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.algorithms.sft import SFTMasterConfig
@@ -115,7 +116,13 @@ def test_gpu_memory_knob_is_moot_without_cuda_and_refused_with_it():
         check_support(Knobs(), Machine(cuda_devices=1))
 
 
-MASTER_CONFIGS = [MasterConfig, PPOMasterConfig, SFTMasterConfig, EvalMasterConfig]
+MASTER_CONFIGS = [
+    MasterConfig,
+    PPOMasterConfig,
+    SFTMasterConfig,
+    EvalMasterConfig,
+    DistillationMasterConfig,
+]
 
 
 @pytest.mark.parametrize("master", MASTER_CONFIGS, ids=lambda m: m.__name__)

@@ -22,7 +22,7 @@ from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, chec
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "v0.7.0"
-# The GRPO, PPO and SFT configs of NeMo RL whose models are text-only LLMs.
+# The GRPO, PPO, SFT, eval and distillation configs of NeMo RL whose models are text-only LLMs.
 LOADING = [
     "grpo_math_1B",
     "sft",
@@ -42,6 +42,7 @@ LOADING = [
     "evals/eval",
     "evals/local_eval",
     "evals/math_eval",
+    "distillation_math",
 ]
 # Model, data and sizes: what a CPU run may change, nothing else (and ppo_math_1B's verifier,
 # which is not built here).

@@ -163,6 +163,14 @@ class VllmSpecificArgs(_Strict):
             "the same products",
         ),
     ] = False
+    # In NeMo RL's distillation config: its vLLM worker picks the executor itself.
+    distributed_executor_backend: Annotated[
+        str | None,
+        inert(
+            "NeMo RL v0.7 reads it nowhere: its vLLM worker chooses the executor (ray or none) "
+            "from the parallel sizes, as the engine here does"
+        ),
+    ] = None
     num_last_layers_in_bf16: Annotated[int, Only(0, reason=_BF16_LAYERS)] = 0
     num_first_layers_in_bf16: Annotated[int, Only(0, reason=_BF16_LAYERS)] = 0
     # NeMo RL collects them only from its async engine.

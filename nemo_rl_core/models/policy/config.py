@@ -233,16 +233,39 @@ class DTensorConfig(StrictModel):
 _DRAFT = "policy.draft.enabled"
 
 
+def _draft_trains_here(value: bool, context: SupportContext) -> str | None:
+    if not value:
+        return None
+    if not context.key.startswith("policy."):
+        return "only the policy trains a draft head; this model is never trained"
+    if context.section_value("megatron_cfg.enabled"):
+        return (
+            "the draft head trains beside the HF backend's policy; Megatron-core's EAGLE "
+            "training is not built"
+        )
+    return None
+
+
 class DraftConfig(StrictModel):
-    """``policy.draft``: an Eagle-style draft head trained beside the policy."""
+    """``policy.draft``: an Eagle-style draft head trained beside the policy
+    (:mod:`nemo_rl_core.models.policy.draft`)."""
 
     enabled: Annotated[
         bool,
-        Only(False, reason="draft-head training (DraftCrossEntropyLossFn) has no flow yet"),
+        Check(_draft_trains_here, "the HF policy trains a draft head beside it"),
     ] = False
-    model_name: Annotated[str | None, PartOf(_DRAFT)] = None
-    loss_weight: Annotated[float, PartOf(_DRAFT)] = 0.1
-    num_layers: Annotated[int | None, PartOf(_DRAFT)] = None
+    model_name: Annotated[
+        str | None,
+        Only(
+            None,
+            reason="a pretrained EAGLE draft is not loaded here: the draft head starts from a "
+            "seeded random init and trains beside the policy",
+        ),
+    ] = None
+    loss_weight: Annotated[float, Field(ge=0.0), PartOf(_DRAFT)] = 0.1
+    num_layers: Annotated[
+        int | None, Only(None, 1, reason="the draft head here is one fused block")
+    ] = None
     aux_layer_indices: Annotated[list[int] | None, PartOf(_DRAFT)] = None
 
 

@@ -18,10 +18,21 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction, LossInputType
-from nemo_rl_core.algorithms.loss.utils import next_token_logprobs_from_logits, prepare_loss_input
+from nemo_rl_core.algorithms.loss.utils import (
+    next_token_logprobs_from_logits,
+    prepare_loss_input,
+    shift_left,
+)
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.generation.interfaces import GenerationDatumSpec
 from nemo_rl_core.models.policy.config import PolicyConfig
+from nemo_rl_core.models.policy.draft import (
+    DraftHead,
+    DraftLossWrapper,
+    build_draft_head,
+    feature_layers,
+    save_draft_head,
+)
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout
 from nemo_rl_core.models.policy.fp8_calibration import calibrate_qkv_scales
 from nemo_rl_core.models.policy.hf_loading import load_pretrained, load_tokenizer
@@ -66,7 +77,15 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
             model = add_adapters(base, self.lora, weights_path)
         elif weights_path is not None:
             model = load_pretrained(AutoModelForCausalLM, weights_path, config)
+        # Built before the optimizer, which updates it with the model (policy.draft).
+        self.draft: DraftHead | None = None
+        if config.draft.enabled:
+            self.draft = build_draft_head(config.draft, model.config, weights_path)
+            self.draft_loss_weight = config.draft.loss_weight
+            self.draft_layers = feature_layers(config.draft, model.config.num_hidden_layers)
         super().__init__(model, tokenizer, config, init_optimizer, optimizer_path)
+        if self.draft is not None:
+            self.draft.to(self.device)
         if self.reference_model is not None:
             self.reference_model.to(self.device)
         temperature = config.generation.temperature if config.generation else 1.0
@@ -152,11 +171,58 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
 
     # ---- training ---------------------------------------------------------------------
 
+    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
+        draft = list(self.draft.parameters()) if self.draft is not None else []
+        return [*super()._trainable_parameters(), *draft]
+
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: LossFunction,
+        eval_mode: bool = False,
+        *,
+        gbs: int | None = None,
+        mbs: int | None = None,
+        timer: Any = None,
+    ) -> dict[str, Any]:
+        """NeMo RL's train step; with ``policy.draft`` the draft head trains in the same
+        step, its loss added (``loss_weight``) and reported as ``draft_loss``."""
+        if self.draft is not None and not eval_mode:
+            loss_fn = DraftLossWrapper(loss_fn, self.draft_loss_weight)  # type: ignore[assignment]
+        return super().train(data, loss_fn, eval_mode, gbs=gbs, mbs=mbs, timer=timer)
+
+    def _draft_inputs(
+        self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: DraftLossWrapper
+    ) -> dict[str, torch.Tensor]:
+        """The DRAFT loss inputs: the policy's logits as the teacher's and the draft head's
+        logits from the policy's detached features and next-token embeddings."""
+        assert self.draft is not None
+        with torch.no_grad():
+            out = self.forward(layout, self.model, output_hidden_states=True)
+            logits = layout.unpack(out.logits.float() / self.temperature)
+            features = [layout.unpack(out.hidden_states[i + 1]).float() for i in self.draft_layers]
+            ids = layout.unpack(layout.input_ids).to(self.device)
+            embeddings = self.model.get_input_embeddings()(shift_left(ids)).float()
+            lm_head = self.model.get_output_embeddings().weight.float()
+        draft_logits = self.draft(features, embeddings, lm_head)
+        # NeMo RL's draft loss returns its scalar alone: outside the LossFunction protocol.
+        draft_loss: Any = loss_fn.draft_loss_fn
+        return prepare_loss_input(logits, mb, draft_loss, draft_logits=draft_logits)[0]
+
     def _loss_inputs(
         self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
     ) -> dict[str, torch.Tensor]:
         """The loss's inputs: logprobs of the trained tokens only (``token_mask``) for a
-        logprob loss, else per-sample ``[b, S, V]`` logits (unpacked if packed)."""
+        logprob loss, else per-sample ``[b, S, V]`` logits (unpacked if packed); with the
+        draft head, its DRAFT inputs as ``draft_inputs``."""
+        inputs = self._policy_loss_inputs(mb, layout, loss_fn)
+        if isinstance(loss_fn, DraftLossWrapper):
+            return {**inputs, "draft_inputs": self._draft_inputs(mb, layout, loss_fn)}
+        return inputs
+
+    def _policy_loss_inputs(
+        self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
+    ) -> dict[str, torch.Tensor]:
         if loss_fn.input_type == LossInputType.LOGPROB:
             # the positions a loss reads: its token_mask's, every real token's without one
             wanted = mb["token_mask"][:, 1:] if "token_mask" in mb else layout.valid[:, 1:]
@@ -220,6 +286,8 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
             save_lora_checkpoint(self.model, path)
         else:
             super()._save_weights(path)
+        if self.draft is not None:
+            save_draft_head(self.draft, path)
 
     def state_dict_for_refit(self) -> dict[str, torch.Tensor]:
         """HF-named weights in the compute precision, ready for a generation engine's loader."""

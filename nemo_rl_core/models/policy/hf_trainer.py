@@ -90,13 +90,18 @@ class HFTrainable(ABC):
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: LRScheduler | None = None
         if init_optimizer:
-            trainable = [p for p in self.model.parameters() if p.requires_grad]
+            trainable = self._trainable_parameters()
             self.optimizer = build_optimizer(
                 trainable, filled(config.optimizer, "policy.optimizer")
             )
             self.scheduler = build_scheduler(self.optimizer, config.scheduler)
         if optimizer_path is not None:
             self.load_optimizer(optimizer_path)
+
+    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer updates and the gradient clipping measures (a subclass may
+        train more beside the model: the policy's draft head)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     @abstractmethod
     def _loss_inputs(
@@ -127,7 +132,12 @@ class HFTrainable(ABC):
             )
         return padded_layout(ids, lengths, multiple)
 
-    def forward(self, layout: ForwardLayout, model: torch.nn.Module | None = None) -> Any:
+    def forward(
+        self,
+        layout: ForwardLayout,
+        model: torch.nn.Module | None = None,
+        output_hidden_states: bool = False,
+    ) -> Any:
         """``model``'s (default: the trained one) raw output for a layout."""
 
         def on_device(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -139,6 +149,7 @@ class HFTrainable(ABC):
                 attention_mask=on_device(layout.attention_mask),
                 position_ids=on_device(layout.position_ids),
                 use_cache=False,
+                output_hidden_states=output_hidden_states,
             )
 
     def plan(
@@ -318,7 +329,7 @@ class HFTrainable(ABC):
         )
 
     def _clip_and_step(self, gb_idx: int) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self._trainable_parameters() if p.grad is not None]
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if not math.isfinite(grad_norm):

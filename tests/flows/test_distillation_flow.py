@@ -1,0 +1,148 @@
+"""End to end: the on-policy distillation flow on the embedded default (tiny-llama-arith
+teaches its random, smaller student on built-in additions; no server, local storage)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from flows.distillation import distillation
+from flows.rerun_stage import rerun_stage
+from nemo_rl_core.algorithms.distillation import build_loss_fn
+from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
+from nemo_rl_core.algorithms.grpo_config import load_master_config
+from nemo_rl_core.models.local_models import build_tiny_model, resolve_model
+from nemo_rl_core.models.policy import make_policy
+from nemo_rl_core.pipeline.algorithms import DISTILLATION
+from nemo_rl_core.pipeline.context import StageRef
+from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.utils.config import ConfigError
+from tasks.stage import FAULT_ENV
+
+pytestmark = pytest.mark.e2e
+CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "distillation_tiny.yaml"
+STEPS = 3
+OVERRIDES = [
+    f"distillation.max_num_steps={STEPS}",
+    "distillation.val_period=0",
+    "distillation.val_at_start=false",
+]
+
+
+def manifest(root: Path, run_id: str, iteration: int) -> dict:
+    return json.loads(
+        (root / "runs" / run_id / f"iter_{iteration:06d}" / "MANIFEST.json").read_text()
+    )
+
+
+def checkpoint(root: Path, run_id: str, step: int = STEPS) -> Path:
+    return root / "runs" / run_id / "checkpoints" / f"step_{step:06d}"
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].equal(b[name]), name
+
+
+def run(root: Path, run_id: str, *extra: str) -> dict:
+    return distillation(
+        config_path=str(CONFIG),
+        overrides=[*OVERRIDES, *extra],
+        run_id=run_id,
+        storage_root=str(root),
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("distillation")
+    return root, run(root, "clean")
+
+
+def kl_to_teacher(root: Path, run_id: str, weights: Path | None) -> float:
+    """The loss (the mixed KL to the teacher) of the student at ``weights`` (None: its
+    starting weights) on iteration 0's stored teacher batch, without an update."""
+    config = load_master_config(str(CONFIG), OVERRIDES, DistillationMasterConfig)
+    assert isinstance(config, DistillationMasterConfig)
+    local = str(resolve_model(config.policy.model_name))
+    policy = make_policy(
+        config.policy.model_copy(update={"model_name": local}),
+        weights_path=weights,
+        init_reference_model=False,
+    )
+    entry = manifest(root, run_id, 0)["stages"]["teacher"]["outputs"]
+    batch = open_storage(RunRef(str(root), run_id)).read_batch(
+        StageRef.from_dict(entry).outputs["batch"]
+    )
+    try:
+        results = policy.train(batch, build_loss_fn(config), eval_mode=True)
+    finally:
+        policy.shutdown()
+    return float(results["loss"].sum())
+
+
+def test_student_moves_toward_the_teacher(uninterrupted):
+    root, summary = uninterrupted
+    assert summary["iterations"] == list(range(STEPS))
+    assert set(manifest(root, "clean", 0)["stages"]) == set(DISTILLATION.stage_names) - {"validate"}
+    before = kl_to_teacher(root, "clean", None)
+    after = kl_to_teacher(root, "clean", checkpoint(root, "clean"))
+    assert after < 0.9 * before, (before, after)
+
+
+def test_teacher_logits_are_stored_for_every_position(uninterrupted):
+    root, _ = uninterrupted
+    entry = manifest(root, "clean", 1)["stages"]["teacher"]["outputs"]
+    batch = open_storage(RunRef(str(root), "clean")).read_batch(
+        StageRef.from_dict(entry).outputs["batch"]
+    )
+    samples, length = batch["input_ids"].shape
+    assert batch["teacher_topk_logits"].shape == (samples, length, 16)
+    assert batch["teacher_topk_indices"].shape == (samples, length, 16)
+    # the last position predicts nothing: padding; every earlier one holds the teacher's top-k,
+    # best first
+    assert batch["teacher_topk_logits"][:, -1].eq(0).all()
+    logits = batch["teacher_topk_logits"][:, :-1]
+    assert (logits[..., :-1] >= logits[..., 1:]).all()
+
+
+def test_failed_train_resumes_to_identical_weights(uninterrupted, tmp_path, monkeypatch):
+    clean_root, _ = uninterrupted
+    monkeypatch.setenv(FAULT_ENV, "train@1")
+    with pytest.raises(Exception, match="fault injected into stage 'train' of iteration 1"):
+        run(tmp_path, "faulty")
+    before = manifest(tmp_path, "faulty", 1)["stages"]
+    assert set(before) == {"prompts", "generate", "reward", "teacher"}
+    monkeypatch.delenv(FAULT_ENV)
+    run(tmp_path, "faulty")
+    after = manifest(tmp_path, "faulty", 1)["stages"]
+    assert after["teacher"]["finished_at"] == before["teacher"]["finished_at"], "recomputed"
+    assert_same_weights(
+        load_file(checkpoint(clean_root, "clean") / "model.safetensors"),
+        load_file(checkpoint(tmp_path, "faulty") / "model.safetensors"),
+    )
+
+
+def test_rerun_of_one_stage_is_bit_identical(uninterrupted):
+    root, _ = uninterrupted
+    original = manifest(root, "clean", 1)["stages"]
+    before = load_file(checkpoint(root, "clean") / "model.safetensors")
+    for stage in ("generate", "teacher", "train"):
+        outputs = rerun_stage(run_id="clean", iteration=1, stage=stage, storage_root=str(root))
+        for name, ref in outputs.items():
+            assert ref["sha256"] == original[stage]["outputs"][name]["sha256"], (stage, name)
+    assert manifest(root, "clean", 1)["stages"]["checkpoint"]["status"] == "stale"
+    run(root, "clean")
+    assert all(s["status"] == "complete" for s in manifest(root, "clean", 1)["stages"].values())
+    assert_same_weights(before, load_file(checkpoint(root, "clean") / "model.safetensors"))
+
+
+def test_a_teacher_that_cannot_teach_is_refused_before_any_work(tmp_path):
+    other = build_tiny_model(tmp_path / "other-vocab", vocab_size=300)
+    with pytest.raises(ConfigError, match=r"teacher.model_name: '.*other-vocab' has a vocab"):
+        run(tmp_path / "runs-a", "bad-teacher", f"teacher.model_name={other}")
+    with pytest.raises(ConfigError, match=r"distillation.topk_logits_k=4096: larger than"):
+        run(tmp_path / "runs-b", "bad-k", "distillation.topk_logits_k=4096")
+    assert not (tmp_path / "runs-a").exists() and not (tmp_path / "runs-b").exists()
