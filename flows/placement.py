@@ -12,8 +12,10 @@ pool, reading and writing the run's storage, and the iteration flow waits for it
 - A placed stage whose process is lost is marked ``Crashed`` and started again, up to a local
   stage's retries: lost is a flow run Prefect saw crash, or one still ``Running`` whose heartbeat
   on storage stopped for ``NEMO_RL_CORE_LEASE_TTL_S`` (a killed worker takes its flow-run
-  processes along without a word to the server). The waiter times the heartbeat on its own
-  clock, so the machines' clocks need not agree.
+  processes along without a word to the server), or that wrote no first beat within
+  ``cluster.placement_wait_seconds``. The waiter times the heartbeat on its own clock, so the
+  machines' clocks need not agree. A stage run declared lost that is still alive (a stalled
+  machine) ends itself at its next beat, so that it does not commit beside its retry.
 """
 
 import os
@@ -40,6 +42,7 @@ from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.utils.config import ConfigError
 from tasks.stage import (
     STAGE_TASK_OPTIONS,
+    kill_process_tree,
     run_stage_tasks,
     stage_inputs,
     stage_logger,
@@ -177,7 +180,7 @@ def wait_for_stage_run(
     fails; ``StageRunLost`` if its process is gone (the caller runs it again)."""
     wait_s = config.cluster.placement_wait_seconds
     submitted = time.monotonic()
-    heartbeat = Heartbeat(run, iteration, name, str(flow_run_id))
+    heartbeat = Heartbeat(run, iteration, name, str(flow_run_id), first_beat_s=wait_s)
     with get_client(sync_client=True) as client:
         while True:
             flow_run = client.read_flow_run(flow_run_id)
@@ -223,10 +226,14 @@ def workers_of(client: SyncPrefectClient, pool: str) -> str:
 
 class Heartbeat:
     """The waiter's view of a running placed stage's heartbeat on storage: when it last saw
-    the record change, by its own monotonic clock."""
+    the record change, by its own monotonic clock. Before its first beat a flow run is still
+    starting (imports, storage, on a busy machine), which may take ``first_beat_s``."""
 
-    def __init__(self, run: RunRef, iteration: int, name: str, flow_run_id: str) -> None:
+    def __init__(
+        self, run: RunRef, iteration: int, name: str, flow_run_id: str, first_beat_s: float
+    ) -> None:
         self.run, self.iteration, self.name, self.flow_run_id = run, iteration, name, flow_run_id
+        self.first_beat_s = first_beat_s
         self.last_beat: object = None
         self.seen_at: float | None = None  # when the flow run was first seen running
 
@@ -239,15 +246,30 @@ class Heartbeat:
         if self.seen_at is None or beat != self.last_beat:
             self.seen_at, self.last_beat = now, beat
             return None
-        ttl = float(record["ttl_s"]) if ours and record is not None else lease_ttl_s()
+        allowed = float(record["ttl_s"]) if ours and record is not None else self.first_beat_s
         silent = now - self.seen_at
-        return silent if silent > ttl else None
+        return silent if silent > allowed else None
+
+
+def declared_lost(flow_run_id: str | None) -> bool:
+    """Whether Prefect holds this flow run ended while it still runs (an unreachable API
+    says nothing: the stage goes on)."""
+    if flow_run_id is None:
+        return False
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(UUID(flow_run_id)).state
+    except Exception:  # noqa: BLE001 - see the docstring
+        return False
+    return state is not None and state.is_final()
 
 
 @contextmanager
 def stage_heartbeat(run: RunRef, iteration: int, name: str) -> Iterator[None]:
     """Beat on storage every third of ``NEMO_RL_CORE_LEASE_TTL_S`` while a placed stage runs,
-    saying who runs it (pool, worker, host, pid): the waiting iteration flow reads it."""
+    saying who runs it (pool, worker, host, pid): the waiting iteration flow reads it. A
+    beat that finds this flow run ended (its waiter declared it lost and marked it
+    ``Crashed``) ends the process, which would otherwise commit beside its retry."""
     ttl = lease_ttl_s()
     storage = open_storage(run)
     record: dict[str, Any] = {**where_this_runs(), "pid": os.getpid(), "ttl_s": ttl, "beat": 0}
@@ -257,6 +279,9 @@ def stage_heartbeat(run: RunRef, iteration: int, name: str) -> Iterator[None]:
 
     def keep_beating() -> None:
         while not stop.wait(ttl / 3):
+            if declared_lost(record["flow_run"]):
+                log.error("run %s: stage %s was declared lost; ending it", run.run_id, name)
+                kill_process_tree()
             record["beat"] += 1
             try:
                 storage.write_stage_run(iteration, name, record)

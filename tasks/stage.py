@@ -107,7 +107,7 @@ def injected_faults(stage: str, iteration: int) -> set[str]:
     return modes
 
 
-def _kill_process_tree() -> None:
+def kill_process_tree() -> None:
     """SIGKILL this process and everything it started (forked reward workers), as a lost
     machine takes them along: a surviving child would hold the worker's pipe to this
     process open, and Prefect would see the crash only when that child exits."""
@@ -172,7 +172,7 @@ def run_stage(
     result = compute()
     metrics = {**result.metrics, "seconds": time.perf_counter() - started}
     if "kill" in faults:
-        _kill_process_tree()
+        kill_process_tree()
     refs: dict[str, ObjectRef] = {}
     for name, value in result.outputs.items():
         stored = name if part is None else f"{part}.{name}"

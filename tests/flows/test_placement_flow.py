@@ -85,7 +85,7 @@ def beat_then_stop(root: str) -> float | None:
     run_ref = RunRef(root, "beats")
     context = FlowRunContext.get()
     assert context is not None and context.flow_run is not None
-    waiter = Heartbeat(run_ref, 1, "train", str(context.flow_run.id))
+    waiter = Heartbeat(run_ref, 1, "train", str(context.flow_run.id), first_beat_s=1.5)
     with stage_heartbeat(run_ref, 1, "train"):
         record = open_storage(run_ref).read_stage_run(1, "train")
         assert record is not None and record["host"] == socket.gethostname(), record

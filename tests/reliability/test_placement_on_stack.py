@@ -31,7 +31,7 @@ PLACED = {
     "logprob": "train-pool",
     "train": "train-pool",
 }
-LEASE_TTL_S = 3  # also the placed stages' heartbeat: a lost one is seen within seconds
+LEASE_TTL_S = 10  # also the placed stages' heartbeat: a lost one is seen within seconds
 
 
 @pytest.fixture(scope="module")
