@@ -26,6 +26,7 @@ else:
 
     from flows.lease import hold_lease
     from flows.loop import run_iteration, run_pipeline_iteration
+    from flows.placement import check_placement
     from flows.progress import artifact_key, shown_row
     from flows.run_setup import lease_owner, load_storage_block, new_run_id, store_run_config
     from nemo_rl_core.evals.config import EvalMasterConfig
@@ -100,6 +101,7 @@ else:
         for an ``s3://`` root."""
         config = check_eval_config(config_path, overrides)
         check_stage_names(config, EVAL)
+        check_placement(config, EVAL)
         root = storage_root or DEFAULT_STORAGE_ROOT
         load_storage_block(root, storage_block)
         run = RunRef(root, run_id or new_run_id(EVAL.name))

@@ -12,6 +12,7 @@ from prefect import Flow, flow
 
 from flows.labels import labelled_run
 from flows.lease import hold_lease
+from flows.placement import run_placed_stage
 from flows.progress import IterationReports
 from flows.run_setup import lease_owner, open_run, plan_iterations
 from nemo_rl_core.pipeline.context import PREVIOUS, DamagedInputError, StageRef
@@ -19,7 +20,7 @@ from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.spec import Pipeline, round_name
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.utils.timer import TimeoutChecker
-from tasks.stage import run_stage_tasks, stage_logger
+from tasks.stage import stage_logger
 
 
 def run_pipeline_iteration(
@@ -32,7 +33,7 @@ def run_pipeline_iteration(
         if not spec.is_due(config, iteration, final_step):
             continue
         upstream = {name: done[name] for name in spec.all_reads if name in done}
-        done[spec.name] = run_stage_tasks(config, run, iteration, spec.name, upstream)
+        done[spec.name] = run_placed_stage(config, run, iteration, spec.name, upstream)
         refill = pipeline.refill
         if pipeline.refilling(config) and refill and spec.name == refill.stages[-1]:
             round_index = 0
@@ -43,7 +44,7 @@ def run_pipeline_iteration(
                     upstream = {r: done[r] for r in reads if r in done}
                     upstream[PREVIOUS] = done[name]
                     recorded = round_name(name, round_index)
-                    done[name] = run_stage_tasks(config, run, iteration, recorded, upstream)
+                    done[name] = run_placed_stage(config, run, iteration, recorded, upstream)
 
 
 def batch_complete(run: RunRef, ref: StageRef, output: str) -> bool:

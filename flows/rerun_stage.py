@@ -13,12 +13,12 @@ from prefect import flow
 
 from flows.labels import labelled_run
 from flows.lease import hold_lease
+from flows.placement import check_placement, run_placed_stage
 from flows.run_setup import lease_owner, load_storage_block
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
 from nemo_rl_core.pipeline.spec import split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.stage import run_stage_tasks
 
 
 @flow(name="rerun-stage", log_prints=True)
@@ -75,10 +75,11 @@ def rerun_stage(
         labelled_run(pipeline.name, run, name=name),
         hold_lease(run, owner=f"{lease_owner()} rerun-stage {stage}@{iteration}"),
     ):
-        storage.mark_stale(iteration, [stage, *stale])
         try:
             config = runtime_for(run).config
-            return run_stage_tasks(config, run, iteration, stage, upstream).to_dict()
+            check_placement(config, pipeline)
+            storage.mark_stale(iteration, [stage, *stale])
+            return run_placed_stage(config, run, iteration, stage, upstream).to_dict()
         finally:
             close_runtime(run)
 

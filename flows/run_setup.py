@@ -9,6 +9,7 @@ import socket
 from typing import Any
 
 from flows.config_check import check_run_config, trained_models
+from flows.placement import check_placement
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.pipeline.orchestration import check_stage_names
 from nemo_rl_core.pipeline.runtime import runtime_for
@@ -77,6 +78,7 @@ def open_run(
     setup = declared(pipeline, "data_setup")
     config = check_run_config(pipeline.config_class, config_path, overrides, setup)
     check_stage_names(config, pipeline)
+    check_placement(config, pipeline)
     for _, model in trained_models(config):
         resolve_model(model.model_name)
     if pipeline.preflight is not None:

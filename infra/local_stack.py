@@ -189,8 +189,9 @@ class LocalStack:
             else ""
         )
 
-    def worker_pid(self) -> int:
-        return int((self.state_dir / "run" / "worker.pid").read_text())
+    def worker_pid(self, pool: str | None = None) -> int:
+        """The stack's worker, or (with ``pool``) the worker of that stage pool."""
+        return int((self.state_dir / "run" / f"{_worker(pool)}.pid").read_text())
 
     def flow_run_pids(self, flow_run_id: str | None = None) -> list[int]:
         """The processes executing flow runs (of ``flow_run_id`` only, if given): each the
@@ -207,9 +208,19 @@ class LocalStack:
             if ppid not in engines and flow_run_id in (None, _flow_run_of(pid))
         ]
 
-    def restart_worker(self) -> None:
-        """Start the worker again after it was lost (``infra/stack.sh start worker``)."""
-        self.stack("start", "worker")
+    def restart_worker(self, pool: str | None = None) -> None:
+        """Start the worker (of stage pool ``pool``) again after it was lost, or for the
+        first time (``infra/stack.sh start worker@POOL``)."""
+        self.stack("start", _worker(pool))
+
+    def stop_worker(self, pool: str) -> None:
+        """Stop the worker of stage pool ``pool`` (``infra/stack.sh stop worker@POOL``)."""
+        self.stack("stop", _worker(pool))
+
+
+def _worker(pool: str | None) -> str:
+    """stack.sh's name of the stack's worker, or of a stage pool's."""
+    return "worker" if pool is None else f"worker@{pool}"
 
 
 def _process_table() -> list[tuple[int, int, str]]:

@@ -1,10 +1,13 @@
-"""Register what flows need on the local stack: the S3 bucket and the Prefect S3 blocks.
+"""Register what flows need on the local stack: the S3 bucket, the Prefect S3 blocks and
+the stage work pools (``NEMO_RL_STAGE_POOLS``) that ``cluster.placement`` puts stages on.
 
 Run by ``infra/stack.sh start`` with ``.infra/env.sh`` in the environment, while the
 server is still booting (its imports overlap the server's start), so it first waits for
 the API and the S3 endpoint. Every step is idempotent. The bucket is made again on each
-start because moto keeps objects in memory only. The work pool is the worker's to make
-(``prefect worker start --type process``), which avoids two creators racing.
+start because moto keeps objects in memory only. The stack's own work pool is its
+worker's to make (``prefect worker start --type process``), which avoids two creators
+racing; the stage pools are made here, before any of their workers, because
+``prefect deploy`` refuses a deployment on a pool that does not exist.
 """
 
 import os
@@ -13,6 +16,9 @@ import urllib.request
 
 import boto3
 from botocore.exceptions import ClientError
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.workers.process import ProcessWorker
 from prefect_aws import AwsClientParameters, AwsCredentials, S3Bucket
 
 
@@ -53,6 +59,18 @@ def save_s3_blocks(endpoint_url: str, bucket: str, credentials_name: str, bucket
     S3Bucket(bucket_name=bucket, credentials=credentials).save(bucket_name, overwrite=True)
 
 
+def ensure_process_pools(names: list[str]) -> None:
+    """Create each ``process`` work pool that does not exist yet."""
+    with get_client(sync_client=True) as client:
+        existing = {pool.name for pool in client.read_work_pools()}
+        for name in names:
+            if name not in existing:
+                template = ProcessWorker.get_default_base_job_template()
+                client.create_work_pool(
+                    WorkPoolCreate(name=name, type="process", base_job_template=template)
+                )
+
+
 def main() -> None:
     endpoint_url = os.environ["NEMO_RL_S3_ENDPOINT_URL"]
     bucket = os.environ["NEMO_RL_S3_BUCKET"]
@@ -66,7 +84,9 @@ def main() -> None:
         os.environ["NEMO_RL_S3_CREDENTIALS_BLOCK"],
         os.environ["NEMO_RL_S3_BUCKET_BLOCK"],
     )
-    print(f"registered bucket {bucket} and S3 blocks")
+    pools = os.environ.get("NEMO_RL_STAGE_POOLS", "").split()
+    ensure_process_pools(pools)
+    print(f"registered bucket {bucket}, S3 blocks and stage work pools {pools}")
 
 
 if __name__ == "__main__":

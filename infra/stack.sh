@@ -2,16 +2,21 @@
 # The real local stack, every service on 127.0.0.1:
 #   PostgreSQL 15 (the Prefect server's database) -> `prefect server start` (API and web UI)
 #   -> a `process` work pool and a worker; moto_server as the S3 endpoint, with a
-#   bucket and Prefect S3 blocks (AwsCredentials + S3Bucket) registered.
+#   bucket and Prefect S3 blocks (AwsCredentials + S3Bucket) registered, and the stage
+#   work pools (INFRA_STAGE_POOLS, `process` type) that `cluster.placement` puts stages on.
 #
-# Usage: infra/stack.sh start|stop|status [postgres|s3|server|worker ...]   (none = all)
-#        then, in a client shell:  source .infra/env.sh
+# Usage: infra/stack.sh start|stop|status [postgres|s3|server|worker|worker@POOL ...]
+#        (none = all but the stage pools' workers), then, in a client shell:
+#        source .infra/env.sh
+#   worker@POOL is a worker of stage pool POOL, e.g. `infra/stack.sh start worker@train-pool`;
+#   `stop` with no component stops those too.
 #
 # Settings (environment; `start` saves them in $INFRA_STATE_DIR/stack.conf, later calls
 # reuse them unless set again):
 #   INFRA_STATE_DIR (./.infra, or $NEMO_RL_INFRA_STATE_DIR from a sourced env.sh)
 #   INFRA_PG_PORT (5433)   INFRA_API_PORT (4200)   INFRA_S3_PORT (9000)
 #   INFRA_WORK_POOL (local-process)   INFRA_BUCKET (nemo-rl)
+#   INFRA_STAGE_POOLS ("rollout-pool train-pool": the pools prefect.yaml's stage deployments use)
 #   INFRA_START_TIMEOUT (120, seconds per service)   INFRA_PGBIN (/usr/lib/postgresql/15/bin)
 set -euo pipefail
 
@@ -24,6 +29,7 @@ STATE=$(cd "$STATE" && pwd)
 [[ -f $STATE/stack.conf ]] && source "$STATE/stack.conf"
 : "${INFRA_PG_PORT:=5433}" "${INFRA_API_PORT:=4200}" "${INFRA_S3_PORT:=9000}"
 : "${INFRA_WORK_POOL:=local-process}" "${INFRA_BUCKET:=nemo-rl}" "${INFRA_START_TIMEOUT:=120}"
+: "${INFRA_STAGE_POOLS:=rollout-pool train-pool}"
 
 BIN=$ROOT/.venv/bin
 [[ -x $BIN/prefect ]] || BIN=$(dirname "$(command -v prefect)")
@@ -62,6 +68,7 @@ save_settings() {
   cat >"$STATE/stack.conf" <<EOF
 : "\${INFRA_PG_PORT:=$INFRA_PG_PORT}" "\${INFRA_API_PORT:=$INFRA_API_PORT}" "\${INFRA_S3_PORT:=$INFRA_S3_PORT}"
 : "\${INFRA_WORK_POOL:=$INFRA_WORK_POOL}" "\${INFRA_BUCKET:=$INFRA_BUCKET}"
+: "\${INFRA_STAGE_POOLS:=$INFRA_STAGE_POOLS}"
 EOF
 }
 
@@ -82,6 +89,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export DO_NOT_TRACK=1
 export PREFECT_CLI_PROMPT=false
 export NEMO_RL_WORK_POOL=$INFRA_WORK_POOL
+export NEMO_RL_STAGE_POOLS="$INFRA_STAGE_POOLS"
 export AWS_ACCESS_KEY_ID=nemo-rl-local
 export AWS_SECRET_ACCESS_KEY=$(cat "$secret_file")
 export AWS_DEFAULT_REGION=us-east-1
@@ -196,15 +204,26 @@ start_server() {
     launch server "$BIN/prefect" server start --host 127.0.0.1 --port "$INFRA_API_PORT" --analytics-off
 }
 
-worker_started() { grep -q "Worker '.*' started" "$LOGS/worker.log"; }
+worker_started() { grep -q "Worker '.*' started" "$LOGS/${1:-worker}.log"; }
 
+# start_worker [POOL]: the stack's worker, or (with POOL) a worker of that stage pool,
+# recorded as worker@POOL.
 start_worker() {
-  alive worker && return 0
+  local pool=${1:-$INFRA_WORK_POOL} name=worker${1:+@$1}
+  alive "$name" && return 0
   server_healthy >/dev/null || die "start the server before the worker"
   # Poll every 2 s instead of 10 s: a deployed run starts within seconds.
-  PREFECT_WORKER_QUERY_SECONDS=2 launch worker "$BIN/prefect" worker start \
-    --pool "$INFRA_WORK_POOL" --type process --name "local-worker-$INFRA_API_PORT"
-  wait_for worker "$LOGS/worker.log" worker_started
+  PREFECT_WORKER_QUERY_SECONDS=2 launch "$name" "$BIN/prefect" worker start \
+    --pool "$pool" --type process --name "${1:-local}-worker-$INFRA_API_PORT"
+  wait_for "$name" "$LOGS/$name.log" worker_started "$name"
+}
+
+# The stage pools' workers this state dir has run (started or stopped since).
+pool_workers() {
+  local f
+  for f in "$RUN"/worker@*.sessions; do
+    if [[ -e $f ]]; then basename "$f" .sessions; fi
+  done
 }
 
 # wants NAME: is NAME among the components this call acts on?
@@ -232,14 +251,23 @@ start() {
   if wants s3; then wait_for s3 "$LOGS/s3.log" s3_healthy; fi
   if wants server; then wait_for server "$LOGS/server.log" server_healthy; fi
   if wants worker; then start_worker; fi
+  local component
+  for component in "${COMPONENTS[@]}"; do
+    if [[ $component == worker@* ]]; then start_worker "${component#worker@}"; fi
+  done
   [[ -z $register_pid ]] || wait "$register_pid" || fail_with_log "registering the S3 bucket and blocks failed" "$LOGS/register.log"
   echo "stack up in $((SECONDS - START_T0)) s; clients: source $STATE/env.sh"
 }
 
 stop() {
-  # Order matters: a worker whose API is gone hangs on shutdown, so it goes first.
-  for name in worker register server s3 postgres; do
-    wants "$name" || [[ $name == register ]] || continue
+  local name names=()
+  for name in "${COMPONENTS[@]}"; do
+    if [[ $name == worker@* ]]; then names+=("$name"); fi
+  done
+  if ((ALL)); then mapfile -t -O "${#names[@]}" names < <(pool_workers); fi
+  # Order matters: a worker whose API is gone hangs on shutdown, so workers go first.
+  for name in "${names[@]}" worker register server s3 postgres; do
+    [[ $name == worker@* ]] || wants "$name" || [[ $name == register ]] || continue
     if [[ $name == postgres ]]; then stop_postgres; else stop_sessions "$name"; fi
   done
 }
@@ -253,17 +281,23 @@ status() {
   report s3 s3_healthy "http://127.0.0.1:$INFRA_S3_PORT bucket $INFRA_BUCKET"
   report server server_healthy "${PREFECT_API_URL:-}"
   report worker worker_up "pool $INFRA_WORK_POOL"
+  local name
+  for name in $(pool_workers); do  # a stage pool's worker, while this stack runs one
+    if worker_up "$name"; then echo "$name: up (pool ${name#worker@})"; else echo "$name: down"; fi
+  done
   return $ok
 }
 
-worker_up() { alive worker && worker_started; }
+worker_up() { alive "${1:-worker}" && worker_started "${1:-worker}"; }
 
 cmd=${1:-}
 shift || true
 COMPONENTS=("$@")
-((${#COMPONENTS[@]})) || COMPONENTS=(postgres s3 server worker)
+ALL=$((${#COMPONENTS[@]} == 0))
+((ALL)) && COMPONENTS=(postgres s3 server worker)
 for name in "${COMPONENTS[@]}"; do
-  [[ $name =~ ^(postgres|s3|server|worker)$ ]] || die "unknown component '$name' (postgres|s3|server|worker)"
+  [[ $name =~ ^(postgres|s3|server|worker|worker@[A-Za-z0-9._-]+)$ ]] ||
+    die "unknown component '$name' (postgres|s3|server|worker|worker@POOL)"
 done
 case $cmd in
   start) start ;;

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
@@ -20,6 +21,7 @@ from typing import Any, ParamSpec, TypeVar
 import psutil
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 from prefect.exceptions import MissingContextError
 from prefect.futures import wait
 from prefect.task_engine import TaskRunTimeoutError
@@ -75,6 +77,19 @@ looks for a stored result, ~8 ms per task run for nothing (bench/RESULTS.md, iss
 """
 
 
+def where_this_runs() -> dict[str, str | None]:
+    """The work pool, worker, host and flow run executing this code (the manifest records
+    them with each stage); pool and worker are None outside a worker's flow run."""
+    context = FlowRunContext.get()
+    flow_run = context.flow_run if context is not None else None
+    return {
+        "pool": flow_run.work_pool_name if flow_run is not None else None,
+        "worker": os.environ.get("PREFECT__WORKER_NAME"),
+        "host": socket.gethostname(),
+        "flow_run": str(flow_run.id) if flow_run is not None else None,
+    }
+
+
 def injected_faults(stage: str, iteration: int) -> set[str]:
     """The modes ``NEMO_RL_CORE_FAULT=stage@iteration[:mode],...`` asks of this stage.
 
@@ -92,7 +107,7 @@ def injected_faults(stage: str, iteration: int) -> set[str]:
     return modes
 
 
-def _kill_process_tree() -> None:
+def kill_process_tree() -> None:
     """SIGKILL this process and everything it started (forked reward workers), as a lost
     machine takes them along: a surviving child would hold the worker's pipe to this
     process open, and Prefect would see the crash only when that child exits."""
@@ -157,7 +172,7 @@ def run_stage(
     result = compute()
     metrics = {**result.metrics, "seconds": time.perf_counter() - started}
     if "kill" in faults:
-        _kill_process_tree()
+        kill_process_tree()
     refs: dict[str, ObjectRef] = {}
     for name, value in result.outputs.items():
         stored = name if part is None else f"{part}.{name}"
@@ -165,10 +180,11 @@ def run_stage(
             refs[name] = storage.write_batch(iteration, stage, value, name=stored)
         else:
             refs[name] = storage.write_json(iteration, stage, stored, value)
+    ran_on = where_this_runs()
     if part is None:
-        storage.record_stage(iteration, stage, inputs, refs, metrics)
+        storage.record_stage(iteration, stage, inputs, refs, metrics, ran_on)
     else:
-        storage.record_part(iteration, stage, part, inputs, refs, metrics)
+        storage.record_part(iteration, stage, part, inputs, refs, metrics, ran_on)
     log.info(
         "run %s iteration %d stage %s: committed %s", run.run_id, iteration, label, sorted(refs)
     )

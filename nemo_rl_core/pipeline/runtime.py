@@ -23,6 +23,7 @@ from nemo_rl_core.algorithms.grpo import (
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import DataSetup, build_dataset
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.distributed.virtual_cluster import PLACEMENT_KEYS
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
 from nemo_rl_core.models.generation import configure_generation_config, make_generation
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
@@ -89,8 +90,10 @@ class RunRuntime:
 
     @property
     def config_digest(self) -> str:
-        """What of the config decides stage outputs: all of it but ``orchestration``."""
-        return digest_json(self.config.model_dump(mode="json", exclude={SECTION}))
+        """What of the config decides stage outputs: all of it but ``orchestration`` and
+        where stages run (``cluster.placement``)."""
+        exclude: dict[str, Any] = {SECTION: True, "cluster": set(PLACEMENT_KEYS)}
+        return digest_json(self.config.model_dump(mode="json", exclude=exclude))
 
     # ---- versions: what a stage's output depends on besides its inputs ---------------
 

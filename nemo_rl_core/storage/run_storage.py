@@ -7,7 +7,9 @@
   iter_000003/<stage>/<name>.arrow     stage outputs (BatchedDataDict, codec format;
                                        <name>.parquet with batch_format="parquet")
   iter_000003/<stage>/<name>.json      small outputs (metrics)
-  iter_000003/MANIFEST.json            one entry per finished stage: inputs, outputs, checksums
+  iter_000003/MANIFEST.json            one entry per finished stage: inputs, outputs, checksums,
+                                       and the pool, worker and host that ran it
+  stage_runs/iter_000003.train.json    a stage running on another machine: its heartbeat
   checkpoints/step_000003/...          checkpoint files, training_info.json, COMMITTED last
 ```
 
@@ -75,6 +77,7 @@ _STAGING_PREFIX = ".staging-"
 COMMITTED = "COMMITTED"
 TRAINING_INFO = "training_info.json"
 MANIFEST = "MANIFEST.json"
+STAGE_RUNS = "stage_runs"  # heartbeats of stages running in other processes
 _MANIFEST_LOCK = threading.Lock()
 _PART_SUFFIX = ".entry.json"  # a part's own entry, beside its outputs
 # sha256 releases the GIL on large buffers: hashing runs beside the transfer or decode.
@@ -228,11 +231,13 @@ class RunStorage:
         inputs: dict[str, str],
         outputs: dict[str, ObjectRef],
         metrics: dict | None = None,
+        ran_on: dict | None = None,
     ) -> dict:
-        """Commit a finished stage: its entry goes into ``MANIFEST.json`` (read-modify-write)."""
+        """Commit a finished stage: its entry goes into ``MANIFEST.json`` (read-modify-write);
+        ``ran_on`` says where it ran (work pool, worker, host)."""
         self._check_lease()
         validate_name("stage", stage)
-        entry = self._entry(inputs, outputs, metrics)
+        entry = self._entry(inputs, outputs, metrics, ran_on)
         with _MANIFEST_LOCK:
             manifest = self.read_manifest(iteration)
             manifest["stages"][stage] = entry
@@ -255,12 +260,13 @@ class RunStorage:
         inputs: dict[str, str],
         outputs: dict[str, ObjectRef],
         metrics: dict | None = None,
+        ran_on: dict | None = None,
     ) -> dict:
         """Commit one part of a stage whose work is split (fan-out) in an entry object of
         its own, ``iter_<n>/<stage>/<part>.entry.json``: parts finish concurrently, possibly
         in other processes, so they never rewrite the manifest."""
         self._check_lease()
-        entry = self._entry(inputs, outputs, metrics)
+        entry = self._entry(inputs, outputs, metrics, ran_on)
         self._put(self._part_key(iteration, stage, part), json.dumps(entry).encode())
         return entry
 
@@ -275,17 +281,24 @@ class RunStorage:
         return self._stage_key(iteration, stage, f"{validate_name('part', part)}{_PART_SUFFIX}")
 
     def _entry(
-        self, inputs: dict[str, str], outputs: dict[str, ObjectRef], metrics: dict | None
+        self,
+        inputs: dict[str, str],
+        outputs: dict[str, ObjectRef],
+        metrics: dict | None,
+        ran_on: dict | None = None,
     ) -> dict:
         for ref in outputs.values():
             self._check_key(ref.key)
-        return {
+        entry = {
             "status": "complete",
             "inputs": dict(inputs),
             "outputs": {name: ref.to_dict() for name, ref in outputs.items()},
             "metrics": dict(metrics or {}),
             "finished_at": datetime.now(UTC).isoformat(),
         }
+        if ran_on is not None:
+            entry["ran_on"] = dict(ran_on)
+        return entry
 
     def _if_complete(self, entry: dict | None, inputs: dict[str, str]) -> dict | None:
         if entry is None or entry.get("status") != "complete" or entry.get("inputs") != inputs:
@@ -491,6 +504,21 @@ class RunStorage:
         for name in self._list_names("checkpoints"):
             if name.startswith(_STAGING_PREFIX):
                 self._delete_tree(f"checkpoints/{name}")
+
+    # ---- stages running elsewhere ----------------------------------------------------
+
+    def write_stage_run(self, iteration: int, stage: str, record: dict) -> None:
+        """Record (and renew) a stage running in another process, e.g. on another work
+        pool: who runs it and until when it promises to write this again (its heartbeat)."""
+        self._put(self._stage_run_key(iteration, stage), json.dumps(record).encode())
+
+    def read_stage_run(self, iteration: int, stage: str) -> dict | None:
+        """The newest :meth:`write_stage_run` record of a stage, or None."""
+        data = self._get_optional(self._stage_run_key(iteration, stage))
+        return None if data is None else json.loads(data)
+
+    def _stage_run_key(self, iteration: int, stage: str) -> str:
+        return f"{STAGE_RUNS}/{_iter_dir(iteration)}.{validate_name('stage', stage)}.json"
 
     # ---- lease -----------------------------------------------------------------------
 
