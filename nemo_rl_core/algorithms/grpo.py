@@ -35,6 +35,7 @@ from nemo_rl_core.algorithms.grpo_config import (
     MasterConfig,
     RLMasterConfig,
     RolloutLoopConfig,  # noqa: F401
+    async_depth,  # noqa: F401
     data_setup,
     load_master_config,  # noqa: F401
     planned_steps,  # noqa: F401
