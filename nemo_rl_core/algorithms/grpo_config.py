@@ -150,7 +150,7 @@ class AsyncGRPOConfig(StrictConfig):
     trajectory's age, reached by every batch here, so the schedule does not depend on
     timing)."""
 
-    enabled: Annotated[bool, Wired("nemo_rl_core.pipeline.algorithms:ASYNC_ROLLOUTS")] = False
+    enabled: Annotated[bool, Wired(f"{_GRPO}:async_depth")] = False
     max_trajectory_age_steps: Annotated[int, PartOf("grpo.async_grpo.enabled")] = 1
     in_flight_weight_updates: Annotated[bool, Only(False, reason=_ONE_VERSION_PER_BATCH)] = False
     recompute_kv_cache_after_weight_updates: Annotated[
