@@ -16,7 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 # On a loaded machine Prefect's ephemeral API server can take minutes to answer; set before
@@ -187,9 +187,10 @@ def plain_loop(
     model_dir = resolve_model(config.policy.model_name)
     runtime = RunRuntime(RunRef("memory://plain", "plain"), GRPO, config, model_dir)
     timings, rewards = [], []
-    try:
+    # The engine is held for the whole loop: it is refit here from the policy's memory.
+    with closing(runtime), runtime.generation(0) as engine:
         tokenizer, envs = runtime.tokenizer, runtime.task_to_env
-        policy, engine = runtime.policy(0), runtime.generation(0)
+        policy = runtime.policy(0)
         state = runtime.dataloader_state(0)
         for iteration in range(iterations):
             timing: dict[str, float] = {}
@@ -215,8 +216,6 @@ def plain_loop(
             rewards.append(metrics["mean_reward"])
             if iteration:
                 timings.append(timing)
-    finally:
-        runtime.close()
     return timings, rewards
 
 

@@ -14,37 +14,73 @@ from flows.labels import labelled_run
 from flows.lease import hold_lease
 from flows.placement import run_placed_stage
 from flows.progress import IterationReports
+from flows.run_ahead import RolloutsAhead, rollouts_ahead
 from flows.run_setup import lease_owner, open_run, plan_iterations
 from nemo_rl_core.pipeline.context import PREVIOUS, DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime
-from nemo_rl_core.pipeline.spec import Pipeline, round_name
+from nemo_rl_core.pipeline.spec import Pipeline, Stage, round_name
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.utils.timer import TimeoutChecker
 from tasks.stage import stage_logger
 
 
 def run_pipeline_iteration(
-    pipeline: Pipeline, config: Any, run: RunRef, iteration: int, final_step: int
+    pipeline: Pipeline,
+    config: Any,
+    run: RunRef,
+    iteration: int,
+    final_step: int,
+    ahead: RolloutsAhead | None = None,
 ) -> None:
     """The iteration's due stages in declared order, each fed the outputs it reads; the
-    refill stages run again, round after round, until their batch is complete."""
+    refill stages run again, round after round, until their batch is complete. With
+    ``ahead`` (async GRPO), the run-ahead stages' outputs come from its background rollouts."""
     done: dict[str, StageRef] = {}
     for spec in pipeline.stages:
-        if not spec.is_due(config, iteration, final_step):
+        if ahead is not None and spec.name in ahead.stages:
+            if spec.name == ahead.stages[0] and spec.is_due(config, iteration, final_step):
+                done |= ahead.take(iteration)
             continue
-        upstream = {name: done[name] for name in spec.all_reads if name in done}
-        done[spec.name] = run_placed_stage(config, run, iteration, spec.name, upstream)
-        refill = pipeline.refill
-        if pipeline.refilling(config) and refill and spec.name == refill.stages[-1]:
-            round_index = 0
-            while not batch_complete(run, done[spec.name], refill.complete_output):
-                round_index += 1
-                for name in refill.stages:
-                    reads = pipeline.stage(name).all_reads
-                    upstream = {r: done[r] for r in reads if r in done}
-                    upstream[PREVIOUS] = done[name]
-                    recorded = round_name(name, round_index)
-                    done[name] = run_placed_stage(config, run, iteration, recorded, upstream)
+        run_due_stage(pipeline, config, run, iteration, final_step, spec, done)
+
+
+def run_rollout(
+    pipeline: Pipeline, config: Any, run: RunRef, final_step: int, iteration: int
+) -> dict[str, StageRef]:
+    """The run-ahead stages of one iteration (what ``RolloutsAhead`` runs in its thread)."""
+    done: dict[str, StageRef] = {}
+    names = pipeline.run_ahead.stages if pipeline.run_ahead is not None else ()
+    for name in names:
+        run_due_stage(pipeline, config, run, iteration, final_step, pipeline.stage(name), done)
+    return done
+
+
+def run_due_stage(
+    pipeline: Pipeline,
+    config: Any,
+    run: RunRef,
+    iteration: int,
+    final_step: int,
+    spec: Stage,
+    done: dict[str, StageRef],
+) -> None:
+    """Stage ``spec`` if due, fed the outputs in ``done`` that it reads; its ref joins
+    ``done``. The last refill stage runs the refill rounds after it."""
+    if not spec.is_due(config, iteration, final_step):
+        return
+    upstream = {name: done[name] for name in spec.all_reads if name in done}
+    done[spec.name] = run_placed_stage(config, run, iteration, spec.name, upstream)
+    refill = pipeline.refill
+    if pipeline.refilling(config) and refill and spec.name == refill.stages[-1]:
+        round_index = 0
+        while not batch_complete(run, done[spec.name], refill.complete_output):
+            round_index += 1
+            for name in refill.stages:
+                reads = pipeline.stage(name).all_reads
+                upstream = {r: done[r] for r in reads if r in done}
+                upstream[PREVIOUS] = done[name]
+                recorded = round_name(name, round_index)
+                done[name] = run_placed_stage(config, run, iteration, recorded, upstream)
 
 
 def batch_complete(run: RunRef, ref: StageRef, output: str) -> bool:
@@ -108,12 +144,21 @@ def run_iterations(
         # NeMo RL's checkpoint_must_save_by: stop one average iteration before the limit.
         deadline = TimeoutChecker(config.checkpointing.checkpoint_must_save_by, True)
         deadline.start_iterations()
+        rollout = partial(run_rollout, pipeline, config, run, final_step)
+        training = [i for i in iterations if i < final_step]
+        ahead = rollouts_ahead(pipeline, config, rollout, training)
         try:
             with IterationReports(pipeline, run, config, iterations, total) as reports:
                 for iteration in iterations:
                     remade += run_iteration(
                         partial(
-                            run_pipeline_iteration, pipeline, config, run, iteration, final_step
+                            run_pipeline_iteration,
+                            pipeline,
+                            config,
+                            run,
+                            iteration,
+                            final_step,
+                            ahead,
                         ),
                         run,
                         iteration,
@@ -130,6 +175,8 @@ def run_iterations(
                         )
                         break
         finally:
+            if ahead is not None:
+                ahead.close()
             close_runtime(run)
     return {
         "run_id": run.run_id,

@@ -197,13 +197,18 @@ def stage_inputs(
     runtime: RunRuntime, spec: Stage, iteration: int, upstream: Mapping[str, StageRef]
 ) -> dict[str, str]:
     """What decides a stage's output: the config, every output it reads, and the versions
-    (weights, dataloader position) it depends on."""
+    (weights, dataloader position) it depends on. A stage that reads older weights than its
+    iteration's (async GRPO's generate) records their step too: the manifest says which
+    checkpoint made the batch, and a resume or rerun reads that one, not the newest."""
     inputs = {"config": runtime.config_digest}
     for name, ref in sorted(upstream.items()):
         for output, digest in ref.digests().items():
             inputs[f"{name}.{output}"] = digest
+    step = runtime.pipeline.weights_step(runtime.config, spec.name, iteration)
     for kind in spec.versions:
-        inputs[f"{kind}_version"] = runtime.version(kind, iteration)
+        inputs[f"{kind}_version"] = runtime.version(kind, step if kind == "policy" else iteration)
+    if runtime.pipeline.lags(runtime.config, spec.name):
+        inputs["policy_step"] = str(step)
     return inputs
 
 

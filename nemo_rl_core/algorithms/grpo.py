@@ -36,6 +36,7 @@ from nemo_rl_core.algorithms.grpo_config import (
     RLMasterConfig,
     RolloutLoopConfig,
     RolloutScheduleConfig,
+    async_depth,  # noqa: F401
     data_setup,
     load_master_config,  # noqa: F401
     planned_steps,  # noqa: F401

@@ -141,23 +141,43 @@ def planned_steps(loop: RolloutScheduleConfig, batches_per_epoch: int) -> int:
     return min(loop.max_num_steps, loop.max_num_epochs * batches_per_epoch)
 
 
-class AsyncGRPOConfig(StrictConfig):
-    """``grpo.async_grpo:`` generation of later steps overlapping this step's training."""
+_ONE_VERSION_PER_BATCH = (
+    "each generated batch comes from one recorded weights version (the checkpoint "
+    "max_trajectory_age_steps before its step), so that a resumed run or a rerun stage "
+    "generates it again bit for bit; updating weights in the middle of a batch would mix "
+    "versions"
+)
 
-    enabled: Annotated[
-        bool,
-        Only(
-            False,
-            reason="asynchronous GRPO (generation overlapping training, from weights at "
-            "most max_trajectory_age_steps old) is not built in this deployment yet; "
-            "the stages run one after the other",
-        ),
+
+class AsyncGRPOConfig(StrictConfig):
+    """``grpo.async_grpo:`` the rollouts (prompts, generate, reward) of the next
+    ``max_trajectory_age_steps`` steps run while this step trains; step i's batch is
+    generated from the weights of step i - max_trajectory_age_steps (NeMo RL's bound on a
+    trajectory's age, reached by every batch here, so the schedule does not depend on
+    timing)."""
+
+    enabled: Annotated[bool, Wired(f"{_GRPO}:async_depth")] = False
+    max_trajectory_age_steps: Annotated[int, PartOf("grpo.async_grpo.enabled")] = 1
+    in_flight_weight_updates: Annotated[bool, Only(False, reason=_ONE_VERSION_PER_BATCH)] = False
+    recompute_kv_cache_after_weight_updates: Annotated[
+        bool, Only(False, reason=_ONE_VERSION_PER_BATCH)
     ] = False
-    max_trajectory_age_steps: Annotated[int, Field(ge=1), PartOf("grpo.async_grpo.enabled")] = 1
-    in_flight_weight_updates: Annotated[bool, PartOf("grpo.async_grpo.enabled")] = False
-    recompute_kv_cache_after_weight_updates: Annotated[bool, PartOf("grpo.async_grpo.enabled")] = (
-        False
-    )
+
+    @field_validator("max_trajectory_age_steps")
+    @classmethod
+    def _at_least_one_step(cls, steps: int) -> int:
+        if steps < 1:
+            raise ValueError(
+                f"is {steps}: a trajectory is at least one step old when generation overlaps "
+                "training (1 overlaps the next step's generation with this step's training)"
+            )
+        return steps
+
+
+def async_depth(loop: Any) -> int:
+    """How many steps ahead rollouts run (``max_trajectory_age_steps``); 0 when synchronous."""
+    settings = getattr(loop, "async_grpo", None)
+    return settings.max_trajectory_age_steps if settings and settings.enabled else 0
 
 
 _NO_TOOL_PARSING = (
@@ -338,6 +358,34 @@ class MasterConfig(RLMasterConfig):
     @property
     def algorithm(self) -> GRPOConfig:
         return self.grpo
+
+    @model_validator(mode="after")
+    def _async_fits_the_run(self) -> Self:
+        """What NeMo RL's ``async_grpo_train`` asserts or refuses, reported by key before any
+        work: stale samples need the importance-sampling correction, and the DAPO features
+        that filter or reshape a step's batch do not run asynchronously."""
+        if not self.grpo.async_grpo.enabled:
+            return self
+        problems = []
+        if not self.loss_fn.use_importance_sampling_correction:
+            problems.append(
+                "loss_fn.use_importance_sampling_correction: must be true with "
+                "grpo.async_grpo.enabled (samples generated from older weights are weighed "
+                "by pi_old / pi_gen, as NeMo RL requires)"
+            )
+        dapo = {
+            "grpo.use_dynamic_sampling": self.grpo.use_dynamic_sampling,
+            "grpo.reward_scaling.enabled": self.grpo.reward_scaling.enabled,
+            "grpo.reward_shaping.enabled": self.grpo.reward_shaping.enabled,
+        }
+        problems += [
+            f"{key}: not supported with grpo.async_grpo.enabled (as in NeMo RL)"
+            for key, on in dapo.items()
+            if on
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 def load_master_config(

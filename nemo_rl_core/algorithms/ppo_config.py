@@ -3,9 +3,9 @@ model, apart from the work of PPO's stages (:mod:`nemo_rl_core.algorithms.ppo`, 
 re-exports these names): the config check imports it without torch.
 """
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from nemo_rl_core.algorithms.config import MseValueLossConfig, PPOAdvEstimatorConfig
 from nemo_rl_core.algorithms.grpo_config import RLMasterConfig, RolloutLoopConfig
@@ -24,6 +24,18 @@ class PPOConfig(RolloutLoopConfig):
     policy_training_start_step: Annotated[
         int, Field(ge=0), Wired(f"{_PPO}:update_policy_and_value")
     ] = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_async_training(cls, data: Any) -> Any:
+        """``grpo.async_grpo`` copied under ``ppo:`` is refused by name, not as a stray key."""
+        if isinstance(data, dict) and "async_grpo" in data:
+            raise ValueError(
+                "async_grpo: asynchronous training is GRPO's (NeMo RL's async_grpo_train); "
+                "PPO's value model and GAE train on rollouts of the current weights, and "
+                "NeMo RL's PPO has no asynchronous mode; remove the key"
+            )
+        return data
 
 
 class PPOMasterConfig(RLMasterConfig):

@@ -24,7 +24,14 @@ from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.algorithms.sft import SFTMasterConfig
 from nemo_rl_core.evals.config import EvalMasterConfig
 from nemo_rl_core.pipeline import stages
-from nemo_rl_core.pipeline.spec import FanOut, Pipeline, Refill, Stage, register_pipeline
+from nemo_rl_core.pipeline.spec import (
+    FanOut,
+    Pipeline,
+    Refill,
+    RunAhead,
+    Stage,
+    register_pipeline,
+)
 
 
 def validation_is_due(config: Any, iteration: int, final_step: int) -> bool:
@@ -62,6 +69,14 @@ DYNAMIC_SAMPLING = Refill(
     stages=("prompts", "generate", "reward"),
     enabled=lambda config: config.algorithm.use_dynamic_sampling,
 )
+# Asynchronous GRPO (grpo.async_grpo): the rollouts of the next max_trajectory_age_steps
+# iterations run while this one trains, generated from weights that many steps old; the
+# loss's importance-sampling correction weighs each token by pi_old / pi_gen.
+ASYNC_ROLLOUTS = RunAhead(
+    stages=("prompts", "generate", "reward"),
+    lagged=("generate",),
+    depth=lambda config: grpo.async_depth(config.algorithm),
+)
 RETENTION = Stage(
     "checkpoint",
     stages.retain_checkpoints,
@@ -78,6 +93,7 @@ GRPO = register_pipeline(
         default_config="examples/configs/grpo_math_tiny.yaml",
         identity_keys=("policy.model_name", "data", "grpo.seed"),
         refill=DYNAMIC_SAMPLING,
+        run_ahead=ASYNC_ROLLOUTS,
         dataloader=grpo.make_dataloader,
         data_setup=grpo.data_setup,
         stages=(

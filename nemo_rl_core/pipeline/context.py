@@ -88,6 +88,11 @@ class StageContext:
         return self.runtime.config
 
     @property
+    def weights_step(self) -> int:
+        """The step whose weights this stage reads (``Pipeline.weights_step``)."""
+        return self.runtime.pipeline.weights_step(self.config, self.name, self.iteration)
+
+    @property
     def round_index(self) -> int:
         """Which refill round this is (0: the iteration's first, or no refill)."""
         return split_round(self.name)[1]

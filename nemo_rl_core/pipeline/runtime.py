@@ -8,7 +8,9 @@ from the checkpoint on storage) instead of being restarted.
 """
 
 import tempfile
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,7 +38,7 @@ from nemo_rl_core.models.value.interfaces import ValueInterface
 from nemo_rl_core.pipeline.orchestration import SECTION
 from nemo_rl_core.pipeline.spec import Pipeline, Version, declared, pipeline_for_config
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from nemo_rl_core.storage.run_storage import RunStorage
+from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
 from nemo_rl_core.utils.checkpoint import (
     INITIAL_STEP,
     MODEL_DIRS,
@@ -76,6 +78,10 @@ class RunRuntime:
     _dataloader: StatefulDataLoader | None = None
     _initial_dataloader_state: dict | None = None
     _scratch: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
+    # Under async GRPO the rollouts of later iterations run in a thread beside training:
+    # one stage at a time drives the engine, and one fetch at a time fills the scratch dir.
+    _generation_lock: threading.Lock = field(default_factory=threading.Lock)
+    _fetch_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def storage(self) -> RunStorage:
@@ -113,18 +119,30 @@ class RunRuntime:
         return weights_version(self.storage, self.value_model_dir, step, "value")
 
     def dataloader_state(self, step: int) -> dict:
-        """Where the dataloader stands at the start of iteration ``step``."""
+        """Where the dataloader stands at the start of iteration ``step``: as its checkpoint
+        recorded it, or, before that is committed (async GRPO's prompts run ahead of
+        training), as the previous iteration's prompts stage left it, which the checkpoint
+        copies."""
         if step == INITIAL_STEP:
             self.dataloader  # noqa: B018 - builds it and records its initial state
             return dict(self._initial_dataloader_state or {})
-        return read_training_info(self.storage, step).dataloader_state
+        if step in self.storage.committed_checkpoints():
+            return read_training_info(self.storage, step).dataloader_state
+        entry = self.storage.read_manifest(step - 1)["stages"].get("prompts", {})
+        if entry.get("status") != "complete":
+            raise FileNotFoundError(
+                f"run {self.run.run_id}: iteration {step} has no committed checkpoint and "
+                f"iteration {step - 1} no complete prompts stage to take its dataloader from"
+            )
+        return self.storage.read_json(ObjectRef.from_dict(entry["outputs"]["dataloader_state"]))
 
     # ---- warm models -----------------------------------------------------------------
 
     def weights_dir(self, step: int) -> Path:
         if step == INITIAL_STEP:
             return self.model_dir
-        return self.storage.fetch_checkpoint(step, Path(self._scratch.name) / f"step_{step}")
+        with self._fetch_lock:
+            return self.storage.fetch_checkpoint(step, Path(self._scratch.name) / f"step_{step}")
 
     def policy(self, step: int) -> PolicyInterface:
         """The policy holding the weights (and optimizer state) of ``step``."""
@@ -211,21 +229,29 @@ class RunRuntime:
             self._value_step = step
         return url
 
-    def generation(self, step: int) -> GenerationInterface:
-        """A warm generation engine holding the weights of ``step`` (refit if older)."""
-        if self._generation is None:
-            settings = configure_generation_config(self.config.policy.generation, self.tokenizer)
-            self._generation = make_generation(
-                settings, str(self.weights_dir(step)), seed=self.config.algorithm.seed
-            )
-        elif self._generation_step != step:
-            if self._policy is not None and self._policy_step == step:
-                source: RefitSource = self._policy  # type: ignore[assignment]
-                self._generation.update_weights_from_state_dict(source.state_dict_for_refit())
-            else:
-                self._generation.update_weights_from_checkpoint(str(self.weights_dir(step)))
-        self._generation_step = step
-        return self._generation
+    @contextmanager
+    def generation(self, step: int) -> Iterator[GenerationInterface]:
+        """The warm generation engine holding the weights of ``step`` (refit if older), held
+        by this caller alone until the block ends. The refit takes the warm policy's memory
+        when it holds that step, unless rollouts run beside training (async GRPO), where the
+        policy may be changing under the refit: then the committed checkpoint."""
+        with self._generation_lock:
+            if self._generation is None:
+                settings = configure_generation_config(
+                    self.config.policy.generation, self.tokenizer
+                )
+                self._generation = make_generation(
+                    settings, str(self.weights_dir(step)), seed=self.config.algorithm.seed
+                )
+            elif self._generation_step != step:
+                overlapping = self.pipeline.ahead_depth(self.config) > 0
+                if not overlapping and self._policy is not None and self._policy_step == step:
+                    source: RefitSource = self._policy  # type: ignore[assignment]
+                    self._generation.update_weights_from_state_dict(source.state_dict_for_refit())
+                else:
+                    self._generation.update_weights_from_checkpoint(str(self.weights_dir(step)))
+            self._generation_step = step
+            yield self._generation
 
     # ---- data and environments -------------------------------------------------------
 

@@ -58,6 +58,20 @@ class FanOut:
     merge: "Callable[[StageContext, list[BatchedDataDict]], StageResult]"
 
 
+@dataclass(frozen=True)
+class RunAhead:
+    """Consecutive stages of later iterations that run while this one trains (asynchronous
+    GRPO): those of iterations i+1..i+depth run beside iteration i's training. The
+    ``lagged`` among them use the weights ``depth`` steps older than their iteration's
+    (never before the initial model): fixed by the iteration, not by whichever checkpoint
+    is newest when they start, so a resumed run or a rerun stage computes them again from
+    the same weights. ``depth(config)`` is 0 when the run does not overlap."""
+
+    stages: tuple[str, ...]
+    lagged: tuple[str, ...]
+    depth: Callable[[Any], int]
+
+
 SHARD_PREFIX = "shard-"
 
 
@@ -115,6 +129,7 @@ class Pipeline:
     # Keys a continued run must keep (dotted): it must train the same model on the same data.
     identity_keys: tuple[str, ...] = ()
     refill: Refill | None = None
+    run_ahead: RunAhead | None = None
     # ``dataloader(config, tokenizer)``: the training data's loader (its state is the
     # "dataloader" version); ``data_setup(config)``: what the datasets take beyond ``data:``.
     dataloader: Callable[[Any, Any], Any] | None = None
@@ -141,11 +156,10 @@ class Pipeline:
         if sum(stage.commits for stage in self.stages) > 1:
             raise ValueError(f"pipeline {self.name!r} has more than one committing stage")
         names = [stage.name for stage in self.stages]
-        if self.refill is not None:
-            first = names.index(self.refill.stages[0]) if self.refill.stages[0] in names else -1
-            if names[first : first + len(self.refill.stages)] != list(self.refill.stages):
+        for group, kind in ((self.refill, "refill"), (self.run_ahead, "run-ahead")):
+            if group is not None and not _consecutive(names, group.stages):
                 raise ValueError(
-                    f"pipeline {self.name!r}: refill stages {self.refill.stages} must be "
+                    f"pipeline {self.name!r}: {kind} stages {group.stages} must be "
                     "consecutive declared stages"
                 )
         object.__setattr__(self, "_by_name", by_name)
@@ -180,6 +194,22 @@ class Pipeline:
     def refilling(self, config: Any) -> bool:
         return self.refill is not None and self.refill.enabled(config)
 
+    def ahead_depth(self, config: Any) -> int:
+        """How many later iterations' run-ahead stages overlap one's training (0: none)."""
+        return 0 if self.run_ahead is None else self.run_ahead.depth(config)
+
+    def lags(self, config: Any, name: str) -> bool:
+        """Whether stage ``name`` reads weights older than its iteration's in this run."""
+        lagged = self.run_ahead is not None and split_round(name)[0] in self.run_ahead.lagged
+        return lagged and self.ahead_depth(config) > 0
+
+    def weights_step(self, config: Any, name: str, iteration: int) -> int:
+        """The step whose weights stage ``name`` of ``iteration`` reads: its own, or, for a
+        lagged run-ahead stage, the one ``ahead_depth`` steps before (at least step 0)."""
+        if not self.lags(config, name):
+            return iteration
+        return max(0, iteration - self.ahead_depth(config))
+
     def last_iteration(self, config: Any, final_step: int) -> int:
         """One past the last iteration with a due stage: ``final_step``, plus one when a stage
         (validation at the end) is due for the weights of the final step."""
@@ -190,6 +220,11 @@ class Pipeline:
         for stage in self.stages:
             for metric in stage.reported:
                 yield stage.name, metric
+
+
+def _consecutive(names: list[str], group: tuple[str, ...]) -> bool:
+    first = names.index(group[0]) if group[0] in names else -1
+    return first >= 0 and names[first : first + len(group)] == list(group)
 
 
 def declared(pipeline: Pipeline, name: Literal["dataloader", "data_setup"]) -> Callable:

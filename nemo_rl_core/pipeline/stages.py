@@ -20,14 +20,15 @@ def validate(ctx: StageContext) -> StageResult:
     """Accuracy, pass@k and greedy accuracy of the weights this iteration starts from, on the
     held-out prompts; every sample's result is kept."""
     rt = ctx.runtime
-    results, metrics = grpo.validate_batches(
-        rt.generation(ctx.iteration),
-        rt.validation_batches(),
-        rt.tokenizer,
-        rt.task_to_env,
-        ctx.config,
-        ctx.iteration,
-    )
+    with rt.generation(ctx.iteration) as engine:
+        results, metrics = grpo.validate_batches(
+            engine,
+            rt.validation_batches(),
+            rt.tokenizer,
+            rt.task_to_env,
+            ctx.config,
+            ctx.iteration,
+        )
     return StageResult({"batch": results, "metrics": metrics}, metrics)
 
 
@@ -44,18 +45,20 @@ def prompts(ctx: StageContext) -> StageResult:
 
 
 def generate(ctx: StageContext) -> StageResult:
-    """Responses (multi-turn tasks: whole episodes) from the engine at this iteration's weights."""
+    """Responses (multi-turn tasks: whole episodes) from the engine at this iteration's
+    weights, or under async GRPO at the weights ``max_trajectory_age_steps`` older."""
     rt = ctx.runtime
-    rollouts, metrics = grpo.generate_rollouts(
-        rt.generation(ctx.iteration),
-        ctx.batch("prompts"),
-        rt.tokenizer,
-        rt.task_to_env,
-        ctx.config,
-        ctx.iteration,
-        ctx.round_index,
-    )
-    return StageResult({"batch": rollouts}, metrics)
+    with rt.generation(ctx.weights_step) as engine:
+        rollouts, metrics = grpo.generate_rollouts(
+            engine,
+            ctx.batch("prompts"),
+            rt.tokenizer,
+            rt.task_to_env,
+            ctx.config,
+            ctx.iteration,
+            ctx.round_index,
+        )
+    return StageResult({"batch": rollouts}, {**metrics, "weights_step": ctx.weights_step})
 
 
 def reward(ctx: StageContext) -> StageResult:
@@ -187,7 +190,8 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
     """Which committed checkpoints stay (``save_period``, ``keep_top_k``, ``metric_name``):
     the committing stage wrote the new one; this decides about the older ones. Validation
     metrics of this iteration's weights join their checkpoint's training info first, as
-    ``val:<name>``, so that ``metric_name: val:accuracy`` ranks by them."""
+    ``val:<name>``, so that ``metric_name: val:accuracy`` ranks by them. Under async GRPO
+    the checkpoints that rollouts still in flight generate from stay too."""
     settings = ctx.config.checkpointing
     storage = ctx.runtime.storage
     if "validate" in ctx.upstream and ctx.iteration > 0:
@@ -200,6 +204,7 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
         metric_name=settings.metric_name,
         higher_is_better=settings.higher_is_better,
         save_period=settings.save_period,
+        keep_newest=ctx.runtime.pipeline.ahead_depth(ctx.config) + 1,
     )
     kept = storage.committed_checkpoints()
     return StageResult(
@@ -218,9 +223,10 @@ def eval_prompts(ctx: StageContext) -> StageResult:
 def eval_generate(ctx: StageContext) -> StageResult:
     """The evaluated weights' answers (``generation.model_name``), seeded per sample."""
     rt = ctx.runtime
-    answered, metrics = evaluation.generate_answers(
-        rt.generation(ctx.iteration), ctx.batch("prompts"), rt.tokenizer, ctx.config
-    )
+    with rt.generation(ctx.iteration) as engine:
+        answered, metrics = evaluation.generate_answers(
+            engine, ctx.batch("prompts"), rt.tokenizer, ctx.config
+        )
     return StageResult({"batch": answered}, metrics)
 
 

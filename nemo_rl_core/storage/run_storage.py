@@ -459,11 +459,12 @@ class RunStorage:
         metric_name: str | None = None,
         higher_is_better: bool = True,
         save_period: int = 1,
+        keep_newest: int = 1,
     ) -> list[int]:
         """Keep the top ``keep_top_k`` committed checkpoints (by ``metric_name`` from their
-        training info, else the newest), never the newest one; drop uncommitted leftovers
-        older than the newest and staging directories of dead saves. Returns the deleted
-        steps. ``keep_top_k=None`` keeps all.
+        training info, else the newest), never the newest ``keep_newest`` (async GRPO still
+        generates from them); drop uncommitted leftovers older than the newest and staging
+        directories of dead saves. Returns the deleted steps. ``keep_top_k=None`` keeps all.
 
         Every iteration commits a checkpoint (it is how weights reach the next one); those
         whose step is not a multiple of ``save_period`` are dropped once a newer one exists,
@@ -474,7 +475,8 @@ class RunStorage:
         if not committed:
             return []
         latest = committed[-1]
-        off_period = {s for s in committed if s % save_period != 0 and s != latest}
+        kept = set(committed[-keep_newest:])
+        off_period = {s for s in committed if s % save_period != 0 and s not in kept}
         for step in sorted(off_period):
             self._delete_tree(_step_dir(step))
         committed = [s for s in committed if s not in off_period]
@@ -491,7 +493,7 @@ class RunStorage:
             history.sort(
                 key=lambda item: (sign * item[1].get(metric_name, worst), item[0]), reverse=True
             )
-        doomed = {step for step, _ in history[keep_top_k:] if step != latest}
+        doomed = {step for step, _ in history[keep_top_k:] if step not in kept}
         all_steps = _numbered(self._list_names("checkpoints"), _STEP_RE)
         doomed |= {s for s in all_steps if s < latest and s not in committed}
         for step in sorted(doomed):

@@ -71,6 +71,32 @@ def refuse(
         ),
         (["grpo.calculate_advantages_on_gpu=true"], "grpo.calculate_advantages_on_gpu=True"),
         (["logger.swanlab_enabled=true"], "logger.swanlab_enabled=True"),
+        (
+            ["grpo.async_grpo.max_trajectory_age_steps=0"],
+            "grpo.async_grpo.max_trajectory_age_steps: Value error, is 0: a trajectory is at "
+            "least one step old",
+        ),
+        (
+            ["grpo.async_grpo.enabled=true"],
+            "loss_fn.use_importance_sampling_correction: must be true with grpo.async_grpo.enabled",
+        ),
+        (
+            [
+                "grpo.async_grpo.enabled=true",
+                "loss_fn.use_importance_sampling_correction=true",
+                "grpo.use_dynamic_sampling=true",
+            ],
+            "grpo.use_dynamic_sampling: not supported with grpo.async_grpo.enabled",
+        ),
+        (
+            [
+                "grpo.async_grpo.enabled=true",
+                "loss_fn.use_importance_sampling_correction=true",
+                "grpo.async_grpo.in_flight_weight_updates=true",
+            ],
+            "grpo.async_grpo.in_flight_weight_updates=True: each generated batch comes from "
+            "one recorded weights version",
+        ),
     ],
     ids=[
         "unknown-key-in-yaml",
@@ -85,6 +111,10 @@ def refuse(
         "backend-needs-gpus",
         "gpu-advantages",
         "logger-package-missing",
+        "async-age-below-one",
+        "async-without-importance-sampling",
+        "async-with-dynamic-sampling",
+        "async-in-flight-updates",
     ],
 )
 def test_mistake_is_refused_fast_in_one_line(args: list[str], named: str, tmp_path: Path) -> None:
@@ -169,3 +199,12 @@ def test_input_files_resolve_from_the_config_then_the_working_directory(
 )
 def test_cuda_visible_devices_is_read_as_cuda_reads_it(visible: str, count: int) -> None:
     assert _listed_devices(visible) == count
+
+
+def test_async_training_under_ppo_is_refused_by_name() -> None:
+    from nemo_rl_core.algorithms.ppo import PPOMasterConfig
+
+    with pytest.raises(ConfigError, match="ppo: Value error, async_grpo: asynchronous training"):
+        check_run_config(
+            PPOMasterConfig, str(CONFIGS / "ppo_tiny.yaml"), ["++ppo.async_grpo.enabled=true"]
+        )

@@ -5,7 +5,13 @@ import pytest
 
 from nemo_rl_core.pipeline.algorithms import GRPO, PPO
 from nemo_rl_core.pipeline.context import StageResult
-from nemo_rl_core.pipeline.spec import Pipeline, Stage, pipeline_for_config, pipeline_named
+from nemo_rl_core.pipeline.spec import (
+    Pipeline,
+    RunAhead,
+    Stage,
+    pipeline_for_config,
+    pipeline_named,
+)
 
 
 def _noop(ctx):
@@ -62,3 +68,30 @@ def test_a_pipeline_commits_at_most_once():
 def test_unknown_stage_names_the_known_ones():
     with pytest.raises(KeyError, match="its stages are"):
         GRPO.stage("rewards")
+
+
+def test_async_generate_reads_the_weights_the_age_bound_allows():
+    """Iteration i generates from step i - max_trajectory_age_steps (not before step 0); the
+    other stages read their own iteration's weights; synchronous runs lag nothing."""
+
+    class Loop:
+        def __init__(self, enabled: bool, age: int) -> None:
+            self.async_grpo = type("A", (), {"enabled": enabled, "max_trajectory_age_steps": age})
+
+    def config(enabled: bool, age: int = 2):
+        return type("C", (), {"algorithm": Loop(enabled, age)})()
+
+    overlapping = config(True)
+    assert GRPO.ahead_depth(overlapping) == 2
+    assert [GRPO.weights_step(overlapping, "generate", i) for i in range(5)] == [0, 0, 0, 1, 2]
+    assert GRPO.weights_step(overlapping, "logprob", 4) == 4
+    assert GRPO.lags(overlapping, "generate") and not GRPO.lags(overlapping, "train")
+    assert GRPO.weights_step(config(False), "generate", 4) == 4
+    assert not GRPO.lags(config(False), "generate")
+    assert PPO.ahead_depth(config(True)) == 0
+
+
+def test_run_ahead_stages_must_be_consecutive():
+    stages = (Stage("a", _noop), Stage("b", _noop, reads=("a",)), Stage("c", _noop))
+    with pytest.raises(ValueError, match="run-ahead stages"):
+        Pipeline("x", object, stages, "c", run_ahead=RunAhead(("a", "c"), ("a",), lambda c: 1))

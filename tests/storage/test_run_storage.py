@@ -347,6 +347,17 @@ def test_prune_keeps_top_k_by_metric_and_always_the_newest(
     assert storage.committed_checkpoints() == [4]
 
 
+def test_prune_spares_the_newest_that_async_rollouts_generate_from(
+    storage: RunStorage, tmp_path: Path
+) -> None:
+    for step in (1, 2, 3, 4, 5):
+        storage.write_checkpoint(step, _make_checkpoint(tmp_path, step), {"step": step})
+    # async GRPO with max_trajectory_age_steps=2 keeps 3; off-period ones too while in use
+    assert storage.prune_checkpoints(1, save_period=2, keep_newest=3) == [1, 2]
+    assert storage.committed_checkpoints() == [3, 4, 5]
+    assert storage.prune_checkpoints(1) == [3, 4]
+
+
 def test_prune_ranks_a_checkpoint_without_the_metric_last_as_nemo_rl_does(
     storage: RunStorage, tmp_path: Path
 ) -> None:

@@ -1,0 +1,131 @@
+"""Asynchronous GRPO vs synchronous (issue 20, item 3): samples/s and reward over the same
+steps, side by side in one run.
+
+Each variant is one GRPO flow run of the embedded default (``grpo_addition_tiny.yaml``,
+validation off) in a subprocess of its own, so that its thread settings apply before torch
+loads: ``OMP_NUM_THREADS`` is the OpenMP team of every thread that runs torch (the flow's,
+which trains, and the rollout thread, which generates), and ``VLLM_CPU_OMP_THREADS_BIND``
+the cores vLLM's engine binds its team to. Synchronous GRPO gets every core for each stage
+in turn; asynchronous GRPO runs generation beside training, so the two sides share the
+cores: given all of them each, they compete; given half each, they overlap.
+
+samples/s = samples of iterations 1..N-1 / seconds from the end of iteration 0 (which pays
+the engine's start-up) to the end of the last one, read from the manifests' commit times.
+
+Run:   .venv/bin/python bench/async.py               (20 steps per variant)
+Smoke: .venv/bin/python bench/async.py --smoke       (3 steps, HF generation, not recorded)
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from common import SMOKE_OVERRIDES, record
+
+CONFIG = "examples/configs/grpo_addition_tiny.yaml"
+QUIET = ["grpo.val_at_start=false", "grpo.val_at_end=false", "grpo.val_period=0"]
+ASYNC = [
+    "grpo.async_grpo.enabled=true",
+    "loss_fn.use_importance_sampling_correction=true",
+]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def variants(cores: int) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(name, overrides, environment) of each run, sync first."""
+    half = max(1, cores // 2)
+    every = {"OMP_NUM_THREADS": str(cores), "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}"}
+    split = {
+        "OMP_NUM_THREADS": str(half),
+        "VLLM_CPU_OMP_THREADS_BIND": f"{cores - half}-{cores - 1}",
+    }
+    return [
+        ("sync", [], every),
+        ("async k=1, all cores each side", ASYNC, every),
+        ("async k=1, half the cores each side", ASYNC, split),
+        (
+            "async k=2, half the cores each side",
+            [*ASYNC, "grpo.async_grpo.max_trajectory_age_steps=2"],
+            split,
+        ),
+    ]
+
+
+def run_variant(overrides: list[str], env: dict[str, str], storage_root: str) -> dict:
+    """One flow run in a subprocess; its samples/s and per-step rewards."""
+    run_id = f"async-{uuid.uuid4().hex[:8]}"
+    code = (
+        "import sys; sys.path.insert(0, 'bench'); import common; from flows.grpo import grpo; "
+        f"grpo(config_path={CONFIG!r}, overrides={overrides!r}, run_id={run_id!r}, "
+        f"storage_root={storage_root!r})"
+    )
+    environment = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment, check=True)
+    return measured(Path(storage_root) / "runs" / run_id, overrides)
+
+
+def measured(run_dir: Path, overrides: list[str]) -> dict:
+    from datetime import datetime
+
+    manifests = sorted(run_dir.glob("iter_*/MANIFEST.json"))
+    stages = [json.loads(path.read_text())["stages"] for path in manifests]
+
+    def ended(entry: dict) -> float:
+        return datetime.fromisoformat(entry["checkpoint"]["finished_at"]).timestamp()
+
+    samples = [entry["prompts"]["metrics"]["num_samples"] for entry in stages]
+    seconds = ended(stages[-1]) - ended(stages[0])
+    return {
+        "samples_per_s": sum(samples[1:]) / seconds,
+        "seconds_per_step": seconds / (len(stages) - 1),
+        "rewards": [entry["reward"]["metrics"]["mean_reward"] for entry in stages],
+        "generate_s": statistics.median(e["generate"]["metrics"]["seconds"] for e in stages[1:]),
+        "train_s": statistics.median(e["train"]["metrics"]["seconds"] for e in stages[1:]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    steps = 3 if args.smoke else args.steps
+    common = [f"grpo.max_num_steps={steps}", *QUIET, *(SMOKE_OVERRIDES if args.smoke else [])]
+    cores = os.cpu_count() or 1
+    rows, results = [], {}
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as root:
+        for name, overrides, env in variants(cores):
+            result = run_variant([*common, *overrides], env, root)
+            results[name] = result
+            rows.append((name, env, result))
+    base = results["sync"]["samples_per_s"]
+    lines = [
+        f"{'variant':38} {'OMP':>3} {'samples/s':>9} {'vs sync':>7} {'s/step':>6} "
+        f"{'gen s':>5} {'train s':>7} {'reward first 3':>14} {'last 3':>6} {'mean':>5}"
+    ]
+    for name, env, r in rows:
+        rewards = r["rewards"]
+        lines.append(
+            f"{name:38} {env['OMP_NUM_THREADS']:>3} {r['samples_per_s']:9.1f} "
+            f"{r['samples_per_s'] / base:6.2f}x {r['seconds_per_step']:6.2f} "
+            f"{r['generate_s']:5.2f} {r['train_s']:7.2f} {statistics.mean(rewards[:3]):14.3f} "
+            f"{statistics.mean(rewards[-3:]):6.3f} {statistics.mean(rewards):5.3f}"
+        )
+    table = "\n".join(lines)
+    print(table)
+    record(
+        "Async GRPO: samples/s of asynchronous vs synchronous GRPO, same steps (issue 20)",
+        table,
+        "(reading: see below)",
+        args.smoke,
+    )
+
+
+if __name__ == "__main__":
+    main()
