@@ -6,6 +6,8 @@ stage in order, what it reads, and the core function it calls.
     PPO:  [validate] -> prompts -> generate -> reward -> logprob -> value -> advantage (GAE)
           -> train (policy and value) -> checkpoint
     SFT:  [validate (loss)] -> batch -> train (NLL) -> checkpoint
+    DPO:  [validate (loss, preference accuracy)] -> batch -> reference (the reference
+          policy's logprobs) -> train (DPO loss) -> checkpoint
     eval: prompts -> generate -> reward -> score   (one iteration; it trains nothing)
 
 ``validate`` runs when NeMo RL's schedule says (``val_period``, ``val_at_start``,
@@ -15,7 +17,9 @@ training step may hold only it (``val_at_end``) and the checkpoint bookkeeping.
 
 from typing import Any
 
-from nemo_rl_core.algorithms import grpo, sft
+from nemo_rl_core.algorithms import dpo, grpo, sft
+from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
+from nemo_rl_core.algorithms.dpo import DPOMasterConfig
 from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.algorithms.sft import SFTMasterConfig
@@ -169,6 +173,40 @@ EVAL = register_pipeline(
             ),
             Stage("reward", stages.eval_reward, reads=("generate",), reported=("mean_reward",)),
             Stage("score", stages.eval_score, reads=("reward",)),
+        ),
+    )
+)
+
+DPO = register_pipeline(
+    Pipeline(
+        name="dpo",
+        config_class=DPOMasterConfig,
+        default_config="examples/configs/dpo_tiny.yaml",
+        identity_keys=("policy.model_name", "data", "dpo.seed"),
+        dataloader=dpo.make_dataloader,
+        data_setup=dpo.data_setup,
+        stages=(
+            Stage(
+                "validate",
+                stages.preference_validation,
+                versions=("policy",),
+                reported=(
+                    f"{PREFERENCE_VALIDATION_PREFIX}loss",
+                    f"{PREFERENCE_VALIDATION_PREFIX}accuracy",
+                ),
+                due=validation_is_due,
+            ),
+            Stage("batch", stages.preference_batch, versions=("dataloader",)),
+            Stage("reference", stages.reference_logprobs, reads=("batch",)),
+            Stage(
+                "train",
+                stages.dpo_train,
+                reads=("reference", "batch"),
+                versions=("policy",),
+                reported=("loss", "accuracy", "grad_norm"),
+                commits=True,
+            ),
+            RETENTION,
         ),
     )
 )

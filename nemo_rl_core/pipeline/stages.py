@@ -8,8 +8,8 @@ PPO differ, they declare different functions.
 import time
 from typing import Any
 
-from nemo_rl_core.algorithms import grpo, ppo, sft
-from nemo_rl_core.algorithms.loss import NLLLossFn
+from nemo_rl_core.algorithms import dpo, grpo, ppo, sft
+from nemo_rl_core.algorithms.loss import DPOLossFn, NLLLossFn
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.evals import eval as evaluation
 from nemo_rl_core.pipeline.context import PREVIOUS, StageContext, StageResult
@@ -234,3 +234,51 @@ def eval_score(ctx: StageContext) -> StageResult:
     """pass@k and avg@n of the scored answers."""
     scores = evaluation.eval_metrics(ctx.batch("reward")["total_reward"], ctx.config.eval)
     return StageResult({"scores": scores}, scores)
+
+
+def preference_validation(ctx: StageContext) -> StageResult:
+    """DPO's validation of the weights this iteration starts from on the held-out pairs
+    (eval mode: no update): loss, preference accuracy, chosen and rejected rewards."""
+    rt, config = ctx.runtime, ctx.config
+    metrics = dpo.validation_metrics(
+        rt.policy(ctx.iteration),
+        dpo.validation_batches(config, rt.tokenizer),
+        DPOLossFn(config.algorithm),
+        config,
+    )
+    return StageResult({"metrics": metrics}, metrics)
+
+
+def preference_batch(ctx: StageContext) -> StageResult:
+    """The step's global batch of preference pairs (chosen and rejected interleaved), stored,
+    and where the dataloader stands after it."""
+    start = ctx.runtime.dataloader_state(ctx.iteration)
+    batch, state = dpo.take_batch(ctx.runtime.dataloader, start)
+    return StageResult({"batch": batch, "dataloader_state": state}, {"num_samples": batch.size})
+
+
+def reference_logprobs(ctx: StageContext) -> StageResult:
+    """The frozen reference policy's logprobs of the stored pairs: stored, so a rerun of
+    ``train`` reads the same tensors."""
+    rt = ctx.runtime
+    mbs = 2 * ctx.config.policy.train_micro_batch_size
+    batch = dpo.with_reference_logprobs(rt.reference_policy(), ctx.batch("batch"), mbs)
+    return StageResult({"batch": batch})
+
+
+def dpo_train(ctx: StageContext) -> StageResult:
+    """One optimizer step of NeMo RL's DPO loss on the stored pairs (a pair's two sequences
+    in the same microbatch), committed as the checkpoint the next iteration starts from."""
+    step, config = ctx.iteration, ctx.config
+    policy = ctx.runtime.policy_for_update(step)
+    batch = ctx.batch("reference")
+    metrics = grpo.train_policy(
+        policy,
+        batch,
+        DPOLossFn(config.algorithm),
+        config,
+        step,
+        gbs=batch.size,
+        mbs=2 * config.policy.train_micro_batch_size,
+    )
+    return _committed(ctx, {"policy": policy}, metrics, data_stage="batch")

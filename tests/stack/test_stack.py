@@ -208,6 +208,7 @@ def test_project_prefect_yaml_declares_the_deployments() -> None:
         ("flows/grpo.py:grpo", "nightly"),
         ("flows/ppo.py:ppo", "manual"),
         ("flows/sft.py:sft", "manual"),
+        ("flows/dpo.py:dpo", "manual"),
         ("flows/eval.py:evaluate", "manual"),
         ("flows/rerun_stage.py:rerun_stage", "default"),
         ("flows/verify.py:verify_run", "default"),
@@ -243,7 +244,7 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
     configs, actions = _load_deploy_configs_and_actions(
         PROJECT_ROOT / "prefect.yaml", console=Console(stderr=True)
     )
-    assert len(configs) == 7, "prefect.yaml did not validate as Prefect reads it"
+    assert len(configs) == 8, "prefect.yaml did not validate as Prefect reads it"
     [step] = actions["build"]  # the version step, run as `prefect deploy` runs it
     settings = dict(step["prefect.deployments.steps.run_shell_script"])
     step_id = settings.pop("id")
@@ -257,6 +258,7 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
         ("flows/grpo.py:grpo", "nightly"): 1,
         ("flows/ppo.py:ppo", "manual"): 1,
         ("flows/sft.py:sft", "manual"): 1,
+        ("flows/dpo.py:dpo", "manual"): 1,
         ("flows/eval.py:evaluate", "manual"): None,
         ("flows/rerun_stage.py:rerun_stage", "default"): None,
         ("flows/verify.py:verify_run", "default"): None,
@@ -268,6 +270,7 @@ PROJECT_DEPLOYMENTS = (
     "grpo/nightly",
     "ppo/manual",
     "sft/manual",
+    "dpo/manual",
     "eval/manual",
     "rerun-stage/default",
     "verify-run/default",
