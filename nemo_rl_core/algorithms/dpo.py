@@ -9,7 +9,7 @@ the reference logprobs are a stored stage, so a rerun of ``train`` reads the sam
 
 from collections.abc import Iterator
 from functools import partial
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, ClassVar, Self
 
 import torch
 from pydantic import Field, model_validator
@@ -59,10 +59,14 @@ class DPOConfig(DPOLossConfig):
     seed: Annotated[int, Wired(f"{_DPO}:make_dataloader")] = 42
 
 
-class DPOMasterConfig(StrictConfig):
-    """The whole YAML of a DPO run (NeMo RL's ``dpo.MasterConfig``)."""
+class PreferenceMasterConfig(StrictConfig):
+    """What the YAML of a DPO and of a reward-model run share: all but the algorithm's
+    section (``SECTION``), checked for preference training (``SCALAR_HEAD``: the policy
+    is a reward model)."""
 
-    dpo: DPOConfig
+    SECTION: ClassVar[str]
+    SCALAR_HEAD: ClassVar[bool]
+
     policy: PolicyConfig
     data: DataConfig
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
@@ -70,20 +74,30 @@ class DPOMasterConfig(StrictConfig):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
 
+    @model_validator(mode="after")
+    def _pairs_stay_together(self) -> Self:
+        check_preference_setup(self, self.SECTION, self.SCALAR_HEAD)
+        return self
+
+
+class DPOMasterConfig(PreferenceMasterConfig):
+    """The whole YAML of a DPO run (NeMo RL's ``dpo.MasterConfig``)."""
+
+    SECTION = "dpo"
+    SCALAR_HEAD = False
+
+    dpo: DPOConfig
+
     @property
     def algorithm(self) -> DPOConfig:
         return self.dpo
 
-    @model_validator(mode="after")
-    def _pairs_stay_together(self) -> Self:
-        check_preference_setup(self, "dpo")
-        return self
 
-
-def check_preference_setup(config: Any, section: str) -> None:
-    """What DPO and reward-model training need of the data and the batching: every dataset
-    is preference pairs (``preference_preprocessor``), held-out pairs when validation is
-    on, and microbatches that keep a pair's two sequences together."""
+def check_preference_setup(config: Any, section: str, scalar_head: bool) -> None:
+    """What DPO and reward-model training need of the data, the model and the batching:
+    every dataset is preference pairs (``preference_preprocessor``), held-out pairs when
+    validation is on, a language model (DPO) or a scalar head (``scalar_head``: reward
+    model) and microbatches that keep a pair's two sequences together."""
     for split in SPLITS:
         for index, dataset in enumerate(config.data.datasets(split)):
             name = processor_name(dataset, data_setup(config))
@@ -98,6 +112,11 @@ def check_preference_setup(config: Any, section: str) -> None:
             f"{section}.val_period / val_at_start / val_at_end validate, but there is no "
             "data.validation: add held-out pairs, or turn validation off (val_period: 0, "
             "val_at_start: false)"
+        )
+    if config.policy.reward_model_cfg.enabled != scalar_head:
+        trains = "a scalar-head reward model" if scalar_head else "a language model"
+        raise ValueError(
+            f"policy.reward_model_cfg.enabled={not scalar_head}: a {section} run trains {trains}"
         )
     for key in ("dynamic_batching", "sequence_packing"):
         if getattr(config.policy, key).enabled:
@@ -187,22 +206,29 @@ def with_reference_logprobs(
 
 
 def validation_metrics(
-    policy: PolicyInterface, batches: Iterator[BatchedDataDict], loss_fn: Any, config: Any
+    policy: PolicyInterface,
+    batches: Iterator[BatchedDataDict],
+    loss_fn: Any,
+    config: Any,
+    names: tuple[str, ...] = VALIDATION_METRICS,
+    with_reference: bool = True,
 ) -> dict[str, float]:
-    """NeMo RL's DPO validation: each batch's loss metrics in eval mode (no update), the
-    batches weighted by their valid pairs, as ``validation-default_<metric>``."""
+    """NeMo RL's DPO (and reward-model) validation: each batch's loss metrics ``names`` in
+    eval mode (no update; DPO's with the reference logprobs it needs), the batches
+    weighted by their valid pairs, as ``validation-default_<metric>``."""
     from nemo_rl_core.algorithms.grpo import merge_step_metrics
 
     mbs = 2 * config.algorithm.val_micro_batch_size
-    weighted = dict.fromkeys(VALIDATION_METRICS, 0.0)
+    weighted = dict.fromkeys(names, 0.0)
     pairs = 0.0
     policy.prepare_for_training()
     try:
         for batch in batches:
-            batch = with_reference_logprobs(policy, batch, mbs)
+            if with_reference:
+                batch = with_reference_logprobs(policy, batch, mbs)
             results = policy.train(batch, loss_fn, eval_mode=True, gbs=batch.size, mbs=mbs)
             merged = merge_step_metrics(results)
-            for name in VALIDATION_METRICS:
+            for name in names:
                 weighted[name] += merged[name] * merged["num_valid_samples"]
             pairs += merged["num_valid_samples"]
     finally:

@@ -8,6 +8,8 @@ stage in order, what it reads, and the core function it calls.
     SFT:  [validate (loss)] -> batch -> train (NLL) -> checkpoint
     DPO:  [validate (loss, preference accuracy)] -> batch -> reference (the reference
           policy's logprobs) -> train (DPO loss) -> checkpoint
+    RM:   [validate (loss, preference accuracy)] -> batch -> train (Bradley-Terry)
+          -> checkpoint
     eval: prompts -> generate -> reward -> score   (one iteration; it trains nothing)
 
 ``validate`` runs when NeMo RL's schedule says (``val_period``, ``val_at_start``,
@@ -22,6 +24,7 @@ from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
 from nemo_rl_core.algorithms.dpo import DPOMasterConfig
 from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
+from nemo_rl_core.algorithms.rm import RMMasterConfig
 from nemo_rl_core.algorithms.sft import SFTMasterConfig
 from nemo_rl_core.evals.config import EvalMasterConfig
 from nemo_rl_core.pipeline import stages
@@ -177,6 +180,11 @@ EVAL = register_pipeline(
     )
 )
 
+PREFERENCE_VALIDATION = (
+    f"{PREFERENCE_VALIDATION_PREFIX}loss",
+    f"{PREFERENCE_VALIDATION_PREFIX}accuracy",
+)
+
 DPO = register_pipeline(
     Pipeline(
         name="dpo",
@@ -190,10 +198,7 @@ DPO = register_pipeline(
                 "validate",
                 stages.preference_validation,
                 versions=("policy",),
-                reported=(
-                    f"{PREFERENCE_VALIDATION_PREFIX}loss",
-                    f"{PREFERENCE_VALIDATION_PREFIX}accuracy",
-                ),
+                reported=PREFERENCE_VALIDATION,
                 due=validation_is_due,
             ),
             Stage("batch", stages.preference_batch, versions=("dataloader",)),
@@ -202,6 +207,37 @@ DPO = register_pipeline(
                 "train",
                 stages.dpo_train,
                 reads=("reference", "batch"),
+                versions=("policy",),
+                reported=("loss", "accuracy", "grad_norm"),
+                commits=True,
+            ),
+            RETENTION,
+        ),
+    )
+)
+
+RM = register_pipeline(
+    Pipeline(
+        name="rm",
+        config_class=RMMasterConfig,
+        default_config="examples/configs/rm_tiny.yaml",
+        identity_keys=("policy.model_name", "data", "rm.seed"),
+        dataloader=dpo.make_dataloader,
+        data_setup=dpo.data_setup,
+        reference_policy=False,
+        stages=(
+            Stage(
+                "validate",
+                stages.reward_model_validation,
+                versions=("policy",),
+                reported=PREFERENCE_VALIDATION,
+                due=validation_is_due,
+            ),
+            Stage("batch", stages.preference_batch, versions=("dataloader",)),
+            Stage(
+                "train",
+                stages.reward_model_train,
+                reads=("batch",),
                 versions=("policy",),
                 reported=("loss", "accuracy", "grad_norm"),
                 commits=True,

@@ -21,6 +21,7 @@ from nemo_rl_core.algorithms.dpo import (
 )
 from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.algorithms.loss import PreferenceLossFn
+from nemo_rl_core.algorithms.rm import RMMasterConfig
 from nemo_rl_core.data.datasets.generators import addition_preferences, carry_mistake
 from nemo_rl_core.data.datasets.local_files import DatasetRowError
 from nemo_rl_core.utils.config import ConfigError
@@ -192,3 +193,24 @@ def test_every_sequence_of_a_pair_is_scored_from_the_same_prompt(tiny_model_dir,
         start = lengths[pair]
         assert start == lengths[pair + 1]
         assert torch.equal(prompt[pair, :start], prompt[pair + 1, :start])
+
+
+def test_each_preference_algorithm_trains_its_own_kind_of_model(tiny_model_dir):
+    with pytest.raises(
+        ConfigError, match=r"reward_model_cfg.enabled=True: a dpo run trains a language"
+    ):
+        dpo_config(tiny_model_dir, "++policy.reward_model_cfg.enabled=true")
+    rm_config = ROOT / "examples" / "configs" / "rm_tiny.yaml"
+
+    def rm(*overrides: str) -> RMMasterConfig:
+        return load_master_config(
+            str(rm_config), [f"policy.model_name={tiny_model_dir}", *overrides], RMMasterConfig
+        )
+
+    assert rm().rm.max_num_steps == -1  # NeMo RL's "one epoch"
+    with pytest.raises(ConfigError, match=r"enabled=False: a rm run trains a scalar-head reward"):
+        rm("policy.reward_model_cfg.enabled=false")
+    with pytest.raises(ConfigError, match="max_num_steps: 0 trains nothing"):
+        rm("rm.max_num_steps=0")
+    with pytest.raises(ConfigError, match="reward_model_type"):
+        rm("policy.reward_model_cfg.reward_model_type=regression")

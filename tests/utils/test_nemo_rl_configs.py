@@ -22,11 +22,12 @@ from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, chec
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "v0.7.0"
-# The GRPO, PPO, SFT and DPO configs of NeMo RL whose models are text-only LLMs.
+# The GRPO, PPO, SFT, DPO and RM configs of NeMo RL whose models are text-only LLMs.
 LOADING = [
     "grpo_math_1B",
     "sft",
     "dpo",
+    "rm",
     "grpo_math_8B",
     "grpo_sliding_puzzle",
     "ppo_math_1B",
