@@ -1,11 +1,11 @@
 """End to end: the DPO flow on the embedded default (tiny Llama, built-in addition
 preference pairs; no server, local storage)."""
 
-import json
+import shutil
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
+from flow_testing import assert_bit_identical, checkpoint_dir, stages_of
 
 from flows.dpo import dpo
 from flows.rerun_stage import rerun_stage
@@ -21,20 +21,8 @@ OVERRIDES = [f"dpo.max_num_steps={STEPS}", "dpo.val_period=4", "checkpointing.ke
 VAL = "validate/validation-default_"
 
 
-def stages_of(root: Path, run_id: str, iteration: int) -> dict:
-    path = root / "runs" / run_id / f"iter_{iteration:06d}" / "MANIFEST.json"
-    return json.loads(path.read_text())["stages"]
-
-
-def weights_after_run(root: Path, run_id: str) -> dict:
-    return load_file(
-        root / "runs" / run_id / "checkpoints" / f"step_{STEPS:06d}" / "model.safetensors"
-    )
-
-
-def assert_bit_identical(a: dict, b: dict) -> None:
-    assert sorted(a) == sorted(b)
-    assert all(a[name].equal(b[name]) for name in a), "weights differ"
+def weights_after_run(root: Path, run_id: str) -> Path:
+    return checkpoint_dir(root, run_id, STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +64,10 @@ def test_failed_train_resumes_to_identical_weights(first_run, tmp_path, monkeypa
     assert_bit_identical(weights_after_run(clean_root, "clean"), weights_after_run(tmp_path, "cut"))
 
 
-def test_rerun_of_reference_and_train_is_bit_identical(first_run):
+def test_rerun_of_reference_and_train_is_bit_identical(first_run, tmp_path):
     root, _ = first_run
     recorded = stages_of(root, "clean", 1)
-    weights = weights_after_run(root, "clean")
+    before = Path(shutil.copytree(weights_after_run(root, "clean"), tmp_path / "before"))
     for stage in ("reference", "train"):
         outputs = rerun_stage(run_id="clean", iteration=1, stage=stage, storage_root=str(root))
         for name, ref in outputs.items():
@@ -87,4 +75,4 @@ def test_rerun_of_reference_and_train_is_bit_identical(first_run):
     assert stages_of(root, "clean", 1)["checkpoint"]["status"] == "stale"
     dpo(config_path=str(CONFIG), overrides=OVERRIDES, run_id="clean", storage_root=str(root))
     assert all(s["status"] == "complete" for s in stages_of(root, "clean", 1).values())
-    assert_bit_identical(weights, weights_after_run(root, "clean"))
+    assert_bit_identical(before, weights_after_run(root, "clean"))

@@ -2,12 +2,12 @@
 head, built-in addition preference pairs; no server, local storage), and the chain a user
 runs next: GRPO rewarded by the trained checkpoint through the reward_model environment."""
 
-import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from flow_testing import assert_bit_identical, checkpoint_dir, stages_of
 from transformers import AutoModelForSequenceClassification
 
 from flows.grpo import grpo
@@ -29,19 +29,8 @@ OVERRIDES = [f"rm.max_num_steps={STEPS}", "rm.val_period=8", "checkpointing.keep
 VAL = "validate/validation-default_"
 
 
-def stages_of(root: Path, run_id: str, iteration: int) -> dict:
-    path = root / "runs" / run_id / f"iter_{iteration:06d}" / "MANIFEST.json"
-    return json.loads(path.read_text())["stages"]
-
-
 def checkpoint(root: Path, run_id: str) -> Path:
-    return root / "runs" / run_id / "checkpoints" / f"step_{STEPS:06d}"
-
-
-def assert_bit_identical(a: Path, b: Path) -> None:
-    first, second = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
-    assert sorted(first) == sorted(second)
-    assert all(first[name].equal(second[name]) for name in first), "weights differ"
+    return checkpoint_dir(root, run_id, STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +82,16 @@ def test_failed_train_resumes_to_identical_weights(first_run, tmp_path, monkeypa
     assert_bit_identical(checkpoint(clean_root, "clean"), checkpoint(tmp_path, "cut"))
 
 
-def test_rerun_of_train_is_bit_identical(first_run):
+def test_rerun_of_train_is_bit_identical(first_run, tmp_path):
     root, _ = first_run
     recorded = stages_of(root, "clean", 1)
-    before = load_file(checkpoint(root, "clean") / "model.safetensors")
+    before = Path(shutil.copytree(checkpoint(root, "clean"), tmp_path / "before"))
     outputs = rerun_stage(run_id="clean", iteration=1, stage="train", storage_root=str(root))
     for name, ref in outputs.items():
         assert ref["sha256"] == recorded["train"]["outputs"][name]["sha256"], name
     assert stages_of(root, "clean", 1)["checkpoint"]["status"] == "stale"
     rm(config_path=str(CONFIG), overrides=OVERRIDES, run_id="clean", storage_root=str(root))
-    after = load_file(checkpoint(root, "clean") / "model.safetensors")
-    assert all(before[name].equal(after[name]) for name in before)
+    assert_bit_identical(before, checkpoint(root, "clean"))
 
 
 def test_grpo_is_rewarded_by_the_trained_checkpoint(first_run, tmp_path):
