@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
 from nemo_rl_core.pipeline.spec import split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
@@ -147,6 +148,10 @@ def performance(metrics: Mapping[str, float], timing: Mapping[str, float]) -> di
     return values
 
 
+PREFERENCE_VAL_ACCURACY = f"validate/{PREFERENCE_VALIDATION_PREFIX}accuracy"
+PREFERENCE_VAL_LOSS = f"validate/{PREFERENCE_VALIDATION_PREFIX}loss"
+
+
 @dataclass(frozen=True)
 class IterationSummary:
     """What a person watches per iteration (None where the iteration did not measure it)."""
@@ -169,9 +174,10 @@ class IterationSummary:
         return cls(
             iteration=iteration,
             reward=metrics.get("reward/mean_reward"),
-            val_accuracy=metrics.get("validate/accuracy"),
+            # DPO and reward models validate under NeMo RL's names: preference accuracy
+            val_accuracy=metrics.get("validate/accuracy", metrics.get(PREFERENCE_VAL_ACCURACY)),
             greedy_accuracy=metrics.get("validate/greedy_accuracy"),
-            val_loss=metrics.get("validate/val_loss"),
+            val_loss=metrics.get("validate/val_loss", metrics.get(PREFERENCE_VAL_LOSS)),
             loss=metrics.get("train/loss"),
             kl=metrics.get("train/kl_penalty"),
             clip_fraction=metrics.get("train/probs_ratio_clamped_fraction"),

@@ -167,6 +167,12 @@ def clipped_pg_config_problems(cfg: ClippedPGLossConfig) -> list[tuple[str, str]
     return problems
 
 
+# NeMo RL logs the validation of DPO and reward models on its one validation set as
+# "validation-default_<metric>", which its dpo.yaml and rm.yaml rank checkpoints by
+# (metric_name: val:validation-default_loss).
+PREFERENCE_VALIDATION_PREFIX = "validation-default_"
+
+
 class DPOLossConfig(StrictConfig):
     """The loss keys of NeMo RL's ``dpo:`` section (``DPOLossFn``)."""
 

@@ -570,12 +570,15 @@ def train_policy(
     loss_fn: Any,
     config: RLMasterConfig,
     iteration: int,
+    gbs: int | None = None,
+    mbs: int | None = None,
 ) -> dict[str, Any]:
     """One optimizer step on the iteration's batch (PPO's value model trains here too); a
-    non-finite loss fails with the iteration."""
+    non-finite loss fails with the iteration. ``gbs``/``mbs``: the policy's own sizes
+    unless given (preference pairs are two sequences each)."""
     policy.prepare_for_training()
     try:
-        results = policy.train(train_data, loss_fn)
+        results = policy.train(train_data, loss_fn, gbs=gbs, mbs=mbs)
     except FloatingPointError as err:  # the policy's own NaN/Inf check does not know the step
         raise FloatingPointError(f"iteration {iteration}: {err}") from err
     finally:

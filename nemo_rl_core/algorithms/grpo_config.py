@@ -137,8 +137,10 @@ def validates(loop: ValidationSchedule) -> bool:
 
 def planned_steps(loop: RolloutScheduleConfig, batches_per_epoch: int) -> int:
     """Training steps of the whole run: ``max_num_steps``, or fewer when ``max_num_epochs``
-    passes over the data end first (as NeMo RL's loop stops at whichever comes first)."""
-    return min(loop.max_num_steps, loop.max_num_epochs * batches_per_epoch)
+    passes over the data end first (as NeMo RL's loop stops at whichever comes first);
+    ``max_num_steps: -1`` (NeMo RL's reward-model default) sets no step limit."""
+    epochs = loop.max_num_epochs * batches_per_epoch
+    return epochs if loop.max_num_steps == -1 else min(loop.max_num_steps, epochs)
 
 
 _ONE_VERSION_PER_BATCH = (

@@ -3,8 +3,10 @@
 NeMo RL v0.7 names its datasets per split: ``data.train`` and ``data.validation`` (one
 dataset or a list), each merged over ``data.default``. A dataset is a built-in generator
 here (``arithmetic``, ``addition``, ``countdown``, ``sliding_puzzle``; ``addition_sft``: the
-additions as SFT conversations), ``ResponseDataset`` (rows from a
-local JSONL/Parquet file or ``save_to_disk`` folder at ``data_path``), or one of NeMo RL's
+additions as SFT conversations; ``addition_preference``: as preference pairs), ``ResponseDataset``
+(rows from a local JSONL/Parquet file or ``save_to_disk`` folder at ``data_path``),
+``PreferenceDataset`` / ``BinaryPreferenceDataset`` (preference rows from such a file, for
+DPO and reward models), or one of NeMo RL's
 hub datasets: those validate, so NeMo RL's configs load, and are refused before any work
 on a deployment that cannot download (every deployment of this project).
 """
@@ -16,8 +18,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 
-BUILTIN_DATASETS = ("arithmetic", "addition", "addition_sft", "countdown", "sliding_puzzle")
+BUILTIN_DATASETS = (
+    "arithmetic",
+    "addition",
+    "addition_sft",
+    "addition_preference",
+    "countdown",
+    "sliding_puzzle",
+)
 LOCAL_DATASET = "ResponseDataset"  # NeMo RL's name for "rows from my own files"
+# NeMo RL's preference rows from local files: its own format, and prompt/chosen/rejected.
+PREFERENCE_DATASET = "PreferenceDataset"
+BINARY_PREFERENCE_DATASET = "BinaryPreferenceDataset"
+LOCAL_DATASETS = (LOCAL_DATASET, PREFERENCE_DATASET, BINARY_PREFERENCE_DATASET)
 # NeMo RL v0.7's registry of response datasets that it downloads from the Hugging Face hub.
 HUB_DATASETS = (
     "AIME2024",
@@ -34,15 +47,19 @@ HUB_DATASETS = (
     "open_assistant",
     "squad",
     "tulu3_sft_mixture",
+    "Tulu3Preference",
 )
 PROCESSORS = (
     "math_data_processor",
     "math_hf_data_processor",
     "sliding_puzzle_data_processor",
     "sft_processor",
+    "preference_preprocessor",
 )
 SFT_PROCESSOR = "sft_processor"  # NeMo RL's: a conversation to train on, not a prompt
 SFT_DATASETS = ("addition_sft",)  # built-ins whose rows are conversations, not prompts
+# NeMo RL's: a chosen and a rejected conversation (DPO, reward models)
+PREFERENCE_PROCESSOR = "preference_preprocessor"
 
 _BUILDER = "nemo_rl_core.data.datasets.builder"
 
@@ -87,19 +104,31 @@ class DatasetConfig(BaseModel):
     seed: Annotated[int, Wired(f"{_BUILDER}:load_rows")] = 42
     num_samples: Annotated[int | None, Wired(f"{_BUILDER}:load_rows")] = Field(None, ge=1)
     repeat: Annotated[int, Wired(f"{_BUILDER}:load_rows")] = Field(1, ge=1)
+    # BinaryPreferenceDataset's columns (NeMo RL's PreferenceDatasetConfig); null: its
+    # defaults "prompt", "chosen", "rejected".
+    prompt_key: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
+    chosen_key: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
+    rejected_key: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
 
     @model_validator(mode="after")
     def _known_dataset(self) -> "DatasetConfig":
         name = self.dataset_name
         if name is None or name in BUILTIN_DATASETS or name in HUB_DATASETS:
             pass
-        elif name == LOCAL_DATASET:
+        elif name in LOCAL_DATASETS:
             if not self.data_path:
-                raise ValueError("data_path is required when dataset_name is 'ResponseDataset'")
+                raise ValueError(f"data_path is required when dataset_name is {name!r}")
         else:
             raise ValueError(
                 f"dataset_name {name!r} is unknown; use one of {', '.join(BUILTIN_DATASETS)}, "
-                f"{LOCAL_DATASET!r} with data_path, or a NeMo RL hub dataset name"
+                f"one of {LOCAL_DATASETS} with data_path, or a NeMo RL hub dataset name"
+            )
+        binary_keys = ("prompt_key", "chosen_key", "rejected_key")
+        set_keys = [key for key in binary_keys if getattr(self, key) is not None]
+        if set_keys and name != BINARY_PREFERENCE_DATASET:
+            raise ValueError(
+                f"{set_keys[0]} names a column of {BINARY_PREFERENCE_DATASET!r} rows; "
+                f"dataset {name!r} does not read it"
             )
         if self.processor is not None and self.processor not in PROCESSORS:
             raise ValueError(f"processor {self.processor!r} is unknown; use one of {PROCESSORS}")

@@ -31,6 +31,19 @@ class DatumSpec(TypedDict):
     __extra__: NotRequired[Any]
 
 
+class PreferenceDatumSpec(TypedDict):
+    """One preference row (NeMo RL's): the context followed by the chosen completion, and
+    by the rejected one, each a tokenized message log."""
+
+    message_log_chosen: LLMMessageLogType
+    message_log_rejected: LLMMessageLogType
+    length_chosen: int
+    length_rejected: int
+    loss_multiplier: float  # 0.0: the pair does not fit max_seq_length and is not trained on
+    idx: int
+    task_name: NotRequired[str]
+
+
 @dataclass
 class TaskDataSpec:
     """How one task's rows become prompts: its name, prompt template and system prompt.
@@ -70,7 +83,8 @@ def _read_prompt_file(path: str | os.PathLike | None, key: str) -> str | None:
 
 
 class TaskDataProcessFnCallable(Protocol):
-    """Turns one dataset row into a ``DatumSpec`` (tokenized, templated, length-capped)."""
+    """Turns one dataset row into a ``DatumSpec`` (tokenized, templated, length-capped), or
+    a preference row into a ``PreferenceDatumSpec``."""
 
     def __call__(
         self,
@@ -79,4 +93,4 @@ class TaskDataProcessFnCallable(Protocol):
         tokenizer: Any,
         max_seq_length: int,
         idx: int,
-    ) -> DatumSpec: ...
+    ) -> DatumSpec | PreferenceDatumSpec: ...

@@ -6,12 +6,18 @@ cut and gets ``loss_multiplier`` 0, so it is generated on but never trained on, 
 NeMo RL. Rows are the normalized form the datasets produce: ``problem`` and
 ``expected_answer`` (math, countdown), ``game_state`` (sliding puzzle), or NeMo RL's chat
 rows (``messages``: question, answer) for ``math_hf_data_processor``. ``sft_processor``
-makes a conversation to train on instead of a prompt.
+makes a conversation to train on instead of a prompt, ``preference_preprocessor`` a chosen
+and a rejected conversation (DPO, reward models).
 """
 
 from typing import Any
 
-from nemo_rl_core.data.interfaces import DatumSpec, LLMMessageLogType, TaskDataSpec
+from nemo_rl_core.data.interfaces import (
+    DatumSpec,
+    LLMMessageLogType,
+    PreferenceDatumSpec,
+    TaskDataSpec,
+)
 
 
 def math_data_processor(
@@ -136,6 +142,53 @@ def sft_processor(
         idx,
         {},
         task_name=datum_dict.get("task_name") or task_data_spec.task_name or "sft",
+    )
+
+
+def preference_preprocessor(
+    datum_dict: dict[str, Any],
+    task_data_spec: TaskDataSpec,
+    tokenizer: Any,
+    max_seq_length: int,
+    idx: int,
+) -> PreferenceDatumSpec:
+    """NeMo RL's preference datum: the ``context`` followed by the lower-ranked (preferred)
+    completion, and by the other, each under the chat template. A pair longer than
+    ``max_seq_length`` on either side is cut to a few tokens per turn and gets
+    ``loss_multiplier`` 0, as NeMo RL does, so batches keep their shape."""
+    from nemo_rl_core.data.llm_message_utils import get_formatted_message_log  # loads torch
+
+    first, second = datum_dict["completions"]
+    chosen, rejected = (first, second) if first["rank"] < second["rank"] else (second, first)
+    logs = [
+        get_formatted_message_log(
+            _with_system_prompt(
+                [*datum_dict["context"], *completion["completion"]], task_data_spec
+            ),
+            tokenizer,
+            task_data_spec,
+            add_bos_token=tokenizer.bos_token is not None,
+        )
+        for completion in (chosen, rejected)
+    ]
+    lengths = [sum(len(m["token_ids"]) for m in log) for log in logs]
+    loss_multiplier = 1.0
+    if max(lengths) > max_seq_length:
+        for log in logs:
+            share = max(min(4, max_seq_length // len(log)), 1)
+            for message in log:
+                message["token_ids"] = message["token_ids"][:share]
+                message["content"] = tokenizer.decode(message["token_ids"])
+        lengths = [sum(len(m["token_ids"]) for m in log) for log in logs]
+        loss_multiplier = 0.0
+    return PreferenceDatumSpec(
+        message_log_chosen=logs[0],
+        message_log_rejected=logs[1],
+        length_chosen=lengths[0],
+        length_rejected=lengths[1],
+        loss_multiplier=loss_multiplier,
+        idx=idx,
+        task_name=datum_dict.get("task_name") or task_data_spec.task_name or "preference",
     )
 
 

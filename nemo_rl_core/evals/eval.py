@@ -12,7 +12,7 @@ reads the same stored inputs and writes the same bytes:
 import itertools
 import math
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -21,6 +21,7 @@ from nemo_rl_core.data.config import LOCAL_DATASET, DataConfig, DatasetConfig
 from nemo_rl_core.data.datasets.builder import load_rows, task_processors
 from nemo_rl_core.data.datasets.local_files import DatasetRowError, map_columns, read_local_rows
 from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset, rl_collate_fn
+from nemo_rl_core.data.interfaces import DatumSpec
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
 from nemo_rl_core.environments.utils import environment_class
@@ -148,7 +149,8 @@ def build_eval_dataset(data: EvalDataConfig, tokenizer: Any) -> AllTaskProcessed
 def eval_prompts(dataset: AllTaskProcessedDataset, settings: EvalConfig) -> BatchedDataDict:
     """Every prompt in order, repeated ``num_tests_per_prompt`` times (``prompt_index``
     names each prompt's group)."""
-    batch = rl_collate_fn([dataset[i] for i in range(len(dataset))])
+    # eval rows are prompts: their processors make DatumSpecs, never preference pairs
+    batch = rl_collate_fn([cast(DatumSpec, dataset[i]) for i in range(len(dataset))])
     batch["prompt_index"] = torch.arange(batch.size)
     return batch.repeat_interleave(settings.num_tests_per_prompt)
 

@@ -8,6 +8,10 @@ stage in order, what it reads, and the core function it calls.
     SFT:  [validate (loss)] -> batch -> train (NLL) -> checkpoint
     distillation: [validate] -> prompts -> generate -> reward (metrics only) -> teacher
           (top-k logits) -> train (KL to the teacher) -> checkpoint
+    DPO:  [validate (loss, preference accuracy)] -> batch -> reference (the reference
+          policy's logprobs) -> train (DPO loss) -> checkpoint
+    RM:   [validate (loss, preference accuracy)] -> batch -> train (Bradley-Terry)
+          -> checkpoint
     eval: prompts -> generate -> reward -> score   (one iteration; it trains nothing)
 
 ``validate`` runs when NeMo RL's schedule says (``val_period``, ``val_at_start``,
@@ -17,10 +21,13 @@ training step may hold only it (``val_at_end``) and the checkpoint bookkeeping.
 
 from typing import Any
 
-from nemo_rl_core.algorithms import distillation, grpo, sft
+from nemo_rl_core.algorithms import distillation, dpo, grpo, sft
+from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
 from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
+from nemo_rl_core.algorithms.dpo import DPOMasterConfig
 from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
+from nemo_rl_core.algorithms.rm import RMMasterConfig
 from nemo_rl_core.algorithms.sft import SFTMasterConfig
 from nemo_rl_core.evals.config import EvalMasterConfig
 from nemo_rl_core.pipeline import stages
@@ -188,6 +195,73 @@ EVAL = register_pipeline(
             ),
             Stage("reward", stages.eval_reward, reads=("generate",), reported=("mean_reward",)),
             Stage("score", stages.eval_score, reads=("reward",)),
+        ),
+    )
+)
+
+PREFERENCE_VALIDATION = (
+    f"{PREFERENCE_VALIDATION_PREFIX}loss",
+    f"{PREFERENCE_VALIDATION_PREFIX}accuracy",
+)
+
+DPO = register_pipeline(
+    Pipeline(
+        name="dpo",
+        config_class=DPOMasterConfig,
+        default_config="examples/configs/dpo_tiny.yaml",
+        identity_keys=("policy.model_name", "data", "dpo.seed"),
+        dataloader=dpo.make_dataloader,
+        data_setup=dpo.data_setup,
+        stages=(
+            Stage(
+                "validate",
+                stages.preference_validation,
+                versions=("policy",),
+                reported=PREFERENCE_VALIDATION,
+                due=validation_is_due,
+            ),
+            Stage("batch", stages.preference_batch, versions=("dataloader",)),
+            Stage("reference", stages.reference_logprobs, reads=("batch",)),
+            Stage(
+                "train",
+                stages.dpo_train,
+                reads=("reference", "batch"),
+                versions=("policy",),
+                reported=("loss", "accuracy", "grad_norm"),
+                commits=True,
+            ),
+            RETENTION,
+        ),
+    )
+)
+
+RM = register_pipeline(
+    Pipeline(
+        name="rm",
+        config_class=RMMasterConfig,
+        default_config="examples/configs/rm_tiny.yaml",
+        identity_keys=("policy.model_name", "data", "rm.seed"),
+        dataloader=dpo.make_dataloader,
+        data_setup=dpo.data_setup,
+        reference_policy=False,
+        stages=(
+            Stage(
+                "validate",
+                stages.reward_model_validation,
+                versions=("policy",),
+                reported=PREFERENCE_VALIDATION,
+                due=validation_is_due,
+            ),
+            Stage("batch", stages.preference_batch, versions=("dataloader",)),
+            Stage(
+                "train",
+                stages.reward_model_train,
+                reads=("batch",),
+                versions=("policy",),
+                reported=("loss", "accuracy", "grad_norm"),
+                commits=True,
+            ),
+            RETENTION,
         ),
     )
 )

@@ -164,6 +164,14 @@ class RunRuntime:
         self._policy_step = step
         return self._policy
 
+    def reference_policy(self) -> PolicyInterface:
+        """A policy holding the run's frozen reference model (the starting weights, which
+        every policy of the run keeps): the warm one at whatever step it is, else the
+        starting policy, so reference logprobs need no checkpoint of any step."""
+        if self._policy is not None and self._policy_step is not None:
+            return self._policy
+        return self.policy(INITIAL_STEP)
+
     def policy_for_update(self, step: int) -> PolicyInterface:
         """The policy at ``step``, marked as changing: if the update fails half-way, the next
         call reloads from storage instead of trusting weights of unknown version."""

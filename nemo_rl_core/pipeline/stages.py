@@ -8,8 +8,8 @@ PPO differ, they declare different functions.
 import time
 from typing import Any
 
-from nemo_rl_core.algorithms import distillation, grpo, ppo, sft
-from nemo_rl_core.algorithms.loss import NLLLossFn
+from nemo_rl_core.algorithms import distillation, dpo, grpo, ppo, rm, sft
+from nemo_rl_core.algorithms.loss import DPOLossFn, NLLLossFn, PreferenceLossFn
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.evals import eval as evaluation
 from nemo_rl_core.pipeline.context import PREVIOUS, StageContext, StageResult
@@ -275,3 +275,64 @@ def distillation_train(ctx: StageContext) -> StageResult:
     loss_fn = distillation.build_loss_fn(ctx.config)
     metrics = grpo.train_policy(policy, ctx.batch("teacher"), loss_fn, ctx.config, step)
     return _committed(ctx, {"policy": policy}, metrics)
+
+
+def preference_validation(ctx: StageContext) -> StageResult:
+    """DPO's validation of the weights this iteration starts from on the held-out pairs
+    (eval mode: no update): loss, preference accuracy, chosen and rejected rewards."""
+    rt, config = ctx.runtime, ctx.config
+    metrics = dpo.validation_metrics(
+        rt.policy(ctx.iteration),
+        dpo.validation_batches(config, rt.tokenizer),
+        DPOLossFn(config.algorithm),
+        config,
+    )
+    return StageResult({"metrics": metrics}, metrics)
+
+
+def preference_batch(ctx: StageContext) -> StageResult:
+    """The step's global batch of preference pairs (chosen and rejected interleaved), stored,
+    and where the dataloader stands after it."""
+    start = ctx.runtime.dataloader_state(ctx.iteration)
+    batch, state = dpo.take_batch(ctx.runtime.dataloader, start)
+    return StageResult({"batch": batch, "dataloader_state": state}, {"num_samples": batch.size})
+
+
+def reference_logprobs(ctx: StageContext) -> StageResult:
+    """The frozen reference policy's logprobs of the stored pairs: stored, so a rerun of
+    ``train`` reads the same tensors."""
+    rt = ctx.runtime
+    mbs = 2 * ctx.config.policy.train_micro_batch_size
+    batch = dpo.with_reference_logprobs(rt.reference_policy(), ctx.batch("batch"), mbs)
+    return StageResult({"batch": batch})
+
+
+def dpo_train(ctx: StageContext) -> StageResult:
+    """One optimizer step of NeMo RL's DPO loss on the stored pairs (a pair's two sequences
+    in the same microbatch), committed as the checkpoint the next iteration starts from."""
+    return _preference_step(ctx, ctx.batch("reference"), DPOLossFn(ctx.config.algorithm))
+
+
+def reward_model_validation(ctx: StageContext) -> StageResult:
+    """The reward model's Bradley-Terry loss, accuracy and rewards on the held-out pairs, at
+    the weights this iteration starts from (eval mode: no update)."""
+    rt, config = ctx.runtime, ctx.config
+    batches = dpo.validation_batches(config, rt.tokenizer)
+    metrics = rm.reward_validation(rt.policy(ctx.iteration), batches, PreferenceLossFn(), config)
+    return StageResult({"metrics": metrics}, metrics)
+
+
+def reward_model_train(ctx: StageContext) -> StageResult:
+    """One optimizer step of the Bradley-Terry loss (``PreferenceLossFn``) on the stored
+    pairs, committed as the checkpoint the next iteration starts from."""
+    return _preference_step(ctx, ctx.batch("batch"), PreferenceLossFn())
+
+
+def _preference_step(ctx: StageContext, batch: BatchedDataDict, loss_fn: Any) -> StageResult:
+    """One optimizer step on all the pairs, each pair's two sequences in one microbatch
+    (NeMo RL doubles gbs and mbs), committed."""
+    step, config = ctx.iteration, ctx.config
+    policy = ctx.runtime.policy_for_update(step)
+    mbs = 2 * config.policy.train_micro_batch_size
+    metrics = grpo.train_policy(policy, batch, loss_fn, config, step, gbs=batch.size, mbs=mbs)
+    return _committed(ctx, {"policy": policy}, metrics, data_stage="batch")

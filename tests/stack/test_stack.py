@@ -208,7 +208,10 @@ def test_project_prefect_yaml_declares_the_deployments() -> None:
         ("flows/grpo.py:grpo", "nightly"),
         ("flows/ppo.py:ppo", "manual"),
         ("flows/sft.py:sft", "manual"),
+        ("flows/chain.py:sft_grpo_eval", "sft-grpo-eval"),
         ("flows/distillation.py:distillation", "manual"),
+        ("flows/dpo.py:dpo", "manual"),
+        ("flows/rm.py:rm", "manual"),
         ("flows/eval.py:evaluate", "manual"),
         ("flows/rerun_stage.py:rerun_stage", "default"),
         ("flows/verify.py:verify_run", "default"),
@@ -244,7 +247,7 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
     configs, actions = _load_deploy_configs_and_actions(
         PROJECT_ROOT / "prefect.yaml", console=Console(stderr=True)
     )
-    assert len(configs) == 8, "prefect.yaml did not validate as Prefect reads it"
+    assert len(configs) == 11, "prefect.yaml did not validate as Prefect reads it"
     [step] = actions["build"]  # the version step, run as `prefect deploy` runs it
     settings = dict(step["prefect.deployments.steps.run_shell_script"])
     step_id = settings.pop("id")
@@ -258,7 +261,10 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
         ("flows/grpo.py:grpo", "nightly"): 1,
         ("flows/ppo.py:ppo", "manual"): 1,
         ("flows/sft.py:sft", "manual"): 1,
+        ("flows/chain.py:sft_grpo_eval", "sft-grpo-eval"): 1,
         ("flows/distillation.py:distillation", "manual"): 1,
+        ("flows/dpo.py:dpo", "manual"): 1,
+        ("flows/rm.py:rm", "manual"): 1,
         ("flows/eval.py:evaluate", "manual"): None,
         ("flows/rerun_stage.py:rerun_stage", "default"): None,
         ("flows/verify.py:verify_run", "default"): None,
@@ -270,7 +276,10 @@ PROJECT_DEPLOYMENTS = (
     "grpo/nightly",
     "ppo/manual",
     "sft/manual",
+    "chain/sft-grpo-eval",
     "distillation/manual",
+    "dpo/manual",
+    "rm/manual",
     "eval/manual",
     "rerun-stage/default",
     "verify-run/default",

@@ -22,11 +22,14 @@ from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, chec
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "v0.7.0"
-# The GRPO, PPO, SFT, eval and distillation configs of NeMo RL whose models are text-only LLMs.
+# The GRPO, PPO, SFT, DPO, RM, eval and distillation configs of NeMo RL whose models are
+# text-only LLMs.
 LOADING = [
     "grpo_math_1B",
     "sft",
     "sft_openmathinstruct2",
+    "dpo",
+    "rm",
     "grpo_math_8B",
     "grpo_sliding_puzzle",
     "ppo_math_1B",

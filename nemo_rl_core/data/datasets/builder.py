@@ -13,18 +13,29 @@ from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_core.data.config import LOCAL_DATASET, SFT_PROCESSOR, DataConfig, DatasetConfig
+from nemo_rl_core.data.config import (
+    BINARY_PREFERENCE_DATASET,
+    LOCAL_DATASET,
+    LOCAL_DATASETS,
+    PREFERENCE_DATASET,
+    PREFERENCE_PROCESSOR,
+    SFT_PROCESSOR,
+    DataConfig,
+    DatasetConfig,
+)
 from nemo_rl_core.data.datasets.generators import (
     addition_demonstrations,
+    addition_preferences,
     addition_problems,
     arithmetic_word_problems,
     countdown_puzzles,
     sliding_puzzle_games,
 )
-from nemo_rl_core.data.datasets.local_files import map_columns, read_local_rows
+from nemo_rl_core.data.datasets.local_files import map_columns, preference_rows, read_local_rows
 from nemo_rl_core.data.interfaces import TaskDataProcessFnCallable, TaskDataSpec
 from nemo_rl_core.data.processors import (
     math_data_processor,
+    preference_preprocessor,
     sft_processor,
     sliding_puzzle_data_processor,
 )
@@ -39,14 +50,22 @@ DEFAULT_TASKS = {
     "arithmetic": "math",
     "addition": "math",
     "addition_sft": "math",
+    "addition_preference": "preference",
     "countdown": "countdown",
     LOCAL_DATASET: "math",
+    PREFERENCE_DATASET: "preference",
+    BINARY_PREFERENCE_DATASET: "preference",
     "sliding_puzzle": PUZZLE_ENV,
 }
 DEFAULT_PROCESSORS = {
     "sliding_puzzle": "sliding_puzzle_data_processor",
     "addition_sft": SFT_PROCESSOR,
+    "addition_preference": PREFERENCE_PROCESSOR,
+    PREFERENCE_DATASET: PREFERENCE_PROCESSOR,
+    BINARY_PREFERENCE_DATASET: PREFERENCE_PROCESSOR,
 }
+# The preference fields a BinaryPreferenceDataset row holds unless data.*_key renames them.
+BINARY_DEFAULT_KEYS = ("prompt", "chosen", "rejected")
 # NeMo RL's math_hf_data_processor reads rows its dataset classes format as chat messages;
 # rows here are normalized to problem/answer, which math_data_processor turns into the same
 # datum (the prompt-formatted question as one user turn, the answer as ground truth).
@@ -55,6 +74,7 @@ PROCESSORS: dict[str, TaskDataProcessFnCallable] = {
     "math_hf_data_processor": math_data_processor,
     "sliding_puzzle_data_processor": sliding_puzzle_data_processor,
     SFT_PROCESSOR: sft_processor,
+    PREFERENCE_PROCESSOR: preference_preprocessor,
 }
 # rows a built-in generator draws when its dataset sets no num_samples
 DEFAULT_COUNTS = {"train": 1024, "validation": 64}
@@ -107,12 +127,14 @@ def _generated_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> lis
     seed = dataset.seed + (VALIDATION_SEED_OFFSET if split == "validation" else 0)
     if dataset.dataset_name == "arithmetic":
         return arithmetic_word_problems(dataset.num_samples or DEFAULT_COUNTS[split], seed)
-    if dataset.dataset_name in ("addition", "addition_sft"):
+    additions = {
+        "addition": addition_problems,
+        "addition_sft": addition_demonstrations,
+        "addition_preference": addition_preferences,
+    }
+    if dataset.dataset_name in additions:
         count = dataset.num_samples or DEFAULT_COUNTS[split]
-        rows = (
-            addition_demonstrations if dataset.dataset_name == "addition_sft" else addition_problems
-        )
-        return rows(count, seed, held_out=split == "validation")
+        return additions[dataset.dataset_name](count, seed, held_out=split == "validation")
     if dataset.dataset_name == "countdown":
         return countdown_puzzles(dataset.num_samples or DEFAULT_COUNTS[split], seed)
     count = dataset.num_samples or setup.puzzle_counts[split]
@@ -132,10 +154,14 @@ def _puzzle_rows(count: int, seed: int, settings: dict[str, Any]) -> list[dict[s
 
 
 def _dataset_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[dict[str, Any]]:
-    if dataset.dataset_name != LOCAL_DATASET and dataset.data_path is None:
+    if dataset.dataset_name not in LOCAL_DATASETS and dataset.data_path is None:
         rows = _generated_rows(dataset, split, setup)
+    elif processor_name(dataset, setup) == PREFERENCE_PROCESSOR:
+        assert dataset.data_path is not None  # DatasetConfig requires it for local datasets
+        raw = read_local_rows(dataset.data_path, dataset.split)
+        rows = preference_rows(raw, dataset.data_path, binary_preference_keys(dataset))
     else:
-        assert dataset.data_path is not None  # DatasetConfig requires it for ResponseDataset
+        assert dataset.data_path is not None  # DatasetConfig requires it for local datasets
         raw = read_local_rows(dataset.data_path, dataset.split)
         rows = map_columns(
             raw,
@@ -145,6 +171,18 @@ def _dataset_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[
             chat_rows=processor_name(dataset, setup) == SFT_PROCESSOR,
         )
     return [row for row in rows for _ in range(dataset.repeat)]
+
+
+def binary_preference_keys(dataset: DatasetConfig) -> tuple[str, str, str] | None:
+    """The prompt, chosen and rejected columns of a ``BinaryPreferenceDataset``; None for
+    rows already in NeMo RL's ``PreferenceDataset`` format."""
+    if dataset.dataset_name != BINARY_PREFERENCE_DATASET:
+        return None
+    written = (dataset.prompt_key, dataset.chosen_key, dataset.rejected_key)
+    prompt, chosen, rejected = (
+        key or default for key, default in zip(written, BINARY_DEFAULT_KEYS, strict=True)
+    )
+    return prompt, chosen, rejected
 
 
 def _carve(

@@ -1,5 +1,6 @@
 """Built-in datasets generated from a seed: arithmetic word problems, two-digit additions
-(as problems, or as SFT demonstrations with their answers), countdown puzzles and
+(as problems, as SFT demonstrations with their answers, or as preference pairs of a right
+and a wrong answer), countdown puzzles and
 sliding-puzzle games. The demo and the tests train on these without downloading anything;
 the same seed always gives the same rows.
 """
@@ -96,6 +97,34 @@ def addition_demonstrations(
         }
         for a, b in addition_pairs(num_samples, seed, held_out)
     ]
+
+
+def carry_mistake(a: int, b: int) -> int:
+    """The sum a learner gets by forgetting a carry: each digit added mod 10 (``a + b + 10``
+    for pairs without a carry, so the mistake always differs from the sum)."""
+    digits = (a % 10 + b % 10) % 10 + 10 * ((a // 10 + b // 10) % 10)
+    return digits if digits != a + b else a + b + 10
+
+
+def addition_preferences(
+    num_samples: int, seed: int = 0, held_out: bool = False
+) -> list[dict[str, Any]]:
+    """Preference rows in NeMo RL's ``PreferenceDataset`` format: the question as
+    ``context``, the right sum (rank 0, preferred) and the carry mistake (rank 1) as
+    ``completions``; odd rows list the rejected completion first, as real data may."""
+    rows = []
+    for index, (a, b) in enumerate(addition_pairs(num_samples, seed, held_out)):
+        completions = [
+            {"rank": rank, "completion": [{"role": "assistant", "content": addition_answer(total)}]}
+            for rank, total in ((0, a + b), (1, carry_mistake(a, b)))
+        ]
+        rows.append(
+            {
+                "context": [{"role": "user", "content": addition_question(a, b)}],
+                "completions": completions[::-1] if index % 2 else completions,
+            }
+        )
+    return rows
 
 
 def addition_problems(

@@ -3,9 +3,10 @@
 Every row is normalized to ``{"problem", "expected_answer", ...other columns}`` through
 the column mapping (``data.input_key`` / ``data.output_key``), so processors never see a
 dataset's own column names; for SFT a chat row (NeMo RL's ``messages`` column: the
-OpenAI format) stays a conversation. A row without its prompt or answer, or whose
-conversation has no assistant turn to learn, fails here, naming the file, the row index
-and the column.
+OpenAI format) stays a conversation; preference rows (DPO, reward model) take NeMo RL's
+``PreferenceDataset`` form. A row without its prompt or answer, a conversation with no
+assistant turn to learn, a preference row without a chosen or a rejected response: each
+fails here, naming the file, the row index and the column.
 """
 
 import json
@@ -107,11 +108,86 @@ def check_conversation(messages: Any, where: str) -> None:
     """A conversation to train on: ``{"role", "content"}`` turns with text, one an assistant's."""
     if not isinstance(messages, list) or not messages:
         raise DatasetRowError(f"{where}: {CHAT_COLUMN!r} must be a non-empty list of turns")
-    for turn_index, turn in enumerate(messages):
-        turn_where = f"{where}: {CHAT_COLUMN}[{turn_index}]"
-        if not isinstance(turn, dict) or turn.get("role") not in CHAT_ROLES:
-            raise DatasetRowError(f"{turn_where} needs a 'role' of {CHAT_ROLES}, got {turn!r}")
-        if not isinstance(turn.get("content"), str):
-            raise DatasetRowError(f"{turn_where} has no text 'content'")
+    _check_turns(messages, f"{where}: {CHAT_COLUMN}")
     if not any(turn["role"] == "assistant" for turn in messages):
         raise DatasetRowError(f"{where}: {CHAT_COLUMN!r} has no assistant turn to learn")
+
+
+def preference_rows(
+    rows: list[dict[str, Any]],
+    source: str,
+    binary_keys: tuple[str, str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Rows in NeMo RL's ``PreferenceDataset`` format (``context`` turns, two ranked
+    ``completions``), checked row by row; an error names the file, the row and the key.
+
+    ``binary_keys`` (``prompt_key``, ``chosen_key``, ``rejected_key``): the rows are
+    ``BinaryPreferenceDataset``'s (a prompt, a chosen and a rejected response), turned into
+    that format as NeMo RL does (a text prompt becomes one user turn)."""
+    checked = []
+    for index, row in enumerate(rows):
+        where = f"{source}: row {index}"
+        if binary_keys is not None:
+            row = _binary_preference(row, where, binary_keys)
+        context = row.get("context")
+        if not isinstance(context, list) or not context:
+            raise DatasetRowError(f"{where}: 'context' must be a non-empty list of turns")
+        _check_turns(context, f"{where}: context")
+        completions = row.get("completions")
+        if not isinstance(completions, list) or len(completions) != 2:
+            raise DatasetRowError(
+                f"{where}: 'completions' must hold exactly two completions (a chosen and a "
+                "rejected one), as NeMo RL's DPO and reward-model training take"
+            )
+        ranks = []
+        for number, completion in enumerate(completions):
+            turns = completion.get("completion") if isinstance(completion, dict) else None
+            if not isinstance(turns, list) or not turns:
+                raise DatasetRowError(
+                    f"{where}: completions[{number}] has no 'completion' (a list of turns)"
+                )
+            _check_turns(turns, f"{where}: completions[{number}].completion")
+            rank = completion.get("rank")
+            if not isinstance(rank, int) or isinstance(rank, bool):
+                raise DatasetRowError(f"{where}: completions[{number}] has no integer 'rank'")
+            ranks.append(rank)
+        if ranks[0] == ranks[1]:
+            raise DatasetRowError(
+                f"{where}: both completions have rank {ranks[0]}; ties have no chosen response"
+            )
+        checked.append(row)
+    return checked
+
+
+def _binary_preference(
+    row: dict[str, Any], where: str, keys: tuple[str, str, str]
+) -> dict[str, Any]:
+    prompt_key, chosen_key, rejected_key = keys
+    for key, config_key in zip(keys, ("prompt_key", "chosen_key", "rejected_key"), strict=True):
+        value = row.get(key)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            state = "is empty" if key in row else "has no column"
+            raise DatasetRowError(
+                f"{where} {state} {key!r} (data.{config_key}); its columns are {sorted(row)}"
+            )
+    prompt = row[prompt_key]
+    context = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    extra = {k: v for k, v in row.items() if k not in keys}
+    return {
+        **extra,
+        "context": context,
+        "completions": [
+            {"rank": rank, "completion": [{"role": "assistant", "content": str(row[key])}]}
+            for rank, key in ((0, chosen_key), (1, rejected_key))
+        ],
+    }
+
+
+def _check_turns(turns: list[Any], where: str) -> None:
+    for turn_index, turn in enumerate(turns):
+        if not isinstance(turn, dict) or turn.get("role") not in CHAT_ROLES:
+            raise DatasetRowError(
+                f"{where}[{turn_index}] needs a 'role' of {CHAT_ROLES}, got {turn!r}"
+            )
+        if not isinstance(turn.get("content"), str):
+            raise DatasetRowError(f"{where}[{turn_index}] has no text 'content'")

@@ -269,6 +269,17 @@ class DraftConfig(StrictModel):
     aux_layer_indices: Annotated[list[int] | None, PartOf(_DRAFT)] = None
 
 
+class RewardModelConfig(StrictModel):
+    """``policy.reward_model_cfg``: the policy is a scalar-head reward model (HF
+    ``*ForSequenceClassification`` with one label) trained on preference pairs."""
+
+    enabled: Annotated[bool, Wired("nemo_rl_core.models.policy.hf_policy:HFPolicy")] = False
+    # NeMo RL supports Bradley-Terry only (PreferenceLossFn)
+    reward_model_type: Annotated[
+        Literal["bradley_terry"], Wired("nemo_rl_core.algorithms.rm:RMMasterConfig")
+    ] = "bradley_terry"
+
+
 class TrainedModelConfig(StrictModel):
     """The keys every trained HF model shares (policy and value): model, batches, optimizer."""
 
@@ -421,3 +432,20 @@ class PolicyConfig(TrainedModelConfig):
     ] = Field(None, gt=0)
     generation: GenerationConfig | None = None
     draft: DraftConfig = Field(default_factory=DraftConfig)
+    reward_model_cfg: RewardModelConfig = Field(default_factory=RewardModelConfig)
+    activation_checkpointing_enabled: Annotated[
+        bool,
+        inert(
+            "NeMo RL v0.7 reads it nowhere (rm.yaml keeps it); "
+            "dtensor_cfg.activation_checkpointing is the switch",
+        ),
+    ] = False
+
+    @model_validator(mode="after")
+    def _reward_model_backend(self) -> Self:
+        if self.reward_model_cfg.enabled and self.training_backend != "hf":
+            raise ValueError(
+                "reward_model_cfg.enabled: the scalar-head reward model trains on the hf "
+                "backend; the Megatron backend here trains language models only"
+            )
+        return self

@@ -4,9 +4,10 @@ Weights stay in float32 (master weights); ``precision: bfloat16`` runs the forwa
 autocast, as NeMo RL's FSDP mixed precision does, so small RL updates are not rounded away.
 """
 
+import json
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from transformers import (
@@ -76,6 +77,23 @@ def load_pretrained(
             f"policy.max_total_sequence_length={config.max_total_sequence_length} exceeds the "
             f"model's max_position_embeddings={max_positions} ({directory}/config.json)"
         )
+    return model
+
+
+def load_scalar_head(
+    model_cls: Any, head_suffix: str, path: str | Path, config: TrainedModelConfig, **overrides: Any
+) -> PreTrainedModel:
+    """Backbone + a one-output head (HF's ``*For{Token,Sequence}Classification``, a Linear
+    named ``score``) from ``path``. A head created fresh from a causal-LM checkpoint starts
+    at zero, so runs are reproducible without a seed; one ``path`` saved (its config's
+    architecture ends with ``head_suffix``) is kept."""
+    model = load_pretrained(model_cls, path, config, num_labels=1, **overrides)
+    saved = json.loads((resolve_model(str(path)) / "config.json").read_text())
+    if not any(arch.endswith(head_suffix) for arch in saved.get("architectures") or []):
+        score = cast(torch.nn.Linear, model.get_submodule("score"))
+        torch.nn.init.zeros_(score.weight)
+        if score.bias is not None:
+            torch.nn.init.zeros_(score.bias)
     return model
 
 

@@ -4,7 +4,10 @@ It is NeMo RL's DTensor policy worker with one rank: float32 master weights (bf1
 under autocast with ``precision: bfloat16``), a frozen reference copy of the base model,
 and checkpoints in HF safetensors layout that transformers and vLLM load directly.
 Logits are divided by ``policy.generation.temperature`` before any logprob, as NeMo RL
-does, so training logprobs match the sampler's processed logprobs.
+does, so training logprobs match the sampler's processed logprobs. With
+``policy.reward_model_cfg.enabled`` the model is a scalar-head reward model instead (HF
+``*ForSequenceClassification``, one label), whose checkpoints
+``AutoModelForSequenceClassification`` loads.
 """
 
 import copy
@@ -15,7 +18,12 @@ from typing import Any
 
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction, LossInputType
 from nemo_rl_core.algorithms.loss.utils import (
@@ -35,7 +43,7 @@ from nemo_rl_core.models.policy.draft import (
 )
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout
 from nemo_rl_core.models.policy.fp8_calibration import calibrate_qkv_scales
-from nemo_rl_core.models.policy.hf_loading import load_pretrained, load_tokenizer
+from nemo_rl_core.models.policy.hf_loading import load_pretrained, load_scalar_head, load_tokenizer
 from nemo_rl_core.models.policy.hf_trainer import HFTrainable
 from nemo_rl_core.models.policy.interfaces import (
     ColocatablePolicyInterface,
@@ -68,7 +76,7 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         init_reference_model: bool = True,
     ) -> None:
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)
-        base = load_pretrained(AutoModelForCausalLM, config.model_name, config)
+        base = _load_model(config.model_name, config, tokenizer)
         # NeMo RL keeps the *base* model as reference, even when resuming from a checkpoint.
         self.reference_model = _frozen_copy(base) if init_reference_model else None
         self.lora = config.dtensor_cfg.lora_cfg
@@ -76,7 +84,7 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         if self.lora is not None and self.lora.enabled:
             model = add_adapters(base, self.lora, weights_path)
         elif weights_path is not None:
-            model = load_pretrained(AutoModelForCausalLM, weights_path, config)
+            model = _load_model(weights_path, config, tokenizer)
         # Built before the optimizer, which updates it with the model (policy.draft).
         self.draft: DraftHead | None = None
         if config.draft.enabled:
@@ -91,6 +99,7 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         temperature = config.generation.temperature if config.generation else 1.0
         self.temperature = temperature if temperature > 0 else 1.0
         self.head_splits = HeadSplits()
+        self.scalar_head = config.reward_model_cfg.enabled
 
     # ---- inference --------------------------------------------------------------------
 
@@ -311,6 +320,22 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         self, kv_scales: dict[str, float] | None = None
     ) -> list[Any]:
         raise NotImplementedError(SINGLE_PROCESS_REFIT)
+
+
+def _load_model(
+    path: str | Path, config: PolicyConfig, tokenizer: PreTrainedTokenizerBase
+) -> PreTrainedModel:
+    """The causal LM, or with ``reward_model_cfg.enabled`` the scalar-head reward model
+    (its head zero until trained; it finds each sequence's last token by the pad id)."""
+    if config.reward_model_cfg.enabled:
+        return load_scalar_head(
+            AutoModelForSequenceClassification,
+            "ForSequenceClassification",
+            path,
+            config,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    return load_pretrained(AutoModelForCausalLM, path, config)
 
 
 def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

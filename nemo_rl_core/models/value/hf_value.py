@@ -7,9 +7,8 @@ causal-LM checkpoint starts at zero: every state is worth 0 until trained, and r
 reproducible without a seed.
 """
 
-import json
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel, PreTrainedTokenizerBase
@@ -18,9 +17,8 @@ from nemo_rl_core.algorithms.loss.interfaces import LossFunction
 from nemo_rl_core.algorithms.loss.utils import prepare_loss_input
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.generation.interfaces import GenerationDatumSpec
-from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout
-from nemo_rl_core.models.policy.hf_loading import load_pretrained, load_tokenizer
+from nemo_rl_core.models.policy.hf_loading import load_scalar_head, load_tokenizer
 from nemo_rl_core.models.policy.hf_trainer import HFTrainable
 from nemo_rl_core.models.value.config import ValueConfig
 from nemo_rl_core.models.value.interfaces import ValueInterface, ValueOutputSpec
@@ -31,17 +29,9 @@ HEAD_SUFFIX = "ForTokenClassification"
 
 def load_value_model(path: str | Path, config: ValueConfig) -> PreTrainedModel:
     """Backbone + scalar head from ``path``; the head is zeroed unless ``path`` saved one."""
-    model = load_pretrained(
-        AutoModelForTokenClassification, path, config, num_labels=1, classifier_dropout=0.0
+    return load_scalar_head(
+        AutoModelForTokenClassification, HEAD_SUFFIX, path, config, classifier_dropout=0.0
     )
-    saved = json.loads((resolve_model(str(path)) / "config.json").read_text())
-    if not any(arch.endswith(HEAD_SUFFIX) for arch in saved.get("architectures") or []):
-        # HF's *ForTokenClassification head is a Linear named ``score``.
-        score = cast(torch.nn.Linear, model.get_submodule("score"))
-        torch.nn.init.zeros_(score.weight)
-        if score.bias is not None:
-            torch.nn.init.zeros_(score.bias)
-    return model
 
 
 class HFValue(HFTrainable, ValueInterface):
