@@ -13,7 +13,8 @@ samples/s = samples of iterations 1..N-1 / seconds from the end of iteration 0 (
 the engine's start-up) to the end of the last one, read from the manifests' commit times.
 
 Run:   .venv/bin/python bench/async.py               (20 steps per variant)
-Smoke: .venv/bin/python bench/async.py --smoke       (3 steps, HF generation, not recorded)
+Smoke: .venv/bin/python bench/async.py --smoke       (sync and async k=1, 3 steps, HF
+       generation, not recorded)
 """
 
 import argparse
@@ -100,7 +101,8 @@ def main() -> None:
     cores = os.cpu_count() or 1
     rows, results = [], {}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as root:
-        for name, overrides, env in variants(cores):
+        chosen = variants(cores)[:2] if args.smoke else variants(cores)
+        for name, overrides, env in chosen:
             result = run_variant([*common, *overrides], env, root)
             results[name] = result
             rows.append((name, env, result))
