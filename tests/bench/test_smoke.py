@@ -92,3 +92,9 @@ def test_vs_trl_smoke() -> None:
 def test_component_bench_smoke(script: str, expected: str) -> None:
     """The component benchmarks (storage, generation, training, environments, losses)."""
     assert re.search(expected, run_bench_smoke(script), re.MULTILINE)
+
+
+def test_async_smoke() -> None:
+    out = run_smoke("async.py")
+    assert re.search(rf"async k=1, all cores each side\s+\d+\s+{RATIO}\s+{RATIO}x", out)
+    assert re.search(rf"perfect overlap .* could reach {RATIO}x", out)
