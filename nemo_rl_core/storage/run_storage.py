@@ -394,11 +394,15 @@ class RunStorage:
             _give_default_modes(local_dir)
             self._call(ckpt, lambda: local_dir.rename(self._path(ckpt)), reading=False)
         else:
-            for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
-                relative = path.relative_to(local_dir).as_posix()
-                if relative in (COMMITTED, TRAINING_INFO):
-                    continue
-                self._put_file(f"{ckpt}/{relative}", path)
+            relative = {
+                p.relative_to(local_dir).as_posix(): p for p in sorted(local_dir.rglob("*"))
+            }
+            files = {
+                f"{ckpt}/{name}": path
+                for name, path in relative.items()
+                if path.is_file() and name not in (COMMITTED, TRAINING_INFO)
+            }
+            self._put_files(ckpt, files)
         self._put(f"{ckpt}/{TRAINING_INFO}", json.dumps(info, indent=2, sort_keys=True).encode())
         self._put(f"{ckpt}/{COMMITTED}", datetime.now(UTC).isoformat().encode())
         return self._url(ckpt)
@@ -599,13 +603,22 @@ class RunStorage:
             self._call(key, lambda: self.fs.pipe_file(path, data), reading=False)
         return ObjectRef(key=key, size=len(data), sha256=digest.result())
 
-    def _put_file(self, key: str, local_path: Path) -> None:
-        self._check_key(key)
-        path = self._path(key)
+    def _put_files(self, folder: str, files: dict[str, Path]) -> None:
+        """Store each local file at its key (every key under ``folder``). On an object
+        store the uploads run concurrently, in one retried call: each PUT is atomic and
+        idempotent, and nothing refers to the files until the caller's marker is written."""
+        for key in files:
+            self._check_key(key)
         if self._local:
-            self._call(key, lambda: _local_atomic_copy(local_path, path), reading=False)
-        else:
-            self._call(key, lambda: self.fs.put_file(str(local_path), path), reading=False)
+            for key, local_path in files.items():
+                path = self._path(key)
+                self._call(key, partial(_local_atomic_copy, local_path, path), reading=False)
+            return
+        if not files:
+            return
+        sources = [str(local_path) for local_path in files.values()]
+        targets = [self._path(key) for key in files]
+        self._call(folder, lambda: self.fs.put(sources, targets), reading=False)
 
     def _get_optional(self, key: str) -> bytes | None:
         try:

@@ -69,11 +69,13 @@ def test_vs_trl_smoke() -> None:
     is not built (`make bench-venvs`; CI builds it, so CI always runs TRL), our side alone."""
     with_trl = TRL_VENV_PYTHON.exists() or bool(os.environ.get("CI"))
     out = run_smoke("vs_trl.py", "--seeds", "1", "2", *([] if with_trl else ["--without-trl"]))
-    trl_cells = r"\d+\.\d\d\s+\d+\.\d\d" if with_trl else r"-\s+-"
+    # Per TRL mode (plain, vLLM colocate): its seconds per step and its ratio to ours.
+    trl_cells = r"\s+".join([r"\d+\.\d\d"] * 4) if with_trl else r"-\s+-"
     for seed in (1, 2):
         assert re.search(rf"^tiny-llama {seed}\s+\d+\.\d\d\s+{trl_cells}\s", out, re.MULTILINE)
     rise = r"\d\.\d{3} -> \d\.\d{3}: [-+]\d\.\d{3} \+- \d\.\d{3}; per seed \[[-+]\d\.\d{3}, [-+]\d\.\d{3}\]"
-    for side in ["ours \\(Prefect flow\\)"] + (["TRL GRPOTrainer"] if with_trl else []):
+    trl_sides = ["TRL GRPOTrainer", "TRL vLLM colocate"] if with_trl else []
+    for side in ["ours \\(Prefect flow\\)", *trl_sides]:
         assert re.search(rf"^tiny-llama\s+{side}\s+{rise}", out, re.MULTILINE), out[-3000:]
     assert re.search(r"^\| 2 \| \d\.\d{3} \+- \d\.\d{3} \|", out, re.MULTILINE)
 

@@ -1,5 +1,5 @@
 """What a training flow run shows in Prefect: its name and tags name the run, each task
-run's name its stage and iteration; a stage past ``orchestration.stage_timeout_seconds``
+run's name its stage and iteration (untagged: a tag costs each stage a round trip); a stage past ``orchestration.stage_timeout_seconds``
 fails the flow run, and the parameters it resolved continue the run at that stage."""
 
 import json
@@ -66,4 +66,4 @@ def test_timed_out_stage_fails_the_run_and_its_parameters_continue_it(tmp_path: 
     names = {task_run.name for task_run in task_runs}
     assert {"generate-it0", "train-it0", "checkpoint-it0"} <= names, names
     for task_run in task_runs:
-        assert {"algorithm:grpo", f"run:{run_id}"} <= set(task_run.tags), task_run.name
+        assert task_run.tags == [], task_run.name
