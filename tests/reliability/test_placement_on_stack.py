@@ -102,8 +102,8 @@ def test_train_pool_worker_killed_mid_train_resumes_to_identical_weights(
     final = local_stack.wait_for_flow_run(flow_run_id, timeout=1800)
     logs = local_stack.flow_run_logs(flow_run_id)
     assert final["state_type"] == "COMPLETED", logs[-30:]
-    lost = [line for line in logs if "heartbeat on storage stopped" in line]
-    assert lost and "work pool 'train-pool'" in lost[0], logs[-30:]
+    retried = [line for line in logs if "is lost: its heartbeat on storage stopped" in line]
+    assert retried and "work pool 'train-pool'" in retried[0], logs[-30:]
     entry = storage.read_manifest(1)["stages"]["train"]
     assert entry["ran_on"]["pool"] == "train-pool"
     assert_no_half_written_objects(storage)
