@@ -215,8 +215,16 @@ def test_project_prefect_yaml_declares_the_deployments() -> None:
         ("flows/eval.py:evaluate", "manual"),
         ("flows/rerun_stage.py:rerun_stage", "default"),
         ("flows/verify.py:verify_run", "default"),
+        ("flows/stage_run.py:stage_flow", "rollout-pool"),
+        ("flows/stage_run.py:stage_flow", "train-pool"),
     }
-    assert all(d["work_pool"]["name"] == "local-process" for d in spec["deployments"])
+    pools = {d["name"]: d["work_pool"]["name"] for d in spec["deployments"]}
+    assert set(pools.values()) == {"local-process", "rollout-pool", "train-pool"}
+    assert all(
+        d["work_pool"]["name"] == d["name"]
+        for d in spec["deployments"]
+        if d["entrypoint"] == "flows/stage_run.py:stage_flow"
+    )
     nightly = deployments[("flows/grpo.py:grpo", "nightly")]
     assert nightly["schedules"][0]["cron"] == "0 2 * * *"
     assert {"run_id", "steps_per_run"} <= set(nightly["parameters"])
@@ -247,7 +255,7 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
     configs, actions = _load_deploy_configs_and_actions(
         PROJECT_ROOT / "prefect.yaml", console=Console(stderr=True)
     )
-    assert len(configs) == 11, "prefect.yaml did not validate as Prefect reads it"
+    assert len(configs) == 13, "prefect.yaml did not validate as Prefect reads it"
     [step] = actions["build"]  # the version step, run as `prefect deploy` runs it
     settings = dict(step["prefect.deployments.steps.run_shell_script"])
     step_id = settings.pop("id")
@@ -268,6 +276,8 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
         ("flows/eval.py:evaluate", "manual"): None,
         ("flows/rerun_stage.py:rerun_stage", "default"): None,
         ("flows/verify.py:verify_run", "default"): None,
+        ("flows/stage_run.py:stage_flow", "rollout-pool"): None,
+        ("flows/stage_run.py:stage_flow", "train-pool"): None,
     }
 
 
@@ -284,6 +294,8 @@ PROJECT_DEPLOYMENTS = (
     "rerun-stage/default",
     "verify-run/default",
 )
+# One stage-flow deployment per work pool that cluster.placement may name.
+STAGE_DEPLOYMENTS = ("stage/rollout-pool", "stage/train-pool")
 
 
 def test_project_deployments_register(local_stack: LocalStack) -> None:
@@ -291,7 +303,11 @@ def test_project_deployments_register(local_stack: LocalStack) -> None:
     under its flow's name (``eval/manual``: Prefect's ``--name`` would match the function,
     ``evaluate``, not the flow)."""
     registered = local_stack.deploy_all()
-    assert set(PROJECT_DEPLOYMENTS) <= set(registered), sorted(registered)
+    assert {*PROJECT_DEPLOYMENTS, *STAGE_DEPLOYMENTS} <= set(registered), sorted(registered)
+    for name in STAGE_DEPLOYMENTS:
+        deployment = local_stack.api("GET", f"/deployments/name/{name}")
+        assert deployment["work_pool_name"] == name.split("/")[1]
+        assert deployment["version"].strip() == code_version(), name
     for name in PROJECT_DEPLOYMENTS:
         deployment = local_stack.api("GET", f"/deployments/name/{name}")
         assert deployment["work_pool_name"] == "local-process"
