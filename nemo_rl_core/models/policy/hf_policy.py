@@ -222,7 +222,8 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
     ) -> dict[str, torch.Tensor]:
         """The loss's inputs: logprobs of the trained tokens only (``token_mask``) for a
-        logprob loss, else per-sample ``[b, S, V]`` logits (unpacked if packed); with the
+        logprob loss, else per-sample ``[b, S, V]`` logits (unpacked if packed); a reward
+        model's ``[b, 1]`` scores, read by its head at each sequence's last token; with the
         draft head, its DRAFT inputs as ``draft_inputs``."""
         inputs = self._policy_loss_inputs(mb, layout, loss_fn)
         if isinstance(loss_fn, DraftLossWrapper):
@@ -232,6 +233,8 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
     def _policy_loss_inputs(
         self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
     ) -> dict[str, torch.Tensor]:
+        if self.scalar_head:
+            return {"logits": self.forward(layout).logits.float()}
         if loss_fn.input_type == LossInputType.LOGPROB:
             # the positions a loss reads: its token_mask's, every real token's without one
             wanted = mb["token_mask"][:, 1:] if "token_mask" in mb else layout.valid[:, 1:]
