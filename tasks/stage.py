@@ -35,6 +35,7 @@ from nemo_rl_core.storage.outage import StorageUnreachableError
 from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, RunStorage, StorageError
 
 FAULT_ENV = "NEMO_RL_CORE_FAULT"
+STALL_SECONDS = 600.0  # a stalled stage outlasts any timeout a test sets
 T = TypeVar("T")
 P = ParamSpec("P")
 
@@ -96,7 +97,8 @@ def injected_faults(stage: str, iteration: int) -> set[str]:
     ``raise`` (the default) fails before the stage computes; ``kill`` SIGKILLs the process
     (with its children) after it computed but before its outputs are committed, like a worker lost in the
     middle of a stage; ``damage`` flips one byte of each committed output (once per
-    process), so the next stage reads an object that no longer matches the manifest.
+    process), so the next stage reads an object that no longer matches the manifest;
+    ``stall`` hangs in the stage's work for ``STALL_SECONDS``, as a stuck backend does.
     """
     spec = os.environ.get(FAULT_ENV, "")
     modes = set()
@@ -170,6 +172,10 @@ def run_stage(
     # One log line per stage, at its commit: every line is a row the API server writes, and
     # the task run's own state already says that the stage is running.
     started = time.perf_counter()
+    if "stall" in faults:  # short sleeps: a timeout raised into this thread lands between them
+        stall_until = time.monotonic() + STALL_SECONDS
+        while time.monotonic() < stall_until:
+            time.sleep(0.05)
     result = compute()
     metrics = {**result.metrics, "seconds": time.perf_counter() - started}
     if "kill" in faults:

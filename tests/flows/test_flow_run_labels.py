@@ -16,6 +16,7 @@ from prefect.client.schemas.sorting import FlowRunSort
 
 from flows.grpo import grpo
 from flows.labels import flow_run_name
+from tasks.stage import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 FAST = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_math_tiny_fast.yaml"
@@ -32,10 +33,16 @@ def test_flow_run_name_carries_the_run_id_once() -> None:
     assert flow_run_name("grpo", "grpo-20261125-201356-1a2b3c") == "grpo-20261125-201356-1a2b3c"
 
 
-def test_timed_out_stage_fails_the_run_and_its_parameters_continue_it(tmp_path: Path) -> None:
-    timeout = "++orchestration.stage_timeout_seconds.train=0.001"
+def test_timed_out_stage_fails_the_run_and_its_parameters_continue_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The train stage hangs in its work; a timeout far shorter than Prefect's own task-run
+    # setup could fire inside Prefect's engine instead of in the stage.
+    monkeypatch.setenv(FAULT_ENV, "train@0:stall")
+    timeout = "++orchestration.stage_timeout_seconds.train=2"
     with pytest.raises(TimeoutError):
         grpo(config_path=str(FAST), overrides=[*ONE_STEP, timeout], storage_root=str(tmp_path))
+    monkeypatch.delenv(FAULT_ENV)
     (run_dir,) = (tmp_path / "runs").iterdir()
     run_id = run_dir.name
     before = stages_of(tmp_path, run_id)
