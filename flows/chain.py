@@ -78,7 +78,7 @@ def final_checkpoint(storage_root: str, run_id: str, chain_id: str, link: str) -
     step = storage.latest_checkpoint()
     if step is None:
         raise RuntimeError(f"chain {chain_id}: link {link} ({run_id}) committed no checkpoint")
-    if "://" not in storage_root or storage_root.startswith("file://"):
+    if storage.on_local_disk:
         return str(storage.fetch_checkpoint(step))
     copy = default_model_cache() / "chains" / chain_id / f"{link}-step_{step}"
     if not (copy / "config.json").is_file():

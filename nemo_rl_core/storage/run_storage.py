@@ -423,6 +423,12 @@ class RunStorage:
         committed = self.committed_checkpoints()
         return committed[-1] if committed else None
 
+    @property
+    def on_local_disk(self) -> bool:
+        """Whether the run's objects are files here (``fetch_checkpoint`` then hands out the
+        stored folder itself)."""
+        return self._local
+
     def fetch_checkpoint(self, step: int, local_dir: str | Path | None = None) -> Path:
         """A local directory with the checkpoint's files (the stored one itself on local disk
         when ``local_dir`` is None: use it read-only)."""
