@@ -16,6 +16,9 @@ pool, reading and writing the run's storage, and the iteration flow waits for it
   ``cluster.placement_wait_seconds``. The waiter times the heartbeat on its own clock, so the
   machines' clocks need not agree. A stage run declared lost that is still alive (a stalled
   machine) ends itself at its next beat, so that it does not commit beside its retry.
+- A placed stage that finds an input damaged says so in its stage-run record on storage; the
+  waiter raises the same ``DamagedInputError`` a local stage would, and the iteration re-makes
+  the input by re-running its producer, wherever that is placed.
 """
 
 import os
@@ -35,7 +38,7 @@ from prefect.states import Cancelled
 
 from flows.lease import lease_ttl_s, mark_crashed
 from nemo_rl_core.distributed.virtual_cluster import check_placed_stages
-from nemo_rl_core.pipeline.context import StageRef
+from nemo_rl_core.pipeline.context import DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
@@ -200,6 +203,8 @@ def wait_for_stage_run(
             elif state.is_crashed():
                 raise StageRunLost(f"{label}: flow run {flow_run.name} crashed: {state.message}")
             elif state.is_final():
+                if (damage := damage_reported(run, iteration, name, flow_run_id)) is not None:
+                    raise damage
                 raise PlacementError(
                     f"{label}: flow run {flow_run.name} ended {state.name}: {state.message}"
                 )
@@ -216,6 +221,17 @@ def stored_outputs(run: RunRef, iteration: int, name: str, label: str) -> StageR
     if entry is None or entry.get("status") != "complete":
         raise PlacementError(f"{label}: its flow run completed but the manifest has no entry")
     return StageRef.from_dict(entry["outputs"])
+
+
+def damage_reported(
+    run: RunRef, iteration: int, name: str, flow_run_id: UUID
+) -> DamagedInputError | None:
+    """The damaged input this stage's flow run found and recorded (``stage_heartbeat``)."""
+    record = open_storage(run).read_stage_run(iteration, name) or {}
+    damaged = record.get("damaged")
+    if record.get("flow_run") != str(flow_run_id) or damaged is None:
+        return None
+    return DamagedInputError(damaged["key"], damaged["detail"])
 
 
 def workers_of(client: SyncPrefectClient, pool: str) -> str:
@@ -269,7 +285,8 @@ def stage_heartbeat(run: RunRef, iteration: int, name: str) -> Iterator[None]:
     """Beat on storage every third of ``NEMO_RL_CORE_LEASE_TTL_S`` while a placed stage runs,
     saying who runs it (pool, worker, host, pid): the waiting iteration flow reads it. A
     beat that finds this flow run ended (its waiter declared it lost and marked it
-    ``Crashed``) ends the process, which would otherwise commit beside its retry."""
+    ``Crashed``) ends the process, which would otherwise commit beside its retry. A damaged
+    input the stage finds goes into the record, for the waiter to have its producer re-run."""
     ttl = lease_ttl_s()
     storage = open_storage(run)
     record: dict[str, Any] = {**where_this_runs(), "pid": os.getpid(), "ttl_s": ttl, "beat": 0}
@@ -292,6 +309,13 @@ def stage_heartbeat(run: RunRef, iteration: int, name: str) -> Iterator[None]:
     beater.start()
     try:
         yield
+    except DamagedInputError as err:
+        stop.set()
+        beater.join()
+        storage.write_stage_run(
+            iteration, name, {**record, "damaged": {"key": err.key, "detail": err.detail}}
+        )
+        raise
     finally:
         stop.set()
         beater.join()

@@ -96,8 +96,9 @@ def injected_faults(stage: str, iteration: int) -> set[str]:
 
     ``raise`` (the default) fails before the stage computes; ``kill`` SIGKILLs the process
     (with its children) after it computed but before its outputs are committed, like a worker lost in the
-    middle of a stage; ``damage`` flips one byte of each committed output (once per
-    process), so the next stage reads an object that no longer matches the manifest;
+    middle of a stage; ``damage`` flips one byte of each committed output (once per run:
+    not again once the manifest records its repair), so the next stage reads an object that
+    no longer matches the manifest;
     ``stall`` hangs in the stage's work for ``STALL_SECONDS``, as a stuck backend does.
     """
     spec = os.environ.get(FAULT_ENV, "")
@@ -119,17 +120,15 @@ def kill_process_tree() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-_damaged: set[tuple[str, int]] = set()
-
-
 def _damage_once(
     storage: RunStorage, stage: str, iteration: int, refs: Mapping[str, ObjectRef]
 ) -> None:
     """Overwrite each output with one byte flipped, size unchanged, behind the manifest's
-    back (what a bad disk or a partial overwrite does); the re-executed stage is spared."""
-    if (stage, iteration) in _damaged:
+    back (what a bad disk or a partial overwrite does); the re-executed stage is spared: its
+    repair is on the manifest, which a stage on another work pool reads as well."""
+    repairs = storage.read_manifest(iteration).get("repairs", [])
+    if {repair["key"] for repair in repairs} & {ref.key for ref in refs.values()}:
         return
-    _damaged.add((stage, iteration))
     for ref in refs.values():
         data = bytearray(storage._get_optional(ref.key) or b"")
         data[len(data) // 2] ^= 0xFF

@@ -7,6 +7,7 @@ workers, and a worker killed mid-stage, are on the stack (tests/stack/test_place
 import json
 import socket
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from prefect.context import FlowRunContext
 from prefect.workers.process import ProcessWorker
 
 from flows.grpo import grpo
-from flows.placement import Heartbeat, PlacementError, stage_heartbeat
+from flows.placement import Heartbeat, PlacementError, damage_reported, stage_heartbeat
+from nemo_rl_core.pipeline.context import DamagedInputError
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.utils.config import ConfigError
 
@@ -105,3 +107,30 @@ def test_a_stopped_heartbeat_is_lost_a_beating_one_is_not(
     monkeypatch.setenv("NEMO_RL_CORE_LEASE_TTL_S", "1.5")
     silent = beat_then_stop(str(tmp_path))
     assert silent is not None and 1.5 < silent < 3
+
+
+@flow
+def find_damage(root: str) -> DamagedInputError | None:
+    """A placed stage that finds its input damaged, as its waiter then sees it."""
+    run_ref = RunRef(root, "damaged")
+    context = FlowRunContext.get()
+    assert context is not None and context.flow_run is not None
+    flow_run_id = context.flow_run.id
+    with pytest.raises(DamagedInputError), stage_heartbeat(run_ref, 1, "reward"):
+        assert damage_reported(run_ref, 1, "reward", flow_run_id) is None
+        raise DamagedInputError("iter_000001/generate/batch.arrow", "has sha256 ab, not cd")
+    assert damage_reported(run_ref, 1, "reward", uuid.uuid4()) is None, "another run's record"
+    return damage_reported(run_ref, 1, "reward", flow_run_id)
+
+
+def test_a_placed_stage_reports_a_damaged_input_for_its_producer_to_be_re_made(
+    tmp_path: Path,
+) -> None:
+    damage = find_damage(str(tmp_path))
+    assert isinstance(damage, DamagedInputError)
+    assert (damage.key, damage.stage, damage.iteration) == (
+        "iter_000001/generate/batch.arrow",
+        "generate",
+        1,
+    )
+    assert damage.detail == "has sha256 ab, not cd"

@@ -4,7 +4,9 @@ as flow runs of ``stage/rollout-pool`` on that pool's worker, logprob and train 
 of ``stage/train-pool`` on its own (``examples/configs/grpo_math_tiny_pools.yaml``).
 
 The weights such a run ends with are the one-process run's bit for bit, each stage's
-manifest entry names the pool, worker and host that ran it, and a train-pool worker
+manifest entry names the pool, worker and host that ran it, an output damaged after its
+commit on one pool is found by the next placed stage and re-made by its producer's pool,
+and a train-pool worker
 SIGKILLed in the middle of a train stage, then started again, costs a retried stage
 flow run and not a bit of the weights."""
 
@@ -51,11 +53,11 @@ def s3_run(stack: LocalStack, run_id: str) -> RunStorage:
     return RunStorage(f"s3://{stack.bucket}", run_id, storage_options=stack.storage_options)
 
 
-def start_run(stack: LocalStack, deployments: dict[str, str], run_id: str) -> str:
+def start_run(stack: LocalStack, deployments: dict[str, str], run_id: str, fault: str = "") -> str:
     return stack.start_flow_run(
         deployments["grpo/manual"],
         {"run_id": run_id, "config_path": str(CONFIG)},
-        env={"NEMO_RL_CORE_LEASE_TTL_S": str(LEASE_TTL_S)},
+        env={"NEMO_RL_CORE_LEASE_TTL_S": str(LEASE_TTL_S), "NEMO_RL_CORE_FAULT": fault},
     )
 
 
@@ -63,10 +65,16 @@ def start_run(stack: LocalStack, deployments: dict[str, str], run_id: str) -> st
 def test_stages_on_two_pools_end_with_the_one_process_weights(
     local_stack: LocalStack, stack_deployments: dict[str, str], pool_workers: dict, clean_run
 ) -> None:
-    flow_run_id = start_run(local_stack, stack_deployments, "two-pools")
+    # generate@1 (rollout-pool) commits, then a byte of its output flips; reward, in another
+    # flow run on that pool, finds it damaged, and the iteration has generate run again.
+    flow_run_id = start_run(local_stack, stack_deployments, "two-pools", "generate@1:damage")
     final = local_stack.wait_for_flow_run(flow_run_id, timeout=1800)
-    assert final["state_type"] == "COMPLETED", local_stack.flow_run_logs(flow_run_id)[-30:]
+    logs = local_stack.flow_run_logs(flow_run_id)
+    assert final["state_type"] == "COMPLETED", logs[-30:]
+    assert any("re-executing stage 'generate' of iteration 1" in line for line in logs), logs
     storage = s3_run(local_stack, "two-pools")
+    [repair] = storage.read_manifest(1)["repairs"]
+    assert repair["key"].startswith("iter_000001/generate/"), repair
     for iteration in (0, 1):
         stages = storage.read_manifest(iteration)["stages"]
         for stage, entry in stages.items():
