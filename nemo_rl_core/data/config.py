@@ -74,6 +74,16 @@ def _downloadable_here(name: str | None, context: SupportContext) -> str | None:
     return None
 
 
+def _capped_here(cap: int | None, context: SupportContext) -> str | None:
+    name = context.value(f"{context.key.rpartition('.')[0]}.dataset_name")
+    if cap is None or name in LOCAL_DATASETS:
+        return None
+    return (
+        f"NeMo RL caps the rows of its hub datasets with it, and {name!r} is not one that loads "
+        "here; num_samples sets how many rows a built-in generator draws"
+    )
+
+
 class DatasetConfig(BaseModel):
     """One dataset of a split: NeMo RL's ``ResponseDatasetConfig`` keys, ``repeat`` (each row
     that many times, as NeMo RL's AIME datasets take it), plus ``num_samples`` (how many rows
@@ -98,12 +108,17 @@ class DatasetConfig(BaseModel):
     download_dir: Annotated[
         str | None, Only(None, reason="where hub downloads go; nothing is downloaded here")
     ] = None
-    split_validation_size: Annotated[float, Wired(f"{_BUILDER}:load_rows")] = Field(
-        0.0, ge=0.0, lt=1.0
-    )
+    # Below 1: the share of rows held out for validation; 1 or more: that many rows (NeMo
+    # RL's train_test_split takes a fraction or a count).
+    split_validation_size: Annotated[float, Wired(f"{_BUILDER}:load_rows")] = Field(0.0, ge=0.0)
     seed: Annotated[int, Wired(f"{_BUILDER}:load_rows")] = 42
     num_samples: Annotated[int | None, Wired(f"{_BUILDER}:load_rows")] = Field(None, ge=1)
     repeat: Annotated[int, Wired(f"{_BUILDER}:load_rows")] = Field(1, ge=1)
+    # A cap on the rows of NeMo RL's hub datasets that take it (Nemotron-Cascade-2-SFT-Math,
+    # AVQA, AudioMCQ); its local datasets take it as an extra keyword and ignore it.
+    max_samples: Annotated[
+        int | None, Check(_capped_here, "null, or on a local dataset (which ignores it)")
+    ] = Field(None, ge=1)
     # BinaryPreferenceDataset's columns (NeMo RL's PreferenceDatasetConfig); null: its
     # defaults "prompt", "chosen", "rejected".
     prompt_key: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
