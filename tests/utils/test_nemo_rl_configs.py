@@ -62,6 +62,7 @@ LOADING = [
     "recipes/llm/sft-qwen3-0.6B-1n8g-megatron-yarn-128k",
     "recipes/llm/performance/grpo-qwen3-30ba3b-4n8g",
     "recipes/llm/performance/grpo-deepseek-v3-32n4g",
+    "grpo_rm_1B",
 ]
 # Model, data and sizes: what a CPU run may change, nothing else (and ppo_math_1B's verifier,
 # which is not built here).
@@ -174,6 +175,29 @@ def test_batch_multiplier_without_dynamic_sampling_is_refused_as_nemo_rl_does(
     with pytest.raises(ConfigError, match="batch_multiplier=1.5 needs use_dynamic_sampling"):
         validated(nemo_rl_configs / "prorlv2_1_moe.v2.yaml", [])
     validated(nemo_rl_configs / "prorlv2_1_moe.v2.yaml", ["grpo.batch_multiplier=1"])
+
+
+def test_reward_model_scorer_from_a_policy_checkpoint_is_refused(nemo_rl_configs: Path) -> None:
+    """grpo_rm_1B's env.reward_model is a policy section: the keys scoring never reads load;
+    checkpoint_path, which NeMo RL would load the scorer's weights from, is refused."""
+    overrides = ["env.reward_model.checkpoint_path=/ckpt/step_10"]
+    config = validated(nemo_rl_configs / "grpo_rm_1B.yaml", overrides)
+    with pytest.raises(UnsupportedConfigError, match="env.reward_model.checkpoint_path='/ckpt"):
+        check_support(config, Machine(cuda_devices=2), source="grpo_rm_1B")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "xtoken_off_policy_distillation",
+        "recipes/llm/distillation-xtoken-off-policy-qwen3-4b-to-llama3.2-1b-1n8g-dtensor-tp4cp2",
+    ],
+)
+def test_cross_tokenizer_distillation_is_refused_in_one_line(
+    nemo_rl_configs: Path, name: str
+) -> None:
+    with pytest.raises(ConfigError, match="teachers: NeMo RL's cross-tokenizer off-policy"):
+        validated(nemo_rl_configs / f"{name}.yaml", [])
 
 
 @pytest.mark.e2e
