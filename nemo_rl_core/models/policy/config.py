@@ -327,7 +327,7 @@ class RouterReplayConfig(StrictModel):
     ] = False
 
 
-_QUANT = "policy.quant_cfg"
+_QUANT = "quant_cfg"  # from the section of the model it belongs to
 
 
 class TrainedModelConfig(StrictModel):
