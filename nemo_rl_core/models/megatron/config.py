@@ -280,7 +280,7 @@ class MegatronConfig(_Strict):
     moe_hybridep_num_sms: Annotated[int | None, MOE_KNOB] = None
     hybridep_num_ranks_per_nvlink_domain: Annotated[int | None, MOE_KNOB] = None
     hybridep_use_mnnvl: Annotated[bool | None, MOE_KNOB] = None
-    # In NeMo RL's MoE recipes, but its setup copies neither onto the model config.
+    # In NeMo RL's MoE recipes, but its setup copies none of them onto the model config.
     moe_router_enable_expert_bias: Annotated[bool | None, _NOT_READ_MOE] = None
     moe_aux_loss_coeff: Annotated[float | None, _NOT_READ_MOE] = None
     track_moe_metrics: Annotated[bool | None, _NOT_READ_MOE] = None
