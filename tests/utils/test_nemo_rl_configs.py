@@ -63,6 +63,7 @@ LOADING = [
     "recipes/llm/performance/grpo-qwen3-30ba3b-4n8g",
     "recipes/llm/performance/grpo-deepseek-v3-32n4g",
     "grpo_rm_1B",
+    "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron",
 ]
 # Model, data and sizes: what a CPU run may change, nothing else (and ppo_math_1B's verifier,
 # which is not built here).
@@ -184,6 +185,17 @@ def test_reward_model_scorer_from_a_policy_checkpoint_is_refused(nemo_rl_configs
     config = validated(nemo_rl_configs / "grpo_rm_1B.yaml", overrides)
     with pytest.raises(UnsupportedConfigError, match="env.reward_model.checkpoint_path='/ckpt"):
         check_support(config, Machine(cuda_devices=2), source="grpo_rm_1B")
+
+
+def test_an_environment_section_no_dataset_names_loads_and_is_refused(
+    nemo_rl_configs: Path,
+) -> None:
+    """NeMo RL builds only the environments its datasets name, so its DAPO recipes keep an
+    env.dapo section no dataset reads (and no environment of that name exists)."""
+    name = "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron"
+    config = validated(nemo_rl_configs / f"{name}.yaml", [])
+    with pytest.raises(UnsupportedConfigError, match="no environment 'dapo' is built here"):
+        check_support(config, Machine(cuda_devices=8), source=name)
 
 
 @pytest.mark.parametrize(

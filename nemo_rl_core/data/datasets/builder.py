@@ -209,6 +209,13 @@ def task_name(dataset: DatasetConfig) -> str:
     return dataset.env_name or DEFAULT_TASKS.get(dataset.dataset_name or LOCAL_DATASET, "math")
 
 
+def dataset_environments(config: DataConfig, env: Mapping[str, Any]) -> set[str]:
+    """The environments that score the datasets of every split (NeMo RL's
+    ``extract_necessary_env_names``), the puzzle games that ``env`` alone sets up included."""
+    setup = DataSetup(env=env)
+    return {task_name(d) for split in SPLITS for d in split_datasets(config, split, setup)}
+
+
 def _carved_validation(config: DataConfig, split: str) -> bool:
     """Validation rows come out of the training datasets (``split_validation_size``)."""
     return split == "validation" and config.validation is None and config.train is not None
