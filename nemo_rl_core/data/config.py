@@ -62,6 +62,10 @@ SFT_DATASETS = ("addition_sft",)  # built-ins whose rows are conversations, not 
 PREFERENCE_PROCESSOR = "preference_preprocessor"
 
 _BUILDER = "nemo_rl_core.data.datasets.builder"
+_OLD_LAYOUT = (
+    "NeMo RL's pre-v0.5 data layout: v0.7 (and this project) reads nothing here, so it would "
+    "not pick the dataset or prompt it names; set data.train.* or data.default.* instead"
+)
 
 
 def _downloadable_here(name: str | None, context: SupportContext) -> str | None:
@@ -206,6 +210,10 @@ class DataConfig(BaseModel):
     train: DatasetsConfig | None = None
     validation: DatasetsConfig | None = None
     default: DatasetConfig | None = None
+    # NeMo RL's pre-v0.5 layout, which v0.7 reads nowhere (some recipes still carry it).
+    dataset_name: Annotated[str | None, Only(None, reason=_OLD_LAYOUT)] = None
+    prompt_file: Annotated[str | None, Only(None, reason=_OLD_LAYOUT)] = None
+    system_prompt_file: Annotated[str | None, Only(None, reason=_OLD_LAYOUT)] = None
 
     @model_validator(mode="before")
     @classmethod

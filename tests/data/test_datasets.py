@@ -159,6 +159,16 @@ def test_max_samples_is_refused_where_nemo_rl_would_cap_rows(tmp_path):
     assert len(load_rows(local)) == len(ROWS)
 
 
+def test_the_pre_v05_data_layout_loads_and_is_refused():
+    """NeMo RL v0.7 reads no top-level data.dataset_name; a recipe that still sets one would
+    train on data.train's dataset, not the one it names."""
+    config = _builtin("arithmetic", data={"dataset_name": "DAPOMath17K", "prompt_file": None})
+    with pytest.raises(
+        UnsupportedConfigError, match="^.*: dataset_name='DAPOMath17K': NeMo RL's pre-v0.5"
+    ):
+        check_support(config, Machine(cuda_devices=0))
+
+
 def test_repeat_repeats_each_row():
     rows = load_rows(_builtin("arithmetic", num_samples=3, repeat=2))
     assert [r["problem"] for r in rows[::2]] == [r["problem"] for r in rows[1::2]]

@@ -64,6 +64,7 @@ LOADING = [
     "recipes/llm/performance/grpo-deepseek-v3-32n4g",
     "grpo_rm_1B",
     "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron",
+    "recipes/llm/performance/dapo-deepseek-v3-64n8g.v2",
 ]
 # Model, data and sizes: what a CPU run may change, nothing else (and ppo_math_1B's verifier,
 # which is not built here).
