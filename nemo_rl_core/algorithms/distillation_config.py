@@ -3,9 +3,9 @@ MasterConfig``), apart from the work of its stages (:mod:`nemo_rl_core.algorithm
 which re-exports these names): the config check imports it without torch.
 """
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from nemo_rl_core.algorithms.config import DistillationLossConfig
 from nemo_rl_core.algorithms.grpo_config import RolloutMasterConfig, RolloutScheduleConfig
@@ -33,3 +33,16 @@ class DistillationMasterConfig(RolloutMasterConfig):
     @property
     def algorithm(self) -> DistillationConfig:
         return self.distillation
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_teacher(cls, data: Any) -> Any:
+        """NeMo RL's cross-tokenizer off-policy distillation shares the ``distillation:``
+        section but is its own algorithm (``teachers:``, x-token losses, raw-text data)."""
+        if isinstance(data, dict) and data.get("teachers") is not None:
+            raise ValueError(
+                "teachers: NeMo RL's cross-tokenizer off-policy distillation "
+                "(run_xtoken_off_policy_distillation) is not built here; on-policy "
+                "distillation takes one teacher: section"
+            )
+        return data

@@ -20,9 +20,20 @@ from nemo_rl_core.algorithms.reward_config import (
     reward_shaping_config_problems,
 )
 from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
-from nemo_rl_core.data.datasets.builder import DEFAULT_COUNTS, SPLITS, DataSetup, processor_name
+from nemo_rl_core.data.datasets.builder import (
+    DEFAULT_COUNTS,
+    SPLITS,
+    DataSetup,
+    dataset_environments,
+    processor_name,
+)
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
-from nemo_rl_core.environments.utils import UnknownEnvironmentError, check_env_config, env_section
+from nemo_rl_core.environments.utils import (
+    UnknownEnvironmentError,
+    check_env_config,
+    is_registered_env,
+    registered_env_section,
+)
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
@@ -227,6 +238,16 @@ class DataPlaneConfig(StrictConfig):
     observability: Annotated[dict[str, Any] | None, PartOf(_DATA_PLANE)] = None
 
 
+def _environments_built(env: dict[str, Any], context: SupportContext) -> str | None:
+    unknown = sorted(name for name in env if not is_registered_env(name))
+    if not unknown:
+        return None
+    return (
+        f"no environment {unknown[0]!r} is built here (NeMo RL ignores a section that no "
+        "dataset names; remove it, or register_env() yours)"
+    )
+
+
 class RolloutMasterConfig(StrictConfig):
     """The sections of every algorithm whose policy generates and whose environments score
     (GRPO, PPO, on-policy distillation); ``algorithm`` is its own section (``grpo:``,
@@ -236,8 +257,12 @@ class RolloutMasterConfig(StrictConfig):
     data: DataConfig
     env: Annotated[
         dict[str, dict[str, Any]],
-        Wired("nemo_rl_core.environments.utils:create_env"),
-        TypedSections(env_section),
+        Check(
+            _environments_built,
+            "each section builds its registered environment (create_env); one of an "
+            "environment not built here is refused",
+        ),
+        TypedSections(registered_env_section),
     ] = Field(default_factory=dict)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
@@ -266,8 +291,14 @@ class RolloutMasterConfig(StrictConfig):
     @model_validator(mode="after")
     def _environments_are_known(self) -> Self:
         """Each ``env.<name>`` section validates into its environment's own config now,
-        not when the first rollout reaches the environment."""
+        not when the first rollout reaches the environment. NeMo RL builds only the
+        environments its datasets name, so a section of an unknown environment that no
+        dataset names loads (NeMo RL's DAPO recipes keep an ``env.dapo``), and the env
+        key's rule refuses it before any work."""
+        named = dataset_environments(self.data, self.env)
         for name, settings in self.env.items():
+            if name not in named and not is_registered_env(name):
+                continue
             try:
                 check_env_config(name, settings)
             except UnknownEnvironmentError as err:

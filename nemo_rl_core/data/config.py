@@ -62,6 +62,10 @@ SFT_DATASETS = ("addition_sft",)  # built-ins whose rows are conversations, not 
 PREFERENCE_PROCESSOR = "preference_preprocessor"
 
 _BUILDER = "nemo_rl_core.data.datasets.builder"
+_OLD_LAYOUT = (
+    "NeMo RL's pre-v0.5 data layout: v0.7 (and this project) reads nothing here, so it would "
+    "not pick the dataset or prompt it names; set data.train.* or data.default.* instead"
+)
 
 
 def _downloadable_here(name: str | None, context: SupportContext) -> str | None:
@@ -72,6 +76,16 @@ def _downloadable_here(name: str | None, context: SupportContext) -> str | None:
             f"built-in generator ({', '.join(BUILTIN_DATASETS)})"
         )
     return None
+
+
+def _capped_here(cap: int | None, context: SupportContext) -> str | None:
+    name = context.value(f"{context.key.rpartition('.')[0]}.dataset_name")
+    if cap is None or name in LOCAL_DATASETS:
+        return None
+    return (
+        f"NeMo RL caps the rows of its hub datasets with it, and {name!r} is not one that loads "
+        "here; num_samples sets how many rows a built-in generator draws"
+    )
 
 
 class DatasetConfig(BaseModel):
@@ -98,12 +112,17 @@ class DatasetConfig(BaseModel):
     download_dir: Annotated[
         str | None, Only(None, reason="where hub downloads go; nothing is downloaded here")
     ] = None
-    split_validation_size: Annotated[float, Wired(f"{_BUILDER}:load_rows")] = Field(
-        0.0, ge=0.0, lt=1.0
-    )
+    # Below 1: the share of rows held out for validation; 1 or more: that many rows (NeMo
+    # RL's train_test_split takes a fraction or a count).
+    split_validation_size: Annotated[float, Wired(f"{_BUILDER}:load_rows")] = Field(0.0, ge=0.0)
     seed: Annotated[int, Wired(f"{_BUILDER}:load_rows")] = 42
     num_samples: Annotated[int | None, Wired(f"{_BUILDER}:load_rows")] = Field(None, ge=1)
     repeat: Annotated[int, Wired(f"{_BUILDER}:load_rows")] = Field(1, ge=1)
+    # A cap on the rows of NeMo RL's hub datasets that take it (Nemotron-Cascade-2-SFT-Math,
+    # AVQA, AudioMCQ); its local datasets take it as an extra keyword and ignore it.
+    max_samples: Annotated[
+        int | None, Check(_capped_here, "null, or on a local dataset (which ignores it)")
+    ] = Field(None, ge=1)
     # BinaryPreferenceDataset's columns (NeMo RL's PreferenceDatasetConfig); null: its
     # defaults "prompt", "chosen", "rejected".
     prompt_key: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
@@ -191,6 +210,10 @@ class DataConfig(BaseModel):
     train: DatasetsConfig | None = None
     validation: DatasetsConfig | None = None
     default: DatasetConfig | None = None
+    # NeMo RL's pre-v0.5 layout, which v0.7 reads nowhere (some recipes still carry it).
+    dataset_name: Annotated[str | None, Only(None, reason=_OLD_LAYOUT)] = None
+    prompt_file: Annotated[str | None, Only(None, reason=_OLD_LAYOUT)] = None
+    system_prompt_file: Annotated[str | None, Only(None, reason=_OLD_LAYOUT)] = None
 
     @model_validator(mode="before")
     @classmethod

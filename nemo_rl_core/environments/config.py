@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_rl_core.environments.code_sandbox import SandboxLimits
-from nemo_rl_core.utils.key_support import Only
+from nemo_rl_core.utils.key_support import Only, inert
 
 
 class MathEnvConfig(BaseModel):
@@ -92,6 +92,26 @@ class RewardModelEnvConfig(_Strict):
     dtensor_cfg: dict[str, Any] | None = None
     dynamic_batching: dict[str, Any] | None = None
     sequence_packing: dict[str, Any] | None = None
+    # NeMo RL builds the scorer as a Policy from this section, so its YAML carries policy
+    # keys that scoring never uses: no optimizer (init_optimizer=False), no training.
+    checkpoint_path: Annotated[
+        str | None,
+        Only(
+            None,
+            reason="NeMo RL loads the scorer's weights from this policy checkpoint; here the "
+            "reward model loads from model_name (a Hugging Face folder)",
+        ),
+    ] = None
+    offload_optimizer_for_logprob: Annotated[
+        bool, inert("the scorer has no optimizer to offload (NeMo RL builds it without one)")
+    ] = False
+    max_grad_norm: Annotated[None, inert("NeMo RL asserts it is null: the scorer never trains")] = (
+        None
+    )
+    processor: Annotated[
+        str | None,
+        inert("NeMo RL v0.7 reads it nowhere: the scorer reads the rollout's messages"),
+    ] = None
 
 
 class SlidingPuzzleConfig(BaseModel):

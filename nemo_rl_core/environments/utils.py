@@ -111,6 +111,16 @@ def env_section(env_name: str, env_config: Any) -> tuple[str, BaseModel] | None:
     return path, validate_section(config_class, settings, f"env.{path}")
 
 
+def is_registered_env(env_name: str) -> bool:
+    return env_name in ENV_REGISTRY
+
+
+def registered_env_section(env_name: str, env_config: Any) -> tuple[str, BaseModel] | None:
+    """:func:`env_section` of a registered environment; None for a section of an unknown
+    one, which validation lets through only where no dataset names it (never read)."""
+    return env_section(env_name, env_config) if is_registered_env(env_name) else None
+
+
 def create_env(env_name: str, env_config: Any = None) -> "EnvironmentInterface":
     """Build the environment ``env_name`` from its config section (a dict or its model)."""
     return environment_class(env_name)(_settings(env_config))

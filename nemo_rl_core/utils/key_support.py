@@ -55,10 +55,16 @@ class SupportContext:
     key: str = ""
 
     def value(self, dotted: str) -> Any:
-        """The value of another key, by its dotted path from the config's root."""
+        """The value of another key, by its dotted path from the config's root (a list's
+        entries by their index: ``data.train.0.dataset_name``)."""
         node: Any = self.config
         for part in dotted.split("."):
-            node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
+            if isinstance(node, dict):
+                node = node.get(part)
+            elif isinstance(node, list | tuple) and part.isdigit():
+                node = node[int(part)] if int(part) < len(node) else None
+            else:
+                node = getattr(node, part, None)
         return node
 
     def section_value(self, dotted: str) -> Any:

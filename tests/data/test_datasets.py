@@ -140,6 +140,35 @@ def test_split_validation_size_carves_validation_rows_out_of_training():
     assert load_rows(config, "validation") == held  # seeded
 
 
+def test_split_validation_size_of_one_or_more_is_a_row_count():
+    """NeMo RL's train_test_split reads 64 as 64 rows, not a share."""
+    config = _builtin("arithmetic", num_samples=40, split_validation_size=7, seed=5)
+    assert len(load_rows(config)) == 33 and len(load_rows(config, "validation")) == 7
+    everything = _builtin("arithmetic", num_samples=40, split_validation_size=40)
+    with pytest.raises(ValueError, match="split_validation_size=40 holds out 40 of the 40 rows"):
+        load_rows(everything)
+
+
+def test_max_samples_is_refused_where_nemo_rl_would_cap_rows(tmp_path):
+    """A cap on NeMo RL's hub datasets; its local ResponseDataset takes it as a stray
+    keyword and ignores it, which is what happens here too."""
+    with pytest.raises(UnsupportedConfigError, match=r"train.0.max_samples=5: NeMo RL caps"):
+        check_support(_builtin("arithmetic", max_samples=5), Machine(cuda_devices=0))
+    local = _local_config(_write_jsonl(tmp_path / "rows.jsonl", ROWS), max_samples=2)
+    check_support(local, Machine(cuda_devices=0))
+    assert len(load_rows(local)) == len(ROWS)
+
+
+def test_the_pre_v05_data_layout_loads_and_is_refused():
+    """NeMo RL v0.7 reads no top-level data.dataset_name; a recipe that still sets one would
+    train on data.train's dataset, not the one it names."""
+    config = _builtin("arithmetic", data={"dataset_name": "DAPOMath17K", "prompt_file": None})
+    with pytest.raises(
+        UnsupportedConfigError, match="^.*: dataset_name='DAPOMath17K': NeMo RL's pre-v0.5"
+    ):
+        check_support(config, Machine(cuda_devices=0))
+
+
 def test_repeat_repeats_each_row():
     rows = load_rows(_builtin("arithmetic", num_samples=3, repeat=2))
     assert [r["problem"] for r in rows[::2]] == [r["problem"] for r in rows[1::2]]

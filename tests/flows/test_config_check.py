@@ -63,7 +63,7 @@ def refuse(
         ),
         (["data.default.prompt_file=no_such_prompt.txt"], "no_such_prompt.txt"),
         (["data.default.env_name=maths"], "data.train.env_name: 'maths'"),
-        (["+env.maths.num_workers=1"], "env.maths: unknown environment 'maths'"),
+        (["+env.maths.num_workers=1"], "no environment 'maths' is built here"),
         (["policy.model_name=no-such-model"], "policy.model_name: model 'no-such-model'"),
         (
             ["policy.generation.backend=vllm", "policy.generation.vllm_cfg.tensor_parallel_size=4"],

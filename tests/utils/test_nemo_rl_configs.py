@@ -17,11 +17,12 @@ import pytest
 
 from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.pipeline.spec import pipeline_for_config
-from nemo_rl_core.utils.config import load_config_with_overrides
+from nemo_rl_core.utils.config import ConfigError, load_config_with_overrides
 from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "v0.7.0"
+EXAMPLE_DIRS = ("configs", "prompts", "modelopt")
 # The GRPO, PPO, SFT, DPO, RM, eval and distillation configs of NeMo RL whose models are
 # text-only LLMs.
 LOADING = [
@@ -46,6 +47,24 @@ LOADING = [
     "evals/local_eval",
     "evals/math_eval",
     "distillation_math",
+    # Mixture-of-experts, quantization and performance recipes: every key declared, the
+    # features not built here refused by check_support (test below), not by the schema.
+    "grpo_math_qwen30ba3b_megatron",
+    "recipes/llm/grpo-moonlight-16b-automodel-1n8g-ep8",
+    "recipes/llm/sft-nanov3-30BA3B-2n8g-fsdp2",
+    "recipes/llm/sft-gpt-oss-20b-1n8g-fsdp8ep8-automodel",
+    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron",
+    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron-cp2-r3",
+    "recipes/llm/grpo-nemotron3-super-120BA12B-16n8g-megatron",
+    "recipes/llm/grpo-moonlight-16ba3b-4n8g-megatron-fp8-e2e",
+    "recipes/llm/grpo-qwen3-30ba3b-4n8g-megatron-qa-nvfp4",
+    "recipes/llm/dpo-qwen2.5-math7b-1n8g-megatron_chunked_linear_ce_loss",
+    "recipes/llm/sft-qwen3-0.6B-1n8g-megatron-yarn-128k",
+    "recipes/llm/performance/grpo-qwen3-30ba3b-4n8g",
+    "recipes/llm/performance/grpo-deepseek-v3-32n4g",
+    "grpo_rm_1B",
+    "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron",
+    "recipes/llm/performance/dapo-deepseek-v3-64n8g.v2",
 ]
 # Model, data and sizes: what a CPU run may change, nothing else (and ppo_math_1B's verifier,
 # which is not built here).
@@ -100,7 +119,8 @@ def nemo_rl_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not mirror.exists():
         pytest.skip(f"no NeMo RL mirror at {mirror} (set NEMO_RL_MIRROR)")
     archive = subprocess.run(
-        ["git", "-C", str(mirror), "archive", TAG, "examples/configs", "examples/prompts"],
+        # modelopt/: the ``defaults:`` of NeMo RL's quantization recipes
+        ["git", "-C", str(mirror), "archive", TAG, *(f"examples/{d}" for d in EXAMPLE_DIRS)],
         check=True,
         capture_output=True,
     ).stdout
@@ -135,6 +155,62 @@ def test_what_cannot_run_here_is_refused_by_key(nemo_rl_configs: Path) -> None:
     text = str(err.value)
     assert "policy.megatron_cfg.pipeline_model_parallel_size=2" in text
     assert "data.train.0.dataset_name='OpenMathInstruct-2'" in text
+
+
+def test_expert_parallel_recipe_is_refused_by_key_before_any_work(nemo_rl_configs: Path) -> None:
+    name = "recipes/llm/grpo-moonlight-16b-automodel-1n8g-ep8"
+    config = validated(nemo_rl_configs / f"{name}.yaml", [])
+    with pytest.raises(UnsupportedConfigError) as err:
+        check_support(config, Machine(cuda_devices=8), source=name)
+    assert (
+        "policy.dtensor_cfg.expert_parallel_size=8: expert parallelism (MoE) is not built here"
+        in str(err.value)
+    )
+
+
+def test_batch_multiplier_without_dynamic_sampling_is_refused_as_nemo_rl_does(
+    nemo_rl_configs: Path,
+) -> None:
+    """prorlv2_1_moe.v2 turns dynamic sampling off and keeps prorlv2.v2's batch_multiplier
+    1.5, which NeMo RL's GRPO setup asserts against (``batch_multiplier>1 can only be used
+    if use_dynamic_sampling=True``): it does not run there either."""
+    with pytest.raises(ConfigError, match="batch_multiplier=1.5 needs use_dynamic_sampling"):
+        validated(nemo_rl_configs / "prorlv2_1_moe.v2.yaml", [])
+    validated(nemo_rl_configs / "prorlv2_1_moe.v2.yaml", ["grpo.batch_multiplier=1"])
+
+
+def test_reward_model_scorer_from_a_policy_checkpoint_is_refused(nemo_rl_configs: Path) -> None:
+    """grpo_rm_1B's env.reward_model is a policy section: the keys scoring never reads load;
+    checkpoint_path, which NeMo RL would load the scorer's weights from, is refused."""
+    overrides = ["env.reward_model.checkpoint_path=/ckpt/step_10"]
+    config = validated(nemo_rl_configs / "grpo_rm_1B.yaml", overrides)
+    with pytest.raises(UnsupportedConfigError, match="env.reward_model.checkpoint_path='/ckpt"):
+        check_support(config, Machine(cuda_devices=2), source="grpo_rm_1B")
+
+
+def test_an_environment_section_no_dataset_names_loads_and_is_refused(
+    nemo_rl_configs: Path,
+) -> None:
+    """NeMo RL builds only the environments its datasets name, so its DAPO recipes keep an
+    env.dapo section no dataset reads (and no environment of that name exists)."""
+    name = "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron"
+    config = validated(nemo_rl_configs / f"{name}.yaml", [])
+    with pytest.raises(UnsupportedConfigError, match="no environment 'dapo' is built here"):
+        check_support(config, Machine(cuda_devices=8), source=name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "xtoken_off_policy_distillation",
+        "recipes/llm/distillation-xtoken-off-policy-qwen3-4b-to-llama3.2-1b-1n8g-dtensor-tp4cp2",
+    ],
+)
+def test_cross_tokenizer_distillation_is_refused_in_one_line(
+    nemo_rl_configs: Path, name: str
+) -> None:
+    with pytest.raises(ConfigError, match="teachers: NeMo RL's cross-tokenizer off-policy"):
+        validated(nemo_rl_configs / f"{name}.yaml", [])
 
 
 @pytest.mark.e2e

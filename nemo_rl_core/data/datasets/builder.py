@@ -189,18 +189,31 @@ def _carve(
     rows: list[dict[str, Any]], dataset: DatasetConfig
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, validation) rows of a dataset with ``split_validation_size``: a seeded
-    permutation, the validation share taken from its end."""
-    if dataset.split_validation_size <= 0:
+    permutation, the validation share (below 1) or count (1 or more) taken from its end."""
+    size = dataset.split_validation_size
+    if size <= 0:
         return rows, []
+    held = int(size) if size >= 1 else max(1, round(len(rows) * size))
+    if held >= len(rows):
+        raise ValueError(
+            f"split_validation_size={size:g} holds out {held} of the {len(rows)} rows of "
+            f"{dataset.dataset_name or dataset.data_path!r}: leave some to train on"
+        )
     order = list(range(len(rows)))
     random.Random(dataset.seed).shuffle(order)
-    held = max(1, round(len(rows) * dataset.split_validation_size))
     return [rows[i] for i in order[:-held]], [rows[i] for i in order[-held:]]
 
 
 def task_name(dataset: DatasetConfig) -> str:
     """The environment (``env.<name>``) that scores ``dataset``'s rows."""
     return dataset.env_name or DEFAULT_TASKS.get(dataset.dataset_name or LOCAL_DATASET, "math")
+
+
+def dataset_environments(config: DataConfig, env: Mapping[str, Any]) -> set[str]:
+    """The environments that score the datasets of every split (NeMo RL's
+    ``extract_necessary_env_names``), the puzzle games that ``env`` alone sets up included."""
+    setup = DataSetup(env=env)
+    return {task_name(d) for split in SPLITS for d in split_datasets(config, split, setup)}
 
 
 def _carved_validation(config: DataConfig, split: str) -> bool:

@@ -106,6 +106,8 @@ _BF16_LAYERS = (
     "every layer through vLLM"
 )
 _ASYNC_ENGINE = "policy.generation.vllm_cfg.async_engine"
+_HTTP = "generation.vllm_cfg.expose_http_server"  # from the policy section, or eval's root
+_GEN_QUANT = "generation.quant_cfg"
 
 
 class VllmSpecificArgs(_Strict):
@@ -179,6 +181,46 @@ class VllmSpecificArgs(_Strict):
     use_tqdm: Annotated[
         bool, Wired("nemo_rl_core.models.generation.vllm_generation:VllmGeneration.generate")
     ] = False
+    # None: on where the GPU has compute capability 8 or more (NeMo RL's rule).
+    enable_prefix_caching: Annotated[bool | None, _ENGINE] = None
+    enable_expert_parallel: Annotated[
+        bool | None,
+        inert(
+            "NeMo RL v0.7 reads it nowhere: its vLLM worker turns expert parallelism on from "
+            "expert_parallel_size > 1, as the engine here does",
+        ),
+    ] = None
+    env_vars: Annotated[
+        dict[str, str] | None,
+        Only(
+            None,
+            {},
+            reason="the engine runs in the stage's own process, whose environment is set when "
+            "the worker starts",
+        ),
+    ] = None
+    quantization_ignored_layer_kws: Annotated[list[str], Only([], reason=_BF16_LAYERS)] = Field(
+        default_factory=list
+    )
+    # NeMo RL's OpenAI-compatible HTTP server on its async vLLM engine (NeMo Gym's rollouts).
+    expose_http_server: Annotated[
+        bool,
+        Only(
+            False,
+            reason="NeMo RL's HTTP server on the vLLM engine serves NeMo Gym, not built; the "
+            "engine here runs in the stage's process and opens no port",
+        ),
+    ] = False
+    http_server_serving_chat_kwargs: Annotated[dict[str, Any] | None, PartOf(_HTTP)] = None
+    tool_parser_plugin: Annotated[str | None, PartOf(_HTTP)] = None
+    reasoning_parser_plugin: Annotated[str | None, PartOf(_HTTP)] = None
+    limit_mm_per_prompt: Annotated[
+        dict[str, int] | None,
+        inert(
+            "NeMo RL v0.7 reads it nowhere (its VLM recipes keep it; vLLM's own default "
+            "applies); multimodal models are not built here besides",
+        ),
+    ] = None
 
 
 class GenerationConfig(_Strict):
@@ -223,6 +265,17 @@ class GenerationConfig(_Strict):
     vllm_cfg: VllmSpecificArgs = Field(default_factory=VllmSpecificArgs)
     # Passed to ``vllm.LLM(...)`` as is, after the keys derived from vllm_cfg.
     vllm_kwargs: Annotated[dict[str, Any], _ENGINE] = Field(default_factory=dict)
+    # NeMo RL's ModelOpt-quantized rollouts: a recipe name, and real NVFP4 kernels.
+    quant_cfg: Annotated[
+        str | None,
+        Only(None, reason="ModelOpt-quantized generation is not built here"),
+    ] = None
+    real_quant: Annotated[bool, PartOf(_GEN_QUANT)] = False
+    real_quant_ignore: Annotated[list[str] | None, PartOf(_GEN_QUANT)] = None
+    bad_words: Annotated[
+        list[str] | None,
+        inert("NeMo RL v0.7 reads it nowhere (its sampling parameters leave it out)"),
+    ] = None
 
     @field_validator("top_k")
     @classmethod

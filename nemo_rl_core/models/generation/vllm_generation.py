@@ -84,6 +84,14 @@ def _check_cpu_head_dim(head_dim: int, model_path: Path) -> None:
         )
 
 
+def prefix_caching_enabled(configured: bool | None, on_gpu: bool) -> bool | None:
+    """``vllm_cfg.enable_prefix_caching`` as NeMo RL resolves it: null turns it on where the
+    GPU has compute capability 8 or more. On CPU null leaves vLLM's own default (None)."""
+    if configured is not None or not on_gpu:
+        return configured
+    return torch.cuda.get_device_capability()[0] >= 8
+
+
 def _repack_tied_lm_head(model: torch.nn.Module) -> None:
     """Rebuild the CPU kernel's packed copy of a tied lm_head from the new embedding."""
     lm_head = cast("VocabParallelEmbedding", model.get_submodule("lm_head"))
@@ -146,6 +154,9 @@ class VllmGeneration(GenerationInterface):
             kwargs["quantization"] = "fp8"
         if vllm_cfg.expert_parallel_size > 1:
             kwargs["enable_expert_parallel"] = True
+        prefix_caching = prefix_caching_enabled(vllm_cfg.enable_prefix_caching, self.on_gpu)
+        if prefix_caching is not None:
+            kwargs["enable_prefix_caching"] = prefix_caching
         if vllm_cfg.hf_overrides:
             kwargs["hf_overrides"] = vllm_cfg.hf_overrides
         if vllm_cfg.compilation_config:

@@ -87,6 +87,10 @@ _SAME_LOSS = inert(
 _NOT_READ_IN_V07 = inert(
     "NeMo RL v0.7 reads it nowhere; the converter here takes the architecture from config.json",
 )
+_NOT_READ_MOE = inert(
+    "NeMo RL v0.7 reads it nowhere (its Megatron setup does not pass it to the model); "
+    "an MoE knob besides, and the converter here builds dense models",
+)
 
 
 class _Strict(BaseModel):
@@ -271,6 +275,19 @@ class MegatronConfig(_Strict):
         Only(False, reason="needs Transformer Engine's fused weight-gradient kernels on GPU"),
     ] = False
     use_fused_weighted_squared_relu: Annotated[bool, MOE_KNOB] = False
+    moe_grouped_gemm: Annotated[bool, MOE_KNOB] = False
+    moe_flex_dispatcher_backend: Annotated[str | None, MOE_KNOB] = None
+    moe_hybridep_num_sms: Annotated[int | None, MOE_KNOB] = None
+    hybridep_num_ranks_per_nvlink_domain: Annotated[int | None, MOE_KNOB] = None
+    hybridep_use_mnnvl: Annotated[bool | None, MOE_KNOB] = None
+    # In NeMo RL's MoE recipes, but its setup copies none of them onto the model config.
+    moe_router_enable_expert_bias: Annotated[bool | None, _NOT_READ_MOE] = None
+    moe_aux_loss_coeff: Annotated[float | None, _NOT_READ_MOE] = None
+    track_moe_metrics: Annotated[bool | None, _NOT_READ_MOE] = None
+    # megatron-core's AttnBackend by name; null keeps Transformer Engine's own choice.
+    attention_backend: Annotated[
+        Literal["flash", "fused", "unfused", "local", "auto"] | None, Wired(_MODEL)
+    ] = None
     peft: MegatronPeftConfig = Field(default_factory=MegatronPeftConfig)
     transformer_impl: Annotated[
         Literal["auto", "local", "transformer_engine"],

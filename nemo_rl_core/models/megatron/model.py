@@ -132,8 +132,22 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         bias_dropout_fusion=on_gpu,
         persist_layer_norm=use_te,
+        **attention_backend(cfg),
         **recompute,
     )
+
+
+def attention_backend(cfg: MegatronConfig) -> dict[str, Any]:
+    """megatron-core's ``attention_backend`` when the config names one. Like NeMo RL, the
+    ``NVTE_*_ATTN`` variables are cleared first: the model sets them from the backend and
+    asserts any already set agree."""
+    if cfg.attention_backend is None:
+        return {}
+    from megatron.core.transformer.enums import AttnBackend
+
+    for variable in ("NVTE_FUSED_ATTN", "NVTE_FLASH_ATTN", "NVTE_UNFUSED_ATTN"):
+        os.environ.pop(variable, None)
+    return {"attention_backend": AttnBackend[cfg.attention_backend]}
 
 
 def build_gpt_model(hf_config: Any, cfg: MegatronConfig, *, use_te: bool) -> Any:

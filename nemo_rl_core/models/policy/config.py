@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nemo_rl_core.data.packing.algorithms import PackingAlgorithm
 from nemo_rl_core.models.generation.config import GenerationConfig
 from nemo_rl_core.models.megatron.config import MegatronConfig
 from nemo_rl_core.utils.config import ConfigError
@@ -25,6 +26,7 @@ from nemo_rl_core.utils.key_support import (
 _TRAINER = "nemo_rl_core.models.policy.hf_trainer:HFTrainable"
 _TOKENIZER = "nemo_rl_core.models.policy.hf_loading:load_tokenizer"
 _OPTIM = "nemo_rl_core.models.policy.optim"
+_TEXT_ONLY = "multimodal (audio, video, image) models are not built here; text LLMs only"
 
 
 class StrictModel(BaseModel):
@@ -42,6 +44,10 @@ class TokenizerConfig(StrictModel):
     name: Annotated[str | None, Wired(_TOKENIZER)] = None  # None: the model's model_name
     chat_template: Annotated[str | None, Wired(_TOKENIZER)] = "default"
     chat_template_kwargs: Annotated[dict[str, Any] | None, Wired(_TOKENIZER)] = None
+    # NeMo RL's multimodal processor settings (AutoProcessor for audio and video models).
+    audio: Annotated[dict[str, Any] | None, Only(None, reason=_TEXT_ONLY)] = None
+    video: Annotated[dict[str, Any] | None, Only(None, reason=_TEXT_ONLY)] = None
+    use_processor: Annotated[bool, Only(False, reason=_TEXT_ONLY)] = False
 
 
 class OptimizerConfig(StrictModel):
@@ -108,11 +114,24 @@ class SequencePackingConfig(StrictModel):
     enabled: Annotated[bool, _hf_backend_only("sequence packing")] = False
     train_mb_tokens: Annotated[int | None, _PLAN] = None
     logprob_mb_tokens: Annotated[int | None, _PLAN] = None
-    algorithm: Annotated[
-        Literal["modified_first_fit_decreasing", "first_fit_decreasing", "first_fit_shuffle"],
-        _PLAN,
-    ] = "modified_first_fit_decreasing"
+    # A packer's name in any case (``get_packer``); read only while packing is on, as in
+    # NeMo RL, whose MoE recipes keep an unknown name ("modified_ffd") with packing off.
+    algorithm: Annotated[str, _PLAN] = "modified_first_fit_decreasing"
     sequence_length_round: Annotated[int, Wired(f"{_TRAINER}.layout")] = Field(64, ge=1)
+    # NeMo RL's Megatron worker computes the loss of packed rows in one fused call (the
+    # same loss); its DTensor worker, which the HF backend is, does not read it.
+    fuse_loss: Annotated[bool, PartOf("sequence_packing.enabled")] = False
+
+    @model_validator(mode="after")
+    def _known_algorithm(self) -> Self:
+        """NeMo RL's packer refuses an unknown name at the first packed batch; refuse it
+        here before any work, but only while packing is on (NeMo RL never reads it off)."""
+        names = {algorithm.value for algorithm in PackingAlgorithm}
+        if self.enabled and self.algorithm.lower() not in names:
+            raise ValueError(
+                f"algorithm {self.algorithm!r} is not a packer; use one of {sorted(names)}"
+            )
+        return self
 
 
 _LORA_READER = "nemo_rl_core.models.policy.lora:peft_config"
@@ -206,6 +225,20 @@ class DTensorConfig(StrictModel):
     dp_replicate_size: Annotated[
         int, Only(1, reason=f"HSDP's replicated shards need several ranks: {_ONE_PROCESS}")
     ] = Field(1, ge=1)
+    expert_parallel_size: Annotated[
+        int,
+        Only(1, reason=f"expert parallelism (MoE) is not built here: {_ONE_PROCESS}"),
+    ] = Field(1, ge=1)
+    # NeMo Automodel's MoEParallelizerConfig options (how FSDP wraps MoE layers, the LM
+    # head's precision): an MoE model sharded over several ranks.
+    moe_parallelizer: Annotated[
+        dict[str, Any] | None,
+        Only(
+            None,
+            {},
+            reason=f"NeMo Automodel's MoE parallelizer shards experts over ranks; {_ONE_PROCESS}",
+        ),
+    ] = None
     # Every n-th microbatch frees the CUDA cache; None or 0: never.
     clear_cache_every_n_steps: Annotated[int | None, Wired(f"{_TRAINER}._train")] = Field(
         None, ge=0
@@ -278,6 +311,23 @@ class RewardModelConfig(StrictModel):
     reward_model_type: Annotated[
         Literal["bradley_terry"], Wired("nemo_rl_core.algorithms.rm:RMMasterConfig")
     ] = "bradley_terry"
+
+
+class RouterReplayConfig(StrictModel):
+    """``policy.router_replay``: NeMo RL replays the experts vLLM routed each token to in
+    Megatron's MoE layers, so training sees the routing generation used."""
+
+    enabled: Annotated[
+        bool,
+        Only(
+            False,
+            reason="router replay needs mixture-of-experts layers, and MoE models are not "
+            "built here (the Megatron converter builds dense models)",
+        ),
+    ] = False
+
+
+_QUANT = "quant_cfg"  # from the section of the model it belongs to
 
 
 class TrainedModelConfig(StrictModel):
@@ -440,6 +490,26 @@ class PolicyConfig(TrainedModelConfig):
             "dtensor_cfg.activation_checkpointing is the switch",
         ),
     ] = False
+    router_replay: RouterReplayConfig = Field(default_factory=RouterReplayConfig)
+    dequantize_base_checkpoint: Annotated[
+        bool,
+        Only(
+            False,
+            reason="NeMo Automodel's dequantization of a quantized base checkpoint (gpt-oss's "
+            "MXFP4 experts) is not built; load a bfloat16 checkpoint",
+        ),
+    ] = False
+    # NeMo RL's ModelOpt quantization-aware training: a ModelOpt recipe name, then its
+    # calibration data and sizes.
+    quant_cfg: Annotated[
+        str | None,
+        Only(None, reason="ModelOpt quantization-aware training is not built here"),
+    ] = None
+    quant_calib_data: Annotated[str | None, PartOf(_QUANT)] = None
+    quant_calib_size: Annotated[int | None, PartOf(_QUANT)] = None
+    quant_batch_size: Annotated[int | None, PartOf(_QUANT)] = None
+    quant_sequence_length: Annotated[int | None, PartOf(_QUANT)] = None
+    disable_modelopt_layer_spec: Annotated[bool, PartOf(_QUANT)] = False
 
     @model_validator(mode="after")
     def _reward_model_backend(self) -> Self:

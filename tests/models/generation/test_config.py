@@ -5,6 +5,7 @@ from policy_testing import NO_GPU, ONE_GPU, support_refusals
 from pydantic import ValidationError
 
 from nemo_rl_core.models.generation.config import GenerationConfig
+from nemo_rl_core.models.generation.vllm_generation import prefix_caching_enabled
 from nemo_rl_core.utils.key_support import Machine
 
 NEMO_RL_GRPO_GENERATION = {
@@ -96,6 +97,10 @@ GEN = "policy.generation"
         ([f"{GEN}.vllm_cfg.num_last_layers_in_bf16=1"], NO_GPU, "out of fp8 generation"),
         ([f"{GEN}.colocated.resources.gpus_per_node=1"], NO_GPU, "reserved for generation"),
         ([f"{GEN}.model_name=other-model"], NO_GPU, "samples from the policy being trained"),
+        ([f"+{GEN}.vllm_cfg.env_vars.VLLM_X=abc"], NO_GPU, "vllm_cfg.env_vars={'VLLM_X': 'abc'}"),
+        ([f"+{GEN}.vllm_cfg.quantization_ignored_layer_kws=[a]"], NO_GPU, "out of fp8"),
+        ([f"+{GEN}.vllm_cfg.expose_http_server=true"], NO_GPU, "serves NeMo Gym"),
+        ([f"+{GEN}.quant_cfg=NVFP4_DEFAULT_CFG"], NO_GPU, "ModelOpt-quantized generation"),
     ],
 )
 def test_generation_keys_that_cannot_run_here_are_refused(
@@ -113,3 +118,10 @@ def test_sharded_vllm_engines_run_where_the_gpus_are() -> None:
     assert "4 shards needs 4 GPUs" in support_refusals(
         "grpo_math_tiny.yaml", overrides, Machine(cuda_devices=2)
     )
+
+
+def test_prefix_caching_is_resolved_as_nemo_rl_does() -> None:
+    """A set value reaches the engine; null is NeMo RL's GPU rule, vLLM's default on CPU."""
+    assert prefix_caching_enabled(False, on_gpu=True) is False
+    assert prefix_caching_enabled(True, on_gpu=False) is True
+    assert prefix_caching_enabled(None, on_gpu=False) is None

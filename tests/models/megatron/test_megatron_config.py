@@ -1,5 +1,8 @@
 """policy.megatron_cfg validates NeMo RL's keys and names what is wrong."""
 
+import os
+from pathlib import Path
+
 import pytest
 from policy_testing import NO_GPU, ONE_GPU, support_refusals
 from pydantic import ValidationError
@@ -151,3 +154,27 @@ def test_megatron_keys_that_cannot_run_here_are_refused(
 )
 def test_megatron_keys_that_run_here_pass(overrides: list[str]) -> None:
     assert support_refusals("grpo_math_tiny.yaml", overrides, NO_GPU) == ""
+
+
+def test_attention_backend_reaches_the_transformer_config(
+    tiny_qwen2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NeMo RL's megatron_cfg.attention_backend: megatron-core's AttnBackend by name, with
+    the NVTE_*_ATTN variables cleared first (the model sets them and asserts they agree)."""
+    from megatron.core.transformer.enums import AttnBackend
+    from transformers import AutoConfig
+
+    from nemo_rl_core.models.megatron.converters import GPTLayout
+    from nemo_rl_core.models.megatron.model import transformer_config
+
+    hf_config = AutoConfig.from_pretrained(tiny_qwen2_dir)
+    layout = GPTLayout.from_hf_config(hf_config)
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "1")
+    chosen = MegatronConfig(enabled=True, attention_backend="unfused")
+    built = transformer_config(layout, hf_config, chosen, use_te=False)
+    assert built.attention_backend is AttnBackend.unfused
+    assert "NVTE_FLASH_ATTN" not in os.environ
+    default = transformer_config(layout, hf_config, MegatronConfig(enabled=True), use_te=False)
+    assert default.attention_backend is AttnBackend.auto
+    with pytest.raises(ValidationError, match="attention_backend"):
+        MegatronConfig(enabled=True, attention_backend="TRITON_ATTN")

@@ -152,6 +152,15 @@ def test_torch_classes_are_checked_after_the_schema(override: dict, named: str) 
             NO_GPU,
             "policy.sequence_packing.enabled=True: sequence packing is built on the HF",
         ),
+        (
+            ["+policy.dtensor_cfg.expert_parallel_size=8"],
+            ONE_GPU,
+            "policy.dtensor_cfg.expert_parallel_size=8: expert parallelism (MoE) is not built",
+        ),
+        (["+policy.router_replay.enabled=true"], NO_GPU, "router_replay.enabled=True: router"),
+        (["+policy.quant_cfg=NVFP4_DEFAULT_CFG"], NO_GPU, "policy.quant_cfg='NVFP4_DEFAULT_CFG'"),
+        (["+policy.dequantize_base_checkpoint=true"], NO_GPU, "MXFP4"),
+        (["+policy.tokenizer.use_processor=true"], NO_GPU, "text LLMs only"),
     ],
 )
 def test_policy_keys_that_cannot_run_here_are_refused(
@@ -183,3 +192,15 @@ def test_value_model_reads_the_policy_tokenizer() -> None:
         "value.tokenizer.chat_template=None: the value model reads the policy's tokens" in refused
     )
     assert "policy.tokenizer.chat_template='default'" in refused
+
+
+def test_packing_algorithm_is_read_only_while_packing_is_on() -> None:
+    """NeMo RL's MoE recipes keep an unknown packer name with packing off, which it never
+    reads; with packing on its packer refuses the name, and so does the schema here."""
+    off = {"sequence_packing": {"enabled": False, "algorithm": "modified_ffd"}}
+    assert validate_config(PolicyConfig, {**BASE, **off}).sequence_packing.algorithm
+    on = {"sequence_packing": {"enabled": True, "algorithm": "modified_ffd"}}
+    with pytest.raises(ConfigError, match="sequence_packing: .*'modified_ffd' is not a packer"):
+        validate_config(PolicyConfig, {**BASE, **on}, source="policy")
+    upper = {"sequence_packing": {"enabled": True, "algorithm": "FIRST_FIT_SHUFFLE"}}
+    validate_config(PolicyConfig, {**BASE, **upper})  # any case, as NeMo RL's get_packer
