@@ -6,9 +6,8 @@ of ``stage/train-pool`` on its own (``examples/configs/grpo_math_tiny_pools.yaml
 The weights such a run ends with are the one-process run's bit for bit, each stage's
 manifest entry names the pool, worker and host that ran it, an output damaged after its
 commit on one pool is found by the next placed stage and re-made by its producer's pool,
-and a train-pool worker
-SIGKILLed in the middle of a train stage, then started again, costs a retried stage
-flow run and not a bit of the weights."""
+and a train-pool worker SIGKILLed in the middle of a train stage, then started again, costs
+a retried stage flow run and not a bit of the weights."""
 
 import socket
 import time
@@ -62,39 +61,16 @@ def start_run(stack: LocalStack, deployments: dict[str, str], run_id: str, fault
 
 
 @pytest.mark.timeout(3600)
-def test_stages_on_two_pools_end_with_the_one_process_weights(
+def test_two_pools_survive_damage_and_a_killed_worker_to_the_one_process_weights(
     local_stack: LocalStack, stack_deployments: dict[str, str], pool_workers: dict, clean_run
 ) -> None:
-    # generate@1 (rollout-pool) commits, then a byte of its output flips; reward, in another
-    # flow run on that pool, finds it damaged, and the iteration has generate run again.
-    flow_run_id = start_run(local_stack, stack_deployments, "two-pools", "generate@1:damage")
-    final = local_stack.wait_for_flow_run(flow_run_id, timeout=1800)
-    logs = local_stack.flow_run_logs(flow_run_id)
-    assert final["state_type"] == "COMPLETED", logs[-30:]
-    assert any("re-executing stage 'generate' of iteration 1" in line for line in logs), logs
-    storage = s3_run(local_stack, "two-pools")
-    [repair] = storage.read_manifest(1)["repairs"]
-    assert repair["key"].startswith("iter_000001/generate/"), repair
-    for iteration in (0, 1):
-        stages = storage.read_manifest(iteration)["stages"]
-        for stage, entry in stages.items():
-            ran_on = entry["ran_on"]
-            pool = PLACED.get(stage, local_stack.env_vars["NEMO_RL_WORK_POOL"])
-            worker = pool_workers.get(pool, f"local-worker-{local_stack.ports['api']}")
-            assert (ran_on["pool"], ran_on["worker"]) == (pool, worker), (iteration, stage)
-            assert ran_on["host"] == socket.gethostname()
-            if stage in PLACED:
-                assert ran_on["flow_run"] != flow_run_id, "a placed stage ran in the iteration flow"
-    assert_no_half_written_objects(storage)
-    assert_same_weights(final_weights(RunStorage(str(clean_run), "clean")), final_weights(storage))
-
-
-@pytest.mark.timeout(3600)
-def test_train_pool_worker_killed_mid_train_resumes_to_identical_weights(
-    local_stack: LocalStack, stack_deployments: dict[str, str], pool_workers: dict, clean_run
-) -> None:
-    storage = s3_run(local_stack, "pool-worker-killed")
-    flow_run_id = start_run(local_stack, stack_deployments, "pool-worker-killed")
+    """One run carries every fault, so that the stack pays its flow-run start-ups once:
+    generate@1 (rollout-pool) commits, then a byte of its output flips, which reward, in
+    another flow run on that pool, finds, and the iteration has generate run again; then
+    train-pool's worker dies in the middle of train@1 and is started again."""
+    run_id = "two-pools"
+    storage = s3_run(local_stack, run_id)
+    flow_run_id = start_run(local_stack, stack_deployments, run_id, "generate@1:damage")
     deadline = time.monotonic() + 1800
     # The train stage of the last iteration beats its heartbeat first thing: then it loads
     # the policy and optimizer, trains and commits, seconds of work in which it dies.
@@ -110,9 +86,20 @@ def test_train_pool_worker_killed_mid_train_resumes_to_identical_weights(
     final = local_stack.wait_for_flow_run(flow_run_id, timeout=1800)
     logs = local_stack.flow_run_logs(flow_run_id)
     assert final["state_type"] == "COMPLETED", logs[-30:]
+    assert any("re-executing stage 'generate' of iteration 1" in line for line in logs), logs
+    [repair] = storage.read_manifest(1)["repairs"]
+    assert repair["key"].startswith("iter_000001/generate/"), repair
     retried = [line for line in logs if "is lost: its heartbeat on storage stopped" in line]
     assert retried and "work pool 'train-pool'" in retried[0], logs[-30:]
-    entry = storage.read_manifest(1)["stages"]["train"]
-    assert entry["ran_on"]["pool"] == "train-pool"
+    for iteration in (0, 1):
+        stages = storage.read_manifest(iteration)["stages"]
+        for stage, entry in stages.items():
+            ran_on = entry["ran_on"]
+            pool = PLACED.get(stage, local_stack.env_vars["NEMO_RL_WORK_POOL"])
+            worker = pool_workers.get(pool, f"local-worker-{local_stack.ports['api']}")
+            assert (ran_on["pool"], ran_on["worker"]) == (pool, worker), (iteration, stage)
+            assert ran_on["host"] == socket.gethostname()
+            if stage in PLACED:
+                assert ran_on["flow_run"] != flow_run_id, "a placed stage ran in the iteration flow"
     assert_no_half_written_objects(storage)
     assert_same_weights(final_weights(RunStorage(str(clean_run), "clean")), final_weights(storage))
