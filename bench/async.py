@@ -46,10 +46,10 @@ ASYNC = [
 ROOT = Path(__file__).resolve().parents[1]
 ROLLOUT_SIDE = ("prompts", "generate", "reward")
 PLACED = [
-    "cluster.placement.generate=rollout-pool",
-    "cluster.placement.reward=rollout-pool",
-    "cluster.placement.logprob=train-pool",
-    "cluster.placement.train=train-pool",
+    "++cluster.placement.generate=rollout-pool",
+    "++cluster.placement.reward=rollout-pool",
+    "++cluster.placement.logprob=train-pool",
+    "++cluster.placement.train=train-pool",
 ]
 
 
@@ -110,9 +110,8 @@ def run_on_stack(variants: list[tuple[str, list[str]]], common: list[str]) -> di
             flow_run_id = stack.start_flow_run(deployments["grpo/manual"], parameters)
             final = stack.wait_for_flow_run(flow_run_id, timeout=7200)
             if final["state_type"] != "COMPLETED":
-                raise RuntimeError(
-                    f"{name}: {final['state_name']}: {stack.flow_run_logs(flow_run_id)[-20:]}"
-                )
+                last = stack.flow_run_logs(flow_run_id)[-1][-2000:]
+                raise RuntimeError(f"{name}: flow run {final['state_name']}: {last}")
             storage = RunStorage(
                 f"s3://{stack.bucket}", run_id, storage_options=stack.storage_options
             )
