@@ -307,15 +307,14 @@ def stage_heartbeat(run: RunRef, iteration: int, name: str) -> Iterator[None]:
 
     beater = threading.Thread(target=keep_beating, name=f"heartbeat-{name}", daemon=True)
     beater.start()
+    damaged = None
     try:
         yield
     except DamagedInputError as err:
-        stop.set()
-        beater.join()
-        storage.write_stage_run(
-            iteration, name, {**record, "damaged": {"key": err.key, "detail": err.detail}}
-        )
+        damaged = {"key": err.key, "detail": err.detail}
         raise
     finally:
         stop.set()
-        beater.join()
+        beater.join()  # before the last write: no beat may overwrite the damage record
+        if damaged is not None:
+            storage.write_stage_run(iteration, name, {**record, "damaged": damaged})
