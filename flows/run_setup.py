@@ -56,7 +56,7 @@ def first_iteration(pipeline: Pipeline, storage: RunStorage) -> int:
     # finished: finish it (the committing stage recomputes from the checkpoint before,
     # bit-equal, and the stages after it run).
     previous = latest - 1
-    if previous in iterations and (previous == 0 or previous in storage.committed_checkpoints()):
+    if previous in iterations and (previous == 0 or storage.is_committed(previous)):
         final = pipeline.stages[-1].name
         final_stage = storage.read_manifest(previous)["stages"].get(final, {})
         if final_stage.get("status") != "complete":

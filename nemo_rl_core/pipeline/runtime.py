@@ -126,7 +126,7 @@ class RunRuntime:
         if step == INITIAL_STEP:
             self.dataloader  # noqa: B018 - builds it and records its initial state
             return dict(self._initial_dataloader_state or {})
-        if step in self.storage.committed_checkpoints():
+        if self.storage.is_committed(step):
             return read_training_info(self.storage, step).dataloader_state
         entry = self.storage.read_manifest(step - 1)["stages"].get("prompts", {})
         if entry.get("status") != "complete":

@@ -148,7 +148,8 @@ class RunStorage:
             self.fs, root_path = fsspec.core.url_to_fs(self.root, **options)
         except (ValueError, ImportError, TypeError) as exc:
             raise StorageError(f"cannot open storage root {self.root!r}: {exc}") from exc
-        if protocol in ("s3", "s3a"):
+        self._s3 = protocol in ("s3", "s3a")
+        if self._s3:
             self.fs.retries = S3_TRIES
         self._local = isinstance(self.fs, LocalFileSystem)
         self._run_path = posixpath.join(root_path.rstrip("/"), "runs", self.run_id)
@@ -417,7 +418,12 @@ class RunStorage:
 
     def committed_checkpoints(self) -> list[int]:
         steps = _numbered(self._list_names("checkpoints"), _STEP_RE)
-        return sorted(s for s in steps if self._exists(f"{_step_dir(s)}/{COMMITTED}"))
+        return sorted(s for s in steps if self.is_committed(s))
+
+    def is_committed(self, step: int) -> bool:
+        """Whether checkpoint ``step`` is committed: one lookup, where listing every
+        checkpoint costs a listing and a lookup per step."""
+        return self._exists(f"{_step_dir(step)}/{COMMITTED}")
 
     def latest_checkpoint(self) -> int | None:
         committed = self.committed_checkpoints()
@@ -480,8 +486,12 @@ class RunStorage:
         whose step is not a multiple of ``save_period`` are dropped once a newer one exists,
         as NeMo RL saves only every ``save_period`` steps."""
         self._check_lease()
-        self._delete_staging_leftovers()
-        committed = self.committed_checkpoints()
+        names = self._list_names("checkpoints")  # one listing serves every decision below
+        for name in names:
+            if name.startswith(_STAGING_PREFIX):  # the lease keeps other savers out
+                self._delete_tree(f"checkpoints/{name}")
+        all_steps = _numbered(names, _STEP_RE)
+        committed = sorted(s for s in all_steps if self.is_committed(s))
         if not committed:
             return []
         latest = committed[-1]
@@ -504,18 +514,11 @@ class RunStorage:
                 key=lambda item: (sign * item[1].get(metric_name, worst), item[0]), reverse=True
             )
         doomed = {step for step, _ in history[keep_top_k:] if step not in kept}
-        all_steps = _numbered(self._list_names("checkpoints"), _STEP_RE)
-        doomed |= {s for s in all_steps if s < latest and s not in committed}
+        uncommitted = set(all_steps) - set(committed) - off_period  # dead saves
+        doomed |= {s for s in uncommitted if s < latest}
         for step in sorted(doomed):
             self._delete_tree(_step_dir(step))
         return sorted(doomed | off_period)
-
-    def _delete_staging_leftovers(self) -> None:
-        """Staging directories of saves that died before their commit (the lease keeps any
-        other process from saving into this run at the same time)."""
-        for name in self._list_names("checkpoints"):
-            if name.startswith(_STAGING_PREFIX):
-                self._delete_tree(f"checkpoints/{name}")
 
     # ---- stages running elsewhere ----------------------------------------------------
 
@@ -626,19 +629,27 @@ class RunStorage:
         targets = [self._path(key) for key in files]
         self._call(folder, lambda: self.fs.put(sources, targets), reading=False)
 
-    def _get_optional(self, key: str) -> bytes | None:
+    def _get_optional(self, key: str, size: int | None = None) -> bytes | None:
+        """The object's bytes, or None where there is none. On S3 an object that fits one
+        block (``size`` unknown: manifests, records, configs are small) is one GET: s3fs
+        would otherwise ask for its size first (a HEAD, and on a missing key a listing) to
+        decide on a ranged, concurrent download."""
+        path = self._path(key)
+        options = {}
+        if self._s3 and (size is None or size <= self.fs.default_block_size):
+            options["max_concurrency"] = 1
         try:
-            return self._call(key, lambda: self.fs.cat_file(self._path(key)))
+            return self._call(key, lambda: self.fs.cat_file(path, **options))
         except FileNotFoundError:
             return None
 
-    def _get_mapped(self, key: str) -> bytes | mmap.mmap | None:
+    def _get_mapped(self, key: str, size: int | None = None) -> bytes | mmap.mmap | None:
         """A local object as a copy-on-write map of its file: hashed and decoded straight
         from the page cache instead of copied into fresh memory; decoded tensors may view
         it, and writing to them never reaches the file. Commits replace files by rename,
         never in place, so the map cannot change under us."""
         if not self._local:
-            return self._get_optional(key)
+            return self._get_optional(key, size)
         try:
             return self._call(key, lambda: map_file(self._path(key)))
         except FileNotFoundError:
@@ -649,7 +660,10 @@ class RunStorage:
         digest raises ``IntegrityError`` (also when the damage made decoding fail).
         ``mapped`` lets ``decode`` take a memory map of a local file instead of bytes."""
         self._check_key(ref.key)
-        data = self._get_mapped(ref.key) if mapped else self._get_optional(ref.key)
+        if mapped:
+            data = self._get_mapped(ref.key, ref.size)
+        else:
+            data = self._get_optional(ref.key, ref.size)
         if data is None or len(data) != ref.size:
             raise IntegrityError(self._mismatch(ref, data, None))
         digest = _HASHER.submit(_sha256, data)
@@ -688,7 +702,7 @@ class RunStorage:
         return damaged
 
     def _problem(self, ref: ObjectRef) -> str | None:
-        data = self._get_mapped(ref.key)
+        data = self._get_mapped(ref.key, ref.size)
         if data is None or len(data) != ref.size:
             return self._mismatch(ref, data, None)
         sha256 = _sha256(data)
