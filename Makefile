@@ -7,6 +7,10 @@ UV := $(VENV)/bin/uv
 PY := $(VENV)/bin/python
 RUN_CONFIG ?= examples/configs/grpo_addition_tiny.yaml
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: the suite spends about half its time waiting (servers starting,
+# workers polling, subprocesses), so a second worker fills the idle core; stack tests share
+# one worker and one stack (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 # The lock is already resolved (overrides applied by `make lock`): sync installs exactly it.
 UV_FLAGS := --python $(PY) --index-strategy unsafe-best-match \
 	$(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS))
@@ -29,7 +33,7 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 # TRL's own venv for bench/vs_trl.py (its pins must not touch ours); CI builds it so that the
 # script's smoke test runs there.

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-import flows  # noqa: F401  (first: its process settings, e.g. OMP_WAIT_POLICY, precede torch)
+# Under pytest-xdist (``make test`` runs two workers) every worker is a process of its own:
+# give each its own Prefect home, so that two ephemeral API servers never share one SQLite
+# database. Set before anything imports prefect, which reads it once.
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    import tempfile
+
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"prefect-home-{worker}-")
+
+import flows  # noqa: F401, E402  (first: its process settings, e.g. OMP_WAIT_POLICY, precede torch)
 
 # Outage tests stop the store on purpose: give up after seconds, not the default minutes.
 os.environ.setdefault("NEMO_RL_CORE_STORAGE_BUDGET_S", "8")
@@ -21,6 +29,15 @@ from nemo_rl_core.models.local_models import build_tiny_model
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
 from local_stack import LocalStack, running_stack  # noqa: E402
 from moto_server import running_moto_server  # noqa: E402
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test on the local stack runs in one xdist worker (``--dist loadgroup``): the
+    stack is a session fixture, so the stack tests share one PostgreSQL, Prefect server and
+    worker instead of starting one per xdist worker."""
+    for item in items:
+        if "local_stack" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("stack"))
 
 
 @pytest.fixture(scope="session")

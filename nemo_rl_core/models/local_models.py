@@ -10,11 +10,14 @@ deterministic from the seed); ``tiny-llama-arith`` is one SFT-trained on additio
 (the config check runs them before torch loads).
 """
 
+import contextlib
+import fcntl
 import functools
 import importlib.util
 import json
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -246,11 +249,35 @@ def smollm2_135m_instruct(output_dir: str | Path | None = None, dtype: str = "bf
         {k: v.to(getattr(torch, dtype)) for k, v in quantized.state_dict().items()}, strict=False
     )
     clean.generation_config = quantized.generation_config
-    staging = output_dir.with_name(output_dir.name + ".partial")
+    staging = output_dir.with_name(f"{output_dir.name}.partial.{os.getpid()}")
     clean.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    staging.rename(output_dir)
-    return output_dir
+    return _publish(staging, output_dir)
+
+
+@contextlib.contextmanager
+def _building(cache: Path, folder: str) -> Iterator[None]:
+    """One process at a time builds a cached model (a lock file beside it): the others wait
+    and then find it built, instead of spending the same minutes of CPU again."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _publish(staging: Path, target: Path) -> Path:
+    """Move a finished build into place; where another process (a second test worker)
+    published the same build first, keep that one and drop ours."""
+    try:
+        staging.rename(target)
+    except OSError:
+        if not (target / "model.safetensors").is_file():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def _builders() -> dict[str, tuple[str, Callable[[Path], Path]]]:
@@ -287,13 +314,15 @@ def resolve_model(model_name: str, cache_dir: str | Path | None = None) -> Path:
         folder, build = builders[model_name]
         target = cache / folder
         if not (target / "model.safetensors").is_file():
-            staging = cache / f"{model_name}.partial.{os.getpid()}"
-            build(staging)
-            if not (target / "model.safetensors").is_file():
-                staging.rename(target)
+            with _building(cache, folder):
+                if not (target / "model.safetensors").is_file():
+                    staging = cache / f"{model_name}.partial.{os.getpid()}"
+                    build(staging)
+                    _publish(staging, target)
         return target
     if model_name == SMOLLM2_NAME:
-        return smollm2_135m_instruct(cache / f"{SMOLLM2_NAME}-bfloat16")
+        with _building(cache, f"{SMOLLM2_NAME}-bfloat16"):
+            return smollm2_135m_instruct(cache / f"{SMOLLM2_NAME}-bfloat16")
     return _checked_directory(model_name)
 
 

@@ -511,3 +511,27 @@ def test_a_holder_whose_lease_was_taken_commits_nothing_more(
     with pytest.raises(LeaseLostError, match="'second'"):
         storage.record_stage(0, "reward", {}, {})
     assert storage.read_manifest(0)["stages"] == {}
+
+
+def test_a_small_object_on_s3_is_one_request_to_read(
+    s3_server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a manifest, a small batch or a missing object is one GET, not a HEAD (and a
+    listing, when the key is missing) before it: every stage reads several per commit."""
+    storage = RunStorage(
+        f"s3://{s3_bucket}/prefix", "run-1", storage_options=dict(s3_server.storage_options)
+    )
+    ref = storage.write_batch(0, "generate", _batch())
+    storage.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
+    calls: list[str] = []
+    call_s3 = type(storage.fs)._call_s3
+
+    async def counted(fs, method, *args, **kwargs):
+        calls.append(method)
+        return await call_s3(fs, method, *args, **kwargs)
+
+    monkeypatch.setattr(type(storage.fs), "_call_s3", counted)
+    storage.read_batch(ref)
+    assert storage.completed_stage(0, "generate", {"config": "c"}) is not None
+    assert storage.read_manifest(1) == {"stages": {}}
+    assert calls == ["get_object"] * 4  # batch; manifest + its output checked; no manifest
