@@ -29,6 +29,7 @@ from nemo_rl_core.data.datasets.builder import (
 )
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.utils import (
+    NOT_BUILT_ENVIRONMENTS,
     UnknownEnvironmentError,
     check_env_config,
     is_registered_env,
@@ -242,6 +243,8 @@ def _environments_built(env: dict[str, Any], context: SupportContext) -> str | N
     unknown = sorted(name for name in env if not is_registered_env(name))
     if not unknown:
         return None
+    if unknown[0] in NOT_BUILT_ENVIRONMENTS:
+        return f"{unknown[0]!r}: {NOT_BUILT_ENVIRONMENTS[unknown[0]]}"
     return (
         f"no environment {unknown[0]!r} is built here (NeMo RL ignores a section that no "
         "dataset names; remove it, or register_env() yours)"
@@ -297,8 +300,10 @@ class RolloutMasterConfig(StrictConfig):
         key's rule refuses it before any work."""
         named = dataset_environments(self.data, self.env)
         for name, settings in self.env.items():
-            if name not in named and not is_registered_env(name):
-                continue
+            if name in NOT_BUILT_ENVIRONMENTS or (
+                name not in named and not is_registered_env(name)
+            ):
+                continue  # refused by the env key's rule, before any work
             try:
                 check_env_config(name, settings)
             except UnknownEnvironmentError as err:

@@ -49,6 +49,29 @@ HUB_DATASETS = (
     "tulu3_sft_mixture",
     "Tulu3Preference",
 )
+# The rest of NeMo RL v0.7's dataset registry: they validate, so its configs load, and are
+# refused before any work, each with why.
+_MULTIMODAL = "a vision or audio dataset, and this project trains text-only models"
+NOT_BUILT_DATASETS = {
+    **dict.fromkeys(
+        (
+            "audiomcq",
+            "avqa",
+            "clevr-cogent",
+            "daily-omni",
+            "geometry3k",
+            "mmpr-tiny",
+            "refcoco",
+        ),
+        _MULTIMODAL,
+    ),
+    "NemoGymDataset": "NeMo Gym's dataset for its environments, which are not built here",
+    "openai_format": f"NeMo RL's OpenAI-messages loader is not built here; use {LOCAL_DATASET}",
+    "arrow_text": f"NeMo RL's Arrow text loader is not built here; use {LOCAL_DATASET}",
+    "general-conversation-jsonl": (
+        f"NeMo RL's conversation JSONL loader is not built here; use {LOCAL_DATASET}"
+    ),
+}
 PROCESSORS = (
     "math_data_processor",
     "math_hf_data_processor",
@@ -56,6 +79,15 @@ PROCESSORS = (
     "sft_processor",
     "preference_preprocessor",
 )
+# The rest of NeMo RL v0.7's processor registry: they validate and are refused, with why.
+NOT_BUILT_PROCESSORS = {
+    "vlm_hf_data_processor": (
+        "NeMo RL's processor of vision and audio samples, and this project trains text-only models"
+    ),
+    "nemo_gym_data_processor": NOT_BUILT_DATASETS["NemoGymDataset"],
+    "kd_data_processor": "NeMo RL's off-policy distillation processor, not built here",
+    "multichoice_qa_processor": "NeMo RL's multiple-choice processor, not built here",
+}
 SFT_PROCESSOR = "sft_processor"  # NeMo RL's: a conversation to train on, not a prompt
 SFT_DATASETS = ("addition_sft",)  # built-ins whose rows are conversations, not prompts
 # NeMo RL's: a chosen and a rejected conversation (DPO, reward models)
@@ -68,14 +100,18 @@ _OLD_LAYOUT = (
 )
 
 
-def _downloadable_here(name: str | None, context: SupportContext) -> str | None:
+def _loadable_here(name: str | None, context: SupportContext) -> str | None:
     if name in HUB_DATASETS:
         return (
             "a Hugging Face hub dataset, and this deployment downloads nothing; use "
             f"{LOCAL_DATASET} with data_path (JSONL, Parquet or a save_to_disk folder) or a "
             f"built-in generator ({', '.join(BUILTIN_DATASETS)})"
         )
-    return None
+    return NOT_BUILT_DATASETS.get(name or "")
+
+
+def _processor_here(name: str | None, context: SupportContext) -> str | None:
+    return NOT_BUILT_PROCESSORS.get(name or "")
 
 
 def _capped_here(cap: int | None, context: SupportContext) -> str | None:
@@ -96,7 +132,11 @@ class DatasetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset_name: Annotated[
-        str | None, Check(_downloadable_here, "built-ins and ResponseDataset; hub names refused")
+        str | None,
+        Check(
+            _loadable_here,
+            "built-ins and ResponseDataset; NeMo RL's hub, multimodal and Gym names refused",
+        ),
     ] = None
     data_path: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
     input_key: Annotated[str, Wired(f"{_BUILDER}:load_rows")] = "input"
@@ -108,7 +148,9 @@ class DatasetConfig(BaseModel):
     prompt_file: Annotated[str | None, Wired(f"{_BUILDER}:build_dataset")] = None
     system_prompt_file: Annotated[str | None, Wired(f"{_BUILDER}:build_dataset")] = None
     env_name: Annotated[str | None, Wired(f"{_BUILDER}:build_dataset")] = None
-    processor: Annotated[str | None, Wired(f"{_BUILDER}:build_dataset")] = None
+    processor: Annotated[
+        str | None, Check(_processor_here, "built here (build_dataset); NeMo RL's others refused")
+    ] = None
     download_dir: Annotated[
         str | None, Only(None, reason="where hub downloads go; nothing is downloaded here")
     ] = None
@@ -132,7 +174,12 @@ class DatasetConfig(BaseModel):
     @model_validator(mode="after")
     def _known_dataset(self) -> "DatasetConfig":
         name = self.dataset_name
-        if name is None or name in BUILTIN_DATASETS or name in HUB_DATASETS:
+        if (
+            name is None
+            or name in BUILTIN_DATASETS
+            or name in HUB_DATASETS
+            or name in NOT_BUILT_DATASETS
+        ):
             pass
         elif name in LOCAL_DATASETS:
             if not self.data_path:
@@ -149,7 +196,8 @@ class DatasetConfig(BaseModel):
                 f"{set_keys[0]} names a column of {BINARY_PREFERENCE_DATASET!r} rows; "
                 f"dataset {name!r} does not read it"
             )
-        if self.processor is not None and self.processor not in PROCESSORS:
+        known = (*PROCESSORS, *NOT_BUILT_PROCESSORS)
+        if self.processor is not None and self.processor not in known:
             raise ValueError(f"processor {self.processor!r} is unknown; use one of {PROCESSORS}")
         return self
 

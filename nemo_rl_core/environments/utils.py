@@ -111,6 +111,18 @@ def env_section(env_name: str, env_config: Any) -> tuple[str, BaseModel] | None:
     return path, validate_section(config_class, settings, f"env.{path}")
 
 
+# NeMo RL v0.7's environments that are not built here (its ENV_REGISTRY, and the names its
+# vision-language and audio recipes score with): a config naming one loads, and the env
+# key's rule refuses it before any work, with why.
+_MULTIMODAL = "a vision or audio environment, and this project trains text-only models"
+NOT_BUILT_ENVIRONMENTS = {
+    "math_multi_reward": "NeMo RL's multi-reward math environment (GDPO) is not built here",
+    "code_jaccard": "NeMo RL's Jaccard-similarity code environment is not built here",
+    "nemo_gym": "NeMo Gym's environments are not built here",
+    **dict.fromkeys(("vlm", "clevr-cogent", "geometry3k", "mmpr-tiny", "mmau"), _MULTIMODAL),
+}
+
+
 def is_registered_env(env_name: str) -> bool:
     return env_name in ENV_REGISTRY
 

@@ -200,6 +200,35 @@ def test_an_environment_section_no_dataset_names_loads_and_is_refused(
 
 
 @pytest.mark.parametrize(
+    ("name", "refusals"),
+    [
+        (
+            "vlm_grpo_3B",
+            [
+                "data.train.0.dataset_name='clevr-cogent': a vision or audio dataset",
+                "data.train.0.processor='vlm_hf_data_processor': NeMo RL's processor of vision",
+                "'clevr-cogent': a vision or audio environment",
+            ],
+        ),
+        ("sft_vlm_3B", ["data.train.0.dataset_name='clevr-cogent': a vision or audio dataset"]),
+        ("audio_grpo_3B_megatron", ["data.train.0.dataset_name='avqa': a vision or audio"]),
+        ("gdpo_math_1B", ["'math_multi_reward': NeMo RL's multi-reward math environment"]),
+    ],
+)
+def test_multimodal_and_multi_reward_recipes_load_and_are_refused_by_key(
+    nemo_rl_configs: Path, name: str, refusals: list[str]
+) -> None:
+    """NeMo RL's vision, audio and GDPO recipes name datasets, processors and environments
+    of its registries that are not built here: they load, and each such key is refused
+    with why before any work."""
+    config = validated(nemo_rl_configs / f"{name}.yaml", [])
+    with pytest.raises(UnsupportedConfigError) as err:
+        check_support(config, Machine(cuda_devices=8), source=name)
+    for refusal in refusals:
+        assert refusal in str(err.value)
+
+
+@pytest.mark.parametrize(
     "name",
     [
         "xtoken_off_policy_distillation",
