@@ -12,7 +12,10 @@ PYTEST_ARGS ?=
 # one worker and one stack (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 # The lock is already resolved (overrides applied by `make lock`): sync installs exactly it.
-UV_FLAGS := --python $(PY) --index-strategy unsafe-best-match \
+# Bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set (this machine) Python
+# would otherwise compile torch, transformers and the rest in every process it starts (every
+# flow run, worker and benchmark subprocess), about 8 of the 16 s of `import flows.grpo`.
+UV_FLAGS := --python $(PY) --index-strategy unsafe-best-match --compile-bytecode \
 	$(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS))
 
 .PHONY: setup run test lint lock bench-venvs

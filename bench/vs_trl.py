@@ -115,7 +115,8 @@ def ensure_trl_venv() -> Path:
     )
     wheels = ["--find-links", str(LOCAL_WHEELS)] if LOCAL_WHEELS.is_dir() else []
     overrides = ["--override", str(REPO / "requirements" / "overrides.txt")]
-    install = [uv, "pip", "install", "-q", "--python", str(python), *wheels, *overrides]
+    install = [uv, "pip", "install", "-q", "--compile-bytecode", "--python", str(python)]
+    install += [*wheels, *overrides]
     subprocess.run([*install, "--index-strategy", "unsafe-best-match", *TRL_PINS], check=True)
     return python
 
