@@ -51,7 +51,8 @@ HUB_DATASETS = (
 )
 # The rest of NeMo RL v0.7's dataset registry: they validate, so its configs load, and are
 # refused before any work, each with why.
-_MULTIMODAL = "a vision or audio dataset, and this project trains text-only models"
+_TEXT_ONLY = "this project trains text-only models"
+_MULTIMODAL = f"a vision or audio dataset, and {_TEXT_ONLY}"
 NOT_BUILT_DATASETS = {
     **dict.fromkeys(
         (
@@ -81,9 +82,7 @@ PROCESSORS = (
 )
 # The rest of NeMo RL v0.7's processor registry: they validate and are refused, with why.
 NOT_BUILT_PROCESSORS = {
-    "vlm_hf_data_processor": (
-        "NeMo RL's processor of vision and audio samples, and this project trains text-only models"
-    ),
+    "vlm_hf_data_processor": f"NeMo RL's processor of vision and audio samples, and {_TEXT_ONLY}",
     "nemo_gym_data_processor": NOT_BUILT_DATASETS["NemoGymDataset"],
     "kd_data_processor": "NeMo RL's off-policy distillation processor, not built here",
     "multichoice_qa_processor": "NeMo RL's multiple-choice processor, not built here",
@@ -174,17 +173,10 @@ class DatasetConfig(BaseModel):
     @model_validator(mode="after")
     def _known_dataset(self) -> "DatasetConfig":
         name = self.dataset_name
-        if (
-            name is None
-            or name in BUILTIN_DATASETS
-            or name in HUB_DATASETS
-            or name in NOT_BUILT_DATASETS
-        ):
-            pass
-        elif name in LOCAL_DATASETS:
-            if not self.data_path:
-                raise ValueError(f"data_path is required when dataset_name is {name!r}")
-        else:
+        known = (*BUILTIN_DATASETS, *HUB_DATASETS, *NOT_BUILT_DATASETS, *LOCAL_DATASETS)
+        if name in LOCAL_DATASETS and not self.data_path:
+            raise ValueError(f"data_path is required when dataset_name is {name!r}")
+        if name is not None and name not in known:
             raise ValueError(
                 f"dataset_name {name!r} is unknown; use one of {', '.join(BUILTIN_DATASETS)}, "
                 f"one of {LOCAL_DATASETS} with data_path, or a NeMo RL hub dataset name"
@@ -196,8 +188,8 @@ class DatasetConfig(BaseModel):
                 f"{set_keys[0]} names a column of {BINARY_PREFERENCE_DATASET!r} rows; "
                 f"dataset {name!r} does not read it"
             )
-        known = (*PROCESSORS, *NOT_BUILT_PROCESSORS)
-        if self.processor is not None and self.processor not in known:
+        processors = (*PROCESSORS, *NOT_BUILT_PROCESSORS)
+        if self.processor is not None and self.processor not in processors:
             raise ValueError(f"processor {self.processor!r} is unknown; use one of {PROCESSORS}")
         return self
 
