@@ -3,7 +3,9 @@ run's name its stage and iteration (untagged: a tag costs each stage a round tri
 fails the flow run, and the parameters it resolved continue the run at that stage."""
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -26,6 +28,19 @@ ONE_STEP = ["grpo.max_num_steps=1"]
 def stages_of(root: Path, run_id: str) -> dict:
     path = root / "runs" / run_id / "iter_000000" / "MANIFEST.json"
     return json.loads(path.read_text())["stages"]
+
+
+def recorded_task_runs(client: Any, flow_run_id: Any, last: set[str]) -> list:
+    """The flow run's task runs once the API server has recorded the ``last`` ones: it
+    writes task-run events in batches, once a second (``prefect.toml``)."""
+    deadline = time.monotonic() + 30
+    while True:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+        if last <= {task_run.name for task_run in task_runs} or time.monotonic() > deadline:
+            return task_runs
+        time.sleep(0.2)
 
 
 def test_flow_run_name_carries_the_run_id_once() -> None:
@@ -61,9 +76,7 @@ def test_timed_out_stage_fails_the_run_and_its_parameters_continue_it(
         grpo(**{**failed.parameters, "overrides": ONE_STEP})
         runs = client.read_flow_runs(flow_run_filter=tagged, sort=FlowRunSort.START_TIME_ASC)
         assert [r.state.type.value for r in runs] == ["FAILED", "COMPLETED"]
-        task_runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[runs[1].id]))
-        )
+        task_runs = recorded_task_runs(client, runs[1].id, {"checkpoint-it0"})
     after = stages_of(tmp_path, run_id)
     # The stages before the timed-out one were kept: their config digest leaves out
     # orchestration:, which the continuing run no longer sets.
