@@ -12,8 +12,9 @@ All three run the same config, seed and tiny model. Each repeat runs a, b, c bac
 so machine load hits them alike; the first iteration of every run (model load, engine
 start-up) is left out and the figures are medians over the remaining iterations of all
 repeats. Flow stage times come from the manifests (see ``bench/common.py``). The CPU
-time of Prefect's API server (the ephemeral one, a child process on the same cores) is
-measured around each flow run: it is what slows the flow's stage compute next to the loop's.
+time of Prefect's API server (the ephemeral one) and of the S3 server (moto), child
+processes on the same cores, is measured around each flow run: it is what slows the flow's
+stage compute next to the loop's (both run elsewhere in a real deployment).
 
 Run:   .venv/bin/python bench/overhead.py            (batches 64 and 256, 2 repeats of 4 iterations)
 Smoke: .venv/bin/python bench/overhead.py --smoke    (batch 4, 2 iterations, once)
@@ -41,12 +42,17 @@ from common import (
 VARIANTS = ("plain", "flow-file", "flow-s3")
 
 
-def api_server_cpu_seconds() -> float | None:
-    """CPU seconds used so far by this process's Prefect API server (the ephemeral server
-    that the first flow run starts as a child process); None while there is none."""
+SERVERS = {"server_cpu": "prefect.server", "s3_cpu": "moto_server"}
+"""What each server column measures: the child process whose command line holds the mark
+(Prefect's ephemeral API server, which the first flow run starts; the moto S3 server)."""
+
+
+def child_cpu_seconds(mark: str) -> float | None:
+    """CPU seconds used so far by the child process whose command line holds ``mark``;
+    None while there is none."""
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if any("prefect.server" in arg for arg in child.cmdline()):
+            if any(mark in arg for arg in child.cmdline()):
                 times = child.cpu_times()
                 return times.user + times.system
     return None
@@ -74,7 +80,7 @@ def measure(
     """Timings of every variant, a/b/c interleaved per repeat; rewards of the last repeat."""
     overrides = batch_overrides(prompts, generations, iterations) + extra_overrides
     results: dict[str, dict] = {
-        v: {"timings": [], "rewards": [], "server_cpu": []} for v in VARIANTS
+        v: {"timings": [], "rewards": [], **{column: [] for column in SERVERS}} for v in VARIANTS
     }
     start_api_server()
     for repeat in range(repeats):
@@ -83,12 +89,13 @@ def measure(
                 timings, rewards = plain_loop(TINY_CONFIG, overrides, iterations)
             else:
                 root = f"file://{scratch}/store" if variant == "flow-file" else s3_root
-                server_before = api_server_cpu_seconds()
+                before = {column: child_cpu_seconds(mark) for column, mark in SERVERS.items()}
                 timings, curves = flow_run(TINY_CONFIG, overrides, iterations, root)
                 rewards = curves["reward"]
-                if server_before is not None:  # None: an external server (PREFECT_API_URL)
-                    server_cpu = (api_server_cpu_seconds() or 0.0) - server_before
-                    results[variant]["server_cpu"].append(server_cpu / iterations)
+                for column, mark in SERVERS.items():
+                    if before[column] is not None:  # None: an external server
+                        spent = (child_cpu_seconds(mark) or 0.0) - before[column]
+                        results[variant][column].append(spent / iterations)
             results[variant]["timings"] += timings
             results[variant]["rewards"] = rewards
             print(
@@ -119,10 +126,12 @@ def format_table(label: str, results: dict[str, dict]) -> str:
         )
         total = median([t["total"] for t in timings])
         server = median(results[variant]["server_cpu"])
+        s3_server = median(results[variant]["s3_cpu"])
         lines.append(
             f"ratio {variant}/plain = {total / plain_total:.2f}  "
             f"(stage compute {compute:.2f} s, orchestration + handoff {total - compute:.2f} s "
-            f"per iteration; Prefect API server {server:.2f} CPU s per iteration)"
+            f"per iteration; CPU s per iteration of the Prefect API server {server:.2f}, "
+            f"of the S3 server {s3_server:.2f})"
         )
     rewards = {v: [round(r, 3) for r in results[v]["rewards"]] for v in VARIANTS}
     lines.append(f"mean reward per iteration (last repeat): {rewards}")
@@ -196,7 +205,8 @@ def main() -> None:
         "Stage cells are median seconds and share of the iteration; flow stage times include "
         "reading inputs, writing outputs and the manifest, and the Prefect task run around "
         "the compute; the flow's train stage also commits the iteration's checkpoint; the "
-        "API server's CPU time is per iteration of a whole flow run (its start left out).",
+        "API and S3 servers' CPU time is per iteration of a whole flow run (the API "
+        "server's start left out).",
         args.smoke,
     )
 

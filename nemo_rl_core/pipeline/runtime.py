@@ -44,6 +44,7 @@ from nemo_rl_core.utils.checkpoint import (
     MODEL_DIRS,
     OPTIMIZER_DIR,
     Checkpointable,
+    TrainingInfo,
     WeightsVersion,
     commit_trained_checkpoint,
     read_training_info,
@@ -77,6 +78,7 @@ class RunRuntime:
     _envs: dict[str, EnvironmentInterface] | None = None
     _dataloader: StatefulDataLoader | None = None
     _initial_dataloader_state: dict | None = None
+    _committed_infos: dict[int, TrainingInfo] = field(default_factory=dict)
     _scratch: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     # Under async GRPO the rollouts of later iterations run in a thread beside training:
     # one stage at a time drives the engine, and one fetch at a time fills the scratch dir.
@@ -113,10 +115,10 @@ class RunRuntime:
 
     def weights(self, step: int) -> WeightsVersion:
         """The policy's weights version at the start of iteration ``step``."""
-        return weights_version(self.storage, self.model_dir, step, "policy")
+        return weights_version(self.model_dir, step, "policy", self._committed_info)
 
     def value_weights(self, step: int) -> WeightsVersion:
-        return weights_version(self.storage, self.value_model_dir, step, "value")
+        return weights_version(self.value_model_dir, step, "value", self._committed_info)
 
     def dataloader_state(self, step: int) -> dict:
         """Where the dataloader stands at the start of iteration ``step``: as its checkpoint
@@ -126,8 +128,8 @@ class RunRuntime:
         if step == INITIAL_STEP:
             self.dataloader  # noqa: B018 - builds it and records its initial state
             return dict(self._initial_dataloader_state or {})
-        if self.storage.is_committed(step):
-            return read_training_info(self.storage, step).dataloader_state
+        if step in self._committed_infos or self.storage.is_committed(step):
+            return self._committed_info(step).dataloader_state
         entry = self.storage.read_manifest(step - 1)["stages"].get("prompts", {})
         if entry.get("status") != "complete":
             raise FileNotFoundError(
@@ -135,6 +137,15 @@ class RunRuntime:
                 f"iteration {step - 1} no complete prompts stage to take its dataloader from"
             )
         return self.storage.read_json(ObjectRef.from_dict(entry["outputs"]["dataloader_state"]))
+
+    def _committed_info(self, step: int) -> TrainingInfo:
+        """Checkpoint ``step``'s training info, read once: every stage's inputs name the
+        weights and dataloader position it starts from, and those never change once
+        committed. The runtime lasts one flow run, which holds the run's lease; the
+        validation metrics recorded into the info later are not read through here."""
+        if step not in self._committed_infos:
+            self._committed_infos[step] = read_training_info(self.storage, step)
+        return self._committed_infos[step]
 
     # ---- warm models -----------------------------------------------------------------
 

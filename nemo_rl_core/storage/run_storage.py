@@ -417,12 +417,30 @@ class RunStorage:
         )
 
     def committed_checkpoints(self) -> list[int]:
-        steps = _numbered(self._list_names("checkpoints"), _STEP_RE)
-        return sorted(s for s in steps if self.is_committed(s))
+        return self._checkpoint_listing()[1]
+
+    def _checkpoint_listing(self) -> tuple[list[str], list[int]]:
+        """The names under ``checkpoints/`` and the committed steps among them, from one
+        recursive listing: one request on an object store, where a listing and a lookup of
+        each step's ``COMMITTED`` marker cost one request per checkpoint more."""
+        folder = self._path("checkpoints")
+        try:
+            paths = self._find("checkpoints")
+        except FileNotFoundError:
+            return [], []
+        names, marked = set(), []
+        for path in paths:
+            parts = posixpath.relpath(str(path).rstrip("/"), folder).split("/")
+            if parts[0] in (".", ".."):
+                continue
+            names.add(parts[0])
+            if parts[1:] == [COMMITTED]:
+                marked.append(parts[0])
+        return sorted(names), sorted(_numbered(marked, _STEP_RE))
 
     def is_committed(self, step: int) -> bool:
-        """Whether checkpoint ``step`` is committed: one lookup, where listing every
-        checkpoint costs a listing and a lookup per step."""
+        """Whether checkpoint ``step`` is committed: one lookup, where a listing returns
+        every file of every checkpoint."""
         return self._exists(f"{_step_dir(step)}/{COMMITTED}")
 
     def latest_checkpoint(self) -> int | None:
@@ -486,12 +504,11 @@ class RunStorage:
         whose step is not a multiple of ``save_period`` are dropped once a newer one exists,
         as NeMo RL saves only every ``save_period`` steps."""
         self._check_lease()
-        names = self._list_names("checkpoints")  # one listing serves every decision below
+        names, committed = self._checkpoint_listing()  # it serves every decision below
         for name in names:
             if name.startswith(_STAGING_PREFIX):  # the lease keeps other savers out
                 self._delete_tree(f"checkpoints/{name}")
         all_steps = _numbered(names, _STEP_RE)
-        committed = sorted(s for s in all_steps if self.is_committed(s))
         if not committed:
             return []
         latest = committed[-1]
@@ -502,10 +519,10 @@ class RunStorage:
         committed = [s for s in committed if s not in off_period]
         if keep_top_k is None:
             return sorted(off_period)
-        history = [(step, self.read_checkpoint_info(step)) for step in committed]
-        if metric_name is None:
-            history.sort(key=lambda item: item[0], reverse=True)
+        if metric_name is None:  # the newest are the top: no training info to read
+            history = [(step, {}) for step in sorted(committed, reverse=True)]
         else:
+            history = [(step, self.read_checkpoint_info(step)) for step in committed]
             # NeMo RL's order: best metric first, a checkpoint without it last, the newer
             # one first among equals.
             worst = -math.inf if higher_is_better else math.inf
@@ -726,11 +743,30 @@ class RunStorage:
             return []
         return [posixpath.basename(str(entry).rstrip("/")) for entry in entries]
 
+    def _find(self, key: str) -> list[str]:
+        """Paths of everything under ``key``: on a disk its files and folders (a folder can
+        be empty there: a save that died at once); on S3 its objects, from one listing
+        (s3fs looks the key itself up, a lookup and a listing more, when nothing is under
+        it, unless the key is passed as a prefix of its parent)."""
+        path = self._path(key)
+        if self._s3:
+            parent, name = posixpath.split(path)
+            return self._call(key, lambda: self.fs.find(parent, prefix=f"{name}/"))
+        return self._call(key, lambda: self.fs.find(path, withdirs=self._local))
+
     def _delete_tree(self, key: str) -> None:
+        """Delete everything under ``key``, if anything. On an object store that is one
+        listing and a bulk delete of the keys found: asking whether the folder exists and
+        removing it recursively would cost a lookup and two more listings."""
         path = self._path(key)
         try:
-            if self._call(key, lambda: self.fs.exists(path)):
-                self._call(key, lambda: self.fs.rm(path, recursive=True))
+            if self._local:
+                if self._call(key, lambda: self.fs.exists(path)):
+                    self._call(key, lambda: self.fs.rm(path, recursive=True))
+                return
+            objects = self._find(key)
+            if objects:
+                self._call(key, lambda: self.fs.rm(objects))
         except FileNotFoundError:
             pass
 

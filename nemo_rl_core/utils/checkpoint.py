@@ -13,7 +13,7 @@ digest of every model's weights, the dataloader position and the step's metrics 
 """
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
@@ -204,10 +204,10 @@ def read_training_info(storage: "RunStorage", step: int) -> TrainingInfo:
 
 
 def weights_version(
-    storage: "RunStorage", initial_dir: Path, step: int, role: str = "policy"
+    initial_dir: Path, step: int, role: str, committed_info: Callable[[int], TrainingInfo]
 ) -> WeightsVersion:
     """The weights of ``role`` at the start of iteration ``step``: the initial model's for
-    step 0, else the digest the committing stage recorded."""
+    step 0, else the digest the committing stage recorded (``committed_info(step)``)."""
     if step == INITIAL_STEP:
         return WeightsVersion(step, model_dir_digest(initial_dir))
-    return WeightsVersion(step, read_training_info(storage, step).model_sha256[role])
+    return WeightsVersion(step, committed_info(step).model_sha256[role])

@@ -535,3 +535,32 @@ def test_a_small_object_on_s3_is_one_request_to_read(
     assert storage.completed_stage(0, "generate", {"config": "c"}) is not None
     assert storage.read_manifest(1) == {"stages": {}}
     assert calls == ["get_object"] * 4  # batch; manifest + its output checked; no manifest
+
+
+def test_listing_and_pruning_checkpoints_on_s3_take_one_request_each(
+    s3_server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint stage lists and prunes every iteration: one listing answers which
+    steps are committed however many there are, and pruning by age reads no training info."""
+    storage = RunStorage(
+        f"s3://{s3_bucket}/prefix", "run-1", storage_options=dict(s3_server.storage_options)
+    )
+    for step in (1, 2, 3):
+        storage.write_checkpoint(step, _make_checkpoint(tmp_path, step), {"step": step})
+    _raw_put(storage, "checkpoints/step_000004/policy/x.bin", b"partial")  # no COMMITTED yet
+    calls: list[str] = []
+    call_s3 = type(storage.fs)._call_s3
+
+    async def counted(fs, method, *args, **kwargs):
+        calls.append(method)
+        return await call_s3(fs, method, *args, **kwargs)
+
+    monkeypatch.setattr(type(storage.fs), "_call_s3", counted)
+    assert storage.committed_checkpoints() == [1, 2, 3]
+    assert calls == ["list_objects_v2"]
+    calls.clear()
+    assert storage.prune_checkpoints(None) == []
+    assert storage.prune_checkpoints(3) == []
+    assert calls == ["list_objects_v2"] * 2
+    assert storage.prune_checkpoints(2) == [1]
+    assert storage.committed_checkpoints() == [2, 3]
