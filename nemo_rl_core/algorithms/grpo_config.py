@@ -29,9 +29,11 @@ from nemo_rl_core.data.datasets.builder import (
 )
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.utils import (
+    ENVIRONMENTS_BUILT,
     NOT_BUILT_ENVIRONMENTS,
     UnknownEnvironmentError,
     check_env_config,
+    environments_not_built,
     is_registered_env,
     registered_env_section,
 )
@@ -239,16 +241,8 @@ class DataPlaneConfig(StrictConfig):
     observability: Annotated[dict[str, Any] | None, PartOf(_DATA_PLANE)] = None
 
 
-def _environments_built(env: dict[str, Any], context: SupportContext) -> str | None:
-    unknown = sorted(name for name in env if not is_registered_env(name))
-    if not unknown:
-        return None
-    if unknown[0] in NOT_BUILT_ENVIRONMENTS:
-        return f"{unknown[0]!r}: {NOT_BUILT_ENVIRONMENTS[unknown[0]]}"
-    return (
-        f"no environment {unknown[0]!r} is built here (NeMo RL ignores a section that no "
-        "dataset names; remove it, or register_env() yours)"
-    )
+NEMO_GYM_SWITCHES = ("should_use_nemo_gym", "should_log_nemo_gym_responses")
+"""NeMo RL's two switches beside the environment sections of ``env:``."""
 
 
 class RolloutMasterConfig(StrictConfig):
@@ -260,11 +254,7 @@ class RolloutMasterConfig(StrictConfig):
     data: DataConfig
     env: Annotated[
         dict[str, dict[str, Any]],
-        Check(
-            _environments_built,
-            "each section builds its registered environment (create_env); one of an "
-            "environment not built here is refused",
-        ),
+        Check(environments_not_built, ENVIRONMENTS_BUILT),
         TypedSections(registered_env_section),
     ] = Field(default_factory=dict)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
@@ -275,6 +265,25 @@ class RolloutMasterConfig(StrictConfig):
     @property
     @abstractmethod
     def algorithm(self) -> RolloutScheduleConfig: ...
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nemo_gym_is_off(cls, data: Any) -> Any:
+        """NeMo RL keeps two switches beside the environment sections:
+        ``env.should_use_nemo_gym`` sends rollouts through NeMo Gym, which is not built here,
+        so it is refused on; off, it and ``env.should_log_nemo_gym_responses`` (read only on
+        NeMo Gym's path, in NeMo RL as well) change nothing, and leave the sections alone."""
+        env = data.get("env") if isinstance(data, dict) else None
+        if not isinstance(env, dict) or not set(NEMO_GYM_SWITCHES) & env.keys():
+            return data
+        if env.get("should_use_nemo_gym"):
+            raise ValueError(
+                "env.should_use_nemo_gym: NeMo Gym rollouts (its environments, served "
+                "through the generation engine's HTTP server) are not built here; set it "
+                "to false and name a built environment (math, code, ...) under env:"
+            )
+        sections = {name: value for name, value in env.items() if name not in NEMO_GYM_SWITCHES}
+        return {**data, "env": sections}
 
     @model_validator(mode="after")
     def _datasets_are_prompts(self) -> Self:

@@ -7,7 +7,7 @@ reward model's transformers stack, and checking a config's ``env:`` loads no env
 """
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from pydantic import BaseModel
@@ -121,6 +121,26 @@ NOT_BUILT_ENVIRONMENTS = {
     "nemo_gym": "NeMo Gym's environments are not built here",
     **dict.fromkeys(("vlm", "clevr-cogent", "geometry3k", "mmpr-tiny", "mmau"), _MULTIMODAL),
 }
+
+
+ENVIRONMENTS_BUILT = (
+    "each section builds its registered environment (create_env); one of an environment "
+    "not built here is refused"
+)
+
+
+def environments_not_built(env: Mapping[str, Any], context: Any = None) -> str | None:
+    """Why ``env:`` cannot run here (the ``env`` key's rule, checked before any work): a
+    section of an environment that is not built, or not registered; None when all are."""
+    unknown = sorted(name for name in env if not is_registered_env(name))
+    if not unknown:
+        return None
+    if unknown[0] in NOT_BUILT_ENVIRONMENTS:
+        return f"{unknown[0]!r}: {NOT_BUILT_ENVIRONMENTS[unknown[0]]}"
+    return (
+        f"no environment {unknown[0]!r} is built here (NeMo RL ignores a section that no "
+        "dataset names; remove it, or register_env() yours)"
+    )
 
 
 def is_registered_env(env_name: str) -> bool:

@@ -1,6 +1,7 @@
 """Filters, metric aggregation and the YAML-facing configs."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from nemo_rl_core.algorithms.filters import (
     apply_overlong_filtering,
     dynamic_sampling_filter,
 )
-from nemo_rl_core.algorithms.grpo import GRPOConfig
+from nemo_rl_core.algorithms.grpo import GRPOConfig, load_master_config
 from nemo_rl_core.algorithms.loss import (
     ClippedPGLossFn,
     MetricNormalizer,
@@ -24,6 +25,8 @@ from nemo_rl_core.algorithms.loss import (
 )
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+
+TINY_GRPO = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_math_tiny.yaml"
 
 NEMO_RL_GRPO_YAML = """
 grpo:
@@ -159,3 +162,13 @@ def test_kl_gradient_carries_the_sampling_distributions_score(pg_data):
 def test_on_policy_kl_weight_is_not_detached(pg_data):
     # w = pi / pi_gen = 0.5 with its gradient: d(w KL)/d lp = w KL + w
     assert _kl_gradient(pg_data, True) == pytest.approx(0.5 * math.log(2) + 0.5)
+
+
+def test_nemo_gym_switches_off_leave_the_environment_sections_alone():
+    """NeMo RL's ``env.should_use_nemo_gym: false`` (and the response logging read only on
+    NeMo Gym's path) beside the sections: the config loads with its environments as they
+    were; switched on, it is refused (tests/reliability/test_bad_input.py)."""
+    switches = ["++env.should_use_nemo_gym=false", "++env.should_log_nemo_gym_responses=true"]
+    config = load_master_config(str(TINY_GRPO), switches)
+    assert config.env == load_master_config(str(TINY_GRPO)).env
+    assert set(config.env) == {"math"}

@@ -26,13 +26,22 @@ def _bad_rows(tmp_path: Path) -> Path:
         ("grpo.max_env_failure_fraction=2", r"grpo\.max_env_failure_fraction"),
         ("policy.train_micro_batch_size=abc", r"policy\.train_micro_batch_size"),
         ("grpo.num_prompts_per_stepp=2", r"grpo\.num_prompts_per_stepp"),
+        ("++env.should_use_nemo_gym=true", r"env\.should_use_nemo_gym: NeMo Gym"),
         ("policy.model_name=/nonexistent/model-dir", r"/nonexistent/model-dir"),
         (
             "data.dataset_name=ResponseDataset BAD_ROWS",
             r"problems\.jsonl: row 1 has no column .output.",
         ),
     ],
-    ids=["bad-value", "out-of-range", "wrong-type", "unknown-key", "missing-model", "bad-row"],
+    ids=[
+        "bad-value",
+        "out-of-range",
+        "wrong-type",
+        "unknown-key",
+        "nemo-gym",
+        "missing-model",
+        "bad-row",
+    ],
 )
 def test_bad_input_fails_before_any_work(
     prefect_api, override: str, message: str, tmp_path: Path

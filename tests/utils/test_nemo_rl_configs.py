@@ -22,7 +22,7 @@ from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, chec
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "v0.7.0"
-EXAMPLE_DIRS = ("configs", "prompts", "modelopt")
+EXAMPLE_DIRS = ("configs", "prompts", "modelopt", "nemo_gym")
 # The GRPO, PPO, SFT, DPO, RM, eval and distillation configs of NeMo RL whose models are
 # text-only LLMs.
 LOADING = [
@@ -213,6 +213,7 @@ def test_an_environment_section_no_dataset_names_loads_and_is_refused(
         ("sft_vlm_3B", ["data.train.0.dataset_name='clevr-cogent': a vision or audio dataset"]),
         ("audio_grpo_3B_megatron", ["data.train.0.dataset_name='avqa': a vision or audio"]),
         ("gdpo_math_1B", ["'math_multi_reward': NeMo RL's multi-reward math environment"]),
+        ("evals/mmau", ["'mmau': a vision or audio environment"]),
     ],
 )
 def test_multimodal_and_multi_reward_recipes_load_and_are_refused_by_key(
@@ -239,6 +240,21 @@ def test_cross_tokenizer_distillation_is_refused_in_one_line(
     nemo_rl_configs: Path, name: str
 ) -> None:
     with pytest.raises(ConfigError, match="teachers: NeMo RL's cross-tokenizer off-policy"):
+        validated(nemo_rl_configs / f"{name}.yaml", [])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron_generation-async-gym",
+        "recipes/llm/mopd-qwen3-1.7b-3n8g-megatron-pack",
+    ],
+)
+def test_nemo_gym_recipes_are_refused_in_one_line(
+    nemo_rl_configs: Path, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # their paths interpolate it
+    with pytest.raises(ConfigError, match="env.should_use_nemo_gym: NeMo Gym rollouts"):
         validated(nemo_rl_configs / f"{name}.yaml", [])
 
 
