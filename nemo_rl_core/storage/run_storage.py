@@ -520,17 +520,19 @@ class RunStorage:
         if keep_top_k is None:
             return sorted(off_period)
         if metric_name is None:  # the newest are the top: no training info to read
-            history = [(step, {}) for step in sorted(committed, reverse=True)]
+            ranked = sorted(committed, reverse=True)
         else:
-            history = [(step, self.read_checkpoint_info(step)) for step in committed]
+            infos = {step: self.read_checkpoint_info(step) for step in committed}
             # NeMo RL's order: best metric first, a checkpoint without it last, the newer
             # one first among equals.
             worst = -math.inf if higher_is_better else math.inf
             sign = 1 if higher_is_better else -1
-            history.sort(
-                key=lambda item: (sign * item[1].get(metric_name, worst), item[0]), reverse=True
+            ranked = sorted(
+                committed,
+                key=lambda step: (sign * infos[step].get(metric_name, worst), step),
+                reverse=True,
             )
-        doomed = {step for step, _ in history[keep_top_k:] if step not in kept}
+        doomed = {step for step in ranked[keep_top_k:] if step not in kept}
         uncommitted = set(all_steps) - set(committed) - off_period  # dead saves
         doomed |= {s for s in uncommitted if s < latest}
         for step in sorted(doomed):
