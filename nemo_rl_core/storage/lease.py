@@ -49,9 +49,13 @@ class ConditionalObject(Protocol):
 
     def read(self) -> Versioned | None: ...
 
-    def create(self, data: bytes) -> None: ...
+    def create(self, data: bytes) -> str:
+        """Write the object if there is none; returns its new version."""
+        ...
 
-    def replace(self, data: bytes, version: str) -> None: ...
+    def replace(self, data: bytes, version: str) -> str:
+        """Write the object if it is still at ``version``; returns its new version."""
+        ...
 
     def delete(self, version: str) -> None: ...
 
@@ -86,18 +90,18 @@ class LocalObject:
         with self._locked():
             return self._read_unlocked()
 
-    def create(self, data: bytes) -> None:
+    def create(self, data: bytes) -> str:
         with self._locked():
             if self._read_unlocked() is not None:
                 raise VersionConflict(self.path)
-            self._write(data)
+            return self._write(data)
 
-    def replace(self, data: bytes, version: str) -> None:
+    def replace(self, data: bytes, version: str) -> str:
         with self._locked():
             current = self._read_unlocked()
             if current is None or current.version != version:
                 raise VersionConflict(self.path)
-            self._write(data)
+            return self._write(data)
 
     def delete(self, version: str) -> None:
         with self._locked():
@@ -106,11 +110,12 @@ class LocalObject:
                 raise VersionConflict(self.path)
             os.unlink(self.path)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes) -> str:
         tmp = f"{self.path}.tmp-{uuid.uuid4().hex}"
         with open(tmp, "wb") as handle:
             handle.write(data)
         os.replace(tmp, self.path)
+        return hashlib.sha256(data).hexdigest()
 
 
 class S3Object:
@@ -121,8 +126,14 @@ class S3Object:
         self.bucket, _, self.key = path.partition("/")
 
     def _call(self, method: str, **kwargs: Any) -> Any:
+        """One S3 request through the filesystem's own ``_call_s3`` (its retries, its
+        credentials; s3fs's ``call_s3`` would bind the class's function once, at import)."""
+        from fsspec.asyn import sync
+
         try:
-            return self.fs.call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
+            return sync(
+                self.fs.loop, self.fs._call_s3, method, Bucket=self.bucket, Key=self.key, **kwargs
+            )
         except FileNotFoundError:
             raise
         except OSError as exc:  # s3fs turns botocore's errors into OSError, the cause kept
@@ -139,11 +150,11 @@ class S3Object:
             return None
         return Versioned(_read_body(self.fs, response["Body"]), response["ETag"])
 
-    def create(self, data: bytes) -> None:
-        self._call("put_object", Body=data, IfNoneMatch="*")
+    def create(self, data: bytes) -> str:
+        return self._call("put_object", Body=data, IfNoneMatch="*")["ETag"]
 
-    def replace(self, data: bytes, version: str) -> None:
-        self._call("put_object", Body=data, IfMatch=version)
+    def replace(self, data: bytes, version: str) -> str:
+        return self._call("put_object", Body=data, IfMatch=version)["ETag"]
 
     def delete(self, version: str) -> None:
         self._call("delete_object", IfMatch=version)

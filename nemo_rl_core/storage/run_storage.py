@@ -59,6 +59,8 @@ from nemo_rl_core.storage.lease import (
     Lease,
     LocalObject,
     S3Object,
+    VersionConflict,
+    Versioned,
 )
 from nemo_rl_core.storage.names import validate_name
 from nemo_rl_core.storage.outage import (
@@ -79,6 +81,7 @@ TRAINING_INFO = "training_info.json"
 MANIFEST = "MANIFEST.json"
 STAGE_RUNS = "stage_runs"  # heartbeats of stages running in other processes
 _MANIFEST_LOCK = threading.Lock()
+_MANIFEST_RACES = 8  # conditional manifest updates tried before giving up
 _PART_SUFFIX = ".entry.json"  # a part's own entry, beside its outputs
 # sha256 releases the GIL on large buffers: hashing runs beside the transfer or decode.
 _HASHER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="run-storage-sha256")
@@ -155,6 +158,9 @@ class RunStorage:
         self._run_path = posixpath.join(root_path.rstrip("/"), "runs", self.run_id)
         self.run_url = f"{self.root}/runs/{self.run_id}"
         self.lease: Lease | None = None
+        # On S3: each iteration's manifest as this process last read or wrote it, with its
+        # ETag; the base of the next conditional update (see ``_update_manifest``).
+        self._manifest_seen: dict[int, Versioned | None] = {}
 
     def __repr__(self) -> str:
         return f"RunStorage({self.run_url!r})"
@@ -214,7 +220,15 @@ class RunStorage:
     def read_manifest(self, iteration: int) -> dict:
         """``{"stages": {stage: entry}}`` of an iteration; empty when none was recorded."""
         key = f"{_iter_dir(iteration)}/{MANIFEST}"
-        data = self._get_optional(key)
+        if self._s3:
+            seen = self._call(key, S3Object(self.fs, self._path(key)).read)
+            self._manifest_seen[iteration] = seen
+            data = None if seen is None else seen.data
+        else:
+            data = self._get_optional(key)
+        return self._parse_manifest(key, data)
+
+    def _parse_manifest(self, key: str, data: bytes | None) -> dict:
         if data is None:
             return {"stages": {}}
         try:
@@ -239,10 +253,12 @@ class RunStorage:
         self._check_lease()
         validate_name("stage", stage)
         entry = self._entry(inputs, outputs, metrics, ran_on)
-        with _MANIFEST_LOCK:
-            manifest = self.read_manifest(iteration)
+
+        def add(manifest: dict) -> bool:
             manifest["stages"][stage] = entry
-            self._write_manifest(iteration, manifest)
+            return True
+
+        self._update_manifest(iteration, add)
         return entry
 
     def completed_stage(self, iteration: int, stage: str, inputs: dict[str, str]) -> dict | None:
@@ -315,17 +331,19 @@ class RunStorage:
         """Mark stages to be redone (e.g. everything downstream of a rerun stage), and the
         parts of each, so that a rerun stage computes its parts again too."""
         self._check_lease()
-        with _MANIFEST_LOCK:
-            manifest = self.read_manifest(iteration)
+
+        def mark(manifest: dict) -> bool:
             changed = False
             for stage in stages:
                 entry = manifest["stages"].get(validate_name("stage", stage))
                 if entry is not None and entry.get("status") != "stale":
                     entry["status"] = "stale"
                     changed = True
-                self._mark_parts_stale(iteration, stage)
-            if changed:
-                self._write_manifest(iteration, manifest)
+            return changed
+
+        self._update_manifest(iteration, mark)
+        for stage in stages:
+            self._mark_parts_stale(iteration, stage)
 
     def _mark_parts_stale(self, iteration: int, stage: str) -> None:
         folder = f"{_iter_dir(iteration)}/{stage}"
@@ -340,19 +358,55 @@ class RunStorage:
         """Note in the iteration's manifest that ``key`` was found damaged (``damage`` says how)
         and its producing stage re-made it."""
         self._check_lease()
-        with _MANIFEST_LOCK:
-            manifest = self.read_manifest(iteration)
-            repair = {"key": key, "damage": damage, "at": datetime.now(UTC).isoformat()}
+        repair = {"key": key, "damage": damage, "at": datetime.now(UTC).isoformat()}
+
+        def note(manifest: dict) -> bool:
             manifest.setdefault("repairs", []).append(repair)
-            self._write_manifest(iteration, manifest)
+            return True
+
+        self._update_manifest(iteration, note)
 
     def iterations(self) -> list[int]:
         """Iterations that have a directory (any stage output or manifest)."""
         return sorted(_numbered(self._list_names(""), _ITER_RE))
 
-    def _write_manifest(self, iteration: int, manifest: dict) -> None:
+    def _update_manifest(self, iteration: int, change: Callable[[dict], bool]) -> None:
+        """Apply ``change`` to the iteration's manifest and write it, unless it returns False.
+
+        Threads of this process take turns (a lock). On S3 the write is conditional on the
+        version this process last read or wrote: every stage reads its manifest when it
+        starts, so its commit skips a second GET, and a manifest that changed meanwhile
+        (another process's stage) fails the condition, is read again and changed again."""
         key = f"{_iter_dir(iteration)}/{MANIFEST}"
-        self._put(key, json.dumps(manifest, indent=2, sort_keys=True).encode())
+        with _MANIFEST_LOCK:
+            if not self._s3:
+                manifest = self.read_manifest(iteration)
+                if change(manifest):
+                    self._put(key, _manifest_bytes(manifest))
+                return
+            target = S3Object(self.fs, self._path(key))
+            for _ in range(_MANIFEST_RACES):
+                if iteration not in self._manifest_seen:
+                    self.read_manifest(iteration)
+                base = self._manifest_seen.pop(iteration)
+                manifest = self._parse_manifest(key, None if base is None else base.data)
+                if not change(manifest):
+                    self._manifest_seen[iteration] = base
+                    return
+                data = _manifest_bytes(manifest)
+                try:
+                    if base is None:
+                        version = self._call(key, partial(target.create, data), reading=False)
+                    else:
+                        write = partial(target.replace, data, base.version)
+                        version = self._call(key, write, reading=False)
+                except VersionConflict:
+                    continue  # changed since this process saw it: read it again
+                self._manifest_seen[iteration] = Versioned(data, version)
+                return
+        raise StorageError(
+            f"{self._url(key)} kept changing under {_MANIFEST_RACES} conditional updates"
+        )
 
     # ---- checkpoints -----------------------------------------------------------------
 
@@ -771,6 +825,10 @@ class RunStorage:
                 self._call(key, lambda: self.fs.rm(objects))
         except FileNotFoundError:
             pass
+
+
+def _manifest_bytes(manifest: dict) -> bytes:
+    return json.dumps(manifest, indent=2, sort_keys=True).encode()
 
 
 def _sha256(data: bytes | mmap.mmap) -> str:

@@ -564,3 +564,46 @@ def test_listing_and_pruning_checkpoints_on_s3_take_one_request_each(
     assert calls == ["list_objects_v2"] * 2
     assert storage.prune_checkpoints(2) == [1]
     assert storage.committed_checkpoints() == [2, 3]
+
+
+def test_a_stage_commit_on_s3_rewrites_the_manifest_it_read_without_reading_it_again(
+    s3_server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage reads its manifest when it starts (is it done already?); its commit writes
+    the manifest on condition that it is still that version: one GET and one PUT a stage."""
+    options = dict(s3_server.storage_options)
+    storage = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
+    ref = storage.write_batch(0, "generate", _batch())
+    storage.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
+    calls: list[str] = []
+    call_s3 = type(storage.fs)._call_s3
+
+    async def counted(fs, method, *args, **kwargs):
+        calls.append(method)
+        return await call_s3(fs, method, *args, **kwargs)
+
+    monkeypatch.setattr(type(storage.fs), "_call_s3", counted)
+    assert storage.completed_stage(0, "reward", {"config": "c"}) is None
+    storage.record_stage(0, "reward", {"config": "c"}, {"batch": ref})
+    assert calls == ["get_object", "put_object"]
+    assert set(storage.read_manifest(0)["stages"]) == {"generate", "reward"}
+
+
+def test_a_manifest_changed_by_another_process_is_read_again_before_the_commit(
+    s3_server, s3_bucket: str
+) -> None:
+    """A stage placed on another pool commits into the same manifest between this
+    process's read and its commit: the conditional write fails, and the commit keeps both."""
+    options = dict(s3_server.storage_options)
+    here = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
+    elsewhere = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
+    ref = here.write_batch(0, "generate", _batch())
+    here.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
+    elsewhere.record_stage(0, "reward", {"config": "c"}, {"batch": ref})
+    here.record_stage(0, "logprob", {"config": "c"}, {"batch": ref})
+    assert set(here.read_manifest(0)["stages"]) == {"generate", "reward", "logprob"}
+    here.mark_stale(0, ["reward"])
+    elsewhere.record_stage(0, "train", {"config": "c"}, {"batch": ref})
+    stages = elsewhere.read_manifest(0)["stages"]
+    assert set(stages) == {"generate", "reward", "logprob", "train"}
+    assert stages["reward"]["status"] == "stale"
