@@ -82,6 +82,8 @@ MANIFEST = "MANIFEST.json"
 STAGE_RUNS = "stage_runs"  # heartbeats of stages running in other processes
 _MANIFEST_LOCK = threading.Lock()
 _MANIFEST_RACES = 8  # conditional manifest updates tried before giving up
+_MANIFESTS_REMEMBERED = 8  # iterations whose manifest version a RunStorage keeps
+_UNSEEN: Any = object()  # no manifest version remembered (None: there is no manifest)
 _PART_SUFFIX = ".entry.json"  # a part's own entry, beside its outputs
 # sha256 releases the GIL on large buffers: hashing runs beside the transfer or decode.
 _HASHER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="run-storage-sha256")
@@ -221,12 +223,19 @@ class RunStorage:
         """``{"stages": {stage: entry}}`` of an iteration; empty when none was recorded."""
         key = f"{_iter_dir(iteration)}/{MANIFEST}"
         if self._s3:
-            seen = self._call(key, S3Object(self.fs, self._path(key)).read)
-            self._manifest_seen[iteration] = seen
+            seen = self._read_manifest_version(iteration)
             data = None if seen is None else seen.data
         else:
             data = self._get_optional(key)
         return self._parse_manifest(key, data)
+
+    def _read_manifest_version(self, iteration: int) -> Versioned | None:
+        """The manifest's bytes and ETag from one GET (S3), remembered as the base of this
+        process's next conditional update."""
+        key = f"{_iter_dir(iteration)}/{MANIFEST}"
+        seen = self._call(key, S3Object(self.fs, self._path(key)).read)
+        self._remember_manifest(iteration, seen)
+        return seen
 
     def _parse_manifest(self, key: str, data: bytes | None) -> dict:
         if data is None:
@@ -370,6 +379,13 @@ class RunStorage:
         """Iterations that have a directory (any stage output or manifest)."""
         return sorted(_numbered(self._list_names(""), _ITER_RE))
 
+    def _remember_manifest(self, iteration: int, seen: Versioned | None) -> None:
+        """Keep the manifests of the newest iterations only: a long run's older ones are
+        rarely written again, and one that is just costs a read first."""
+        self._manifest_seen[iteration] = seen
+        for old in sorted(list(self._manifest_seen))[:-_MANIFESTS_REMEMBERED]:
+            self._manifest_seen.pop(old, None)  # another thread may have dropped it
+
     def _update_manifest(self, iteration: int, change: Callable[[dict], bool]) -> None:
         """Apply ``change`` to the iteration's manifest and write it, unless it returns False.
 
@@ -386,12 +402,11 @@ class RunStorage:
                 return
             target = S3Object(self.fs, self._path(key))
             for _ in range(_MANIFEST_RACES):
-                if iteration not in self._manifest_seen:
-                    self.read_manifest(iteration)
-                base = self._manifest_seen.pop(iteration)
+                base = self._manifest_seen.get(iteration, _UNSEEN)
+                if base is _UNSEEN:
+                    base = self._read_manifest_version(iteration)
                 manifest = self._parse_manifest(key, None if base is None else base.data)
                 if not change(manifest):
-                    self._manifest_seen[iteration] = base
                     return
                 data = _manifest_bytes(manifest)
                 try:
@@ -400,9 +415,10 @@ class RunStorage:
                     else:
                         write = partial(target.replace, data, base.version)
                         version = self._call(key, write, reading=False)
-                except VersionConflict:
-                    continue  # changed since this process saw it: read it again
-                self._manifest_seen[iteration] = Versioned(data, version)
+                except VersionConflict:  # changed since this process saw it: read it again
+                    self._manifest_seen.pop(iteration, None)
+                    continue
+                self._remember_manifest(iteration, Versioned(data, version))
                 return
         raise StorageError(
             f"{self._url(key)} kept changing under {_MANIFEST_RACES} conditional updates"

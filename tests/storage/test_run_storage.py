@@ -607,3 +607,16 @@ def test_a_manifest_changed_by_another_process_is_read_again_before_the_commit(
     stages = elsewhere.read_manifest(0)["stages"]
     assert set(stages) == {"generate", "reward", "logprob", "train"}
     assert stages["reward"]["status"] == "stale"
+
+
+def test_a_long_run_on_s3_commits_into_old_iterations_still(s3_server, s3_bucket: str) -> None:
+    """The manifest versions a storage remembers are those of its newest iterations; a
+    commit into an older one reads it first and keeps what it held."""
+    options = dict(s3_server.storage_options)
+    storage = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
+    ref = storage.write_batch(0, "generate", _batch())
+    for iteration in range(12):
+        storage.record_stage(iteration, "generate", {"config": "c"}, {"batch": ref})
+    storage.record_stage(0, "reward", {"config": "c"}, {"batch": ref})
+    assert set(storage.read_manifest(0)["stages"]) == {"generate", "reward"}
+    assert all(storage.read_manifest(i)["stages"].keys() == {"generate"} for i in range(1, 12))
