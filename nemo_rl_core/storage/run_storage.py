@@ -383,7 +383,7 @@ class RunStorage:
         """Keep the manifests of the newest iterations only: a long run's older ones are
         rarely written again, and one that is just costs a read first."""
         self._manifest_seen[iteration] = seen
-        for old in sorted(list(self._manifest_seen))[:-_MANIFESTS_REMEMBERED]:
+        for old in sorted(self._manifest_seen)[:-_MANIFESTS_REMEMBERED]:
             self._manifest_seen.pop(old, None)  # another thread may have dropped it
 
     def _update_manifest(self, iteration: int, change: Callable[[dict], bool]) -> None:

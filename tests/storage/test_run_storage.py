@@ -513,6 +513,19 @@ def test_a_holder_whose_lease_was_taken_commits_nothing_more(
     assert storage.read_manifest(0)["stages"] == {}
 
 
+def _s3_requests(storage: RunStorage, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The S3 methods ``storage`` calls from now on, in order (a list that fills up)."""
+    calls: list[str] = []
+    call_s3 = type(storage.fs)._call_s3
+
+    async def counted(fs, method, *args, **kwargs):
+        calls.append(method)
+        return await call_s3(fs, method, *args, **kwargs)
+
+    monkeypatch.setattr(type(storage.fs), "_call_s3", counted)
+    return calls
+
+
 def test_a_small_object_on_s3_is_one_request_to_read(
     s3_server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -523,14 +536,7 @@ def test_a_small_object_on_s3_is_one_request_to_read(
     )
     ref = storage.write_batch(0, "generate", _batch())
     storage.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
-    calls: list[str] = []
-    call_s3 = type(storage.fs)._call_s3
-
-    async def counted(fs, method, *args, **kwargs):
-        calls.append(method)
-        return await call_s3(fs, method, *args, **kwargs)
-
-    monkeypatch.setattr(type(storage.fs), "_call_s3", counted)
+    calls = _s3_requests(storage, monkeypatch)
     storage.read_batch(ref)
     assert storage.completed_stage(0, "generate", {"config": "c"}) is not None
     assert storage.read_manifest(1) == {"stages": {}}
@@ -548,14 +554,7 @@ def test_listing_and_pruning_checkpoints_on_s3_take_one_request_each(
     for step in (1, 2, 3):
         storage.write_checkpoint(step, _make_checkpoint(tmp_path, step), {"step": step})
     _raw_put(storage, "checkpoints/step_000004/policy/x.bin", b"partial")  # no COMMITTED yet
-    calls: list[str] = []
-    call_s3 = type(storage.fs)._call_s3
-
-    async def counted(fs, method, *args, **kwargs):
-        calls.append(method)
-        return await call_s3(fs, method, *args, **kwargs)
-
-    monkeypatch.setattr(type(storage.fs), "_call_s3", counted)
+    calls = _s3_requests(storage, monkeypatch)
     assert storage.committed_checkpoints() == [1, 2, 3]
     assert calls == ["list_objects_v2"]
     calls.clear()
@@ -575,14 +574,7 @@ def test_a_stage_commit_on_s3_rewrites_the_manifest_it_read_without_reading_it_a
     storage = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
     ref = storage.write_batch(0, "generate", _batch())
     storage.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
-    calls: list[str] = []
-    call_s3 = type(storage.fs)._call_s3
-
-    async def counted(fs, method, *args, **kwargs):
-        calls.append(method)
-        return await call_s3(fs, method, *args, **kwargs)
-
-    monkeypatch.setattr(type(storage.fs), "_call_s3", counted)
+    calls = _s3_requests(storage, monkeypatch)
     assert storage.completed_stage(0, "reward", {"config": "c"}) is None
     storage.record_stage(0, "reward", {"config": "c"}, {"batch": ref})
     assert calls == ["get_object", "put_object"]
