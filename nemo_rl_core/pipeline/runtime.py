@@ -241,7 +241,8 @@ class RunRuntime:
         metrics: dict[str, Any],
     ) -> str:
         """Commit the updated ``models`` as checkpoint ``step``; they now hold that step."""
-        url = commit_trained_checkpoint(self.storage, step, models, dataloader_state, metrics)
+        url, info = commit_trained_checkpoint(self.storage, step, models, dataloader_state, metrics)
+        self._committed_infos[step] = info  # the next iteration's stages name it
         if "policy" in models:
             self._policy_step = step
         if "value" in models:
@@ -313,6 +314,7 @@ class RunRuntime:
             if engine is not None:
                 engine.shutdown()
         self._scratch.cleanup()
+        self.storage.forget_writes()
 
 
 _runtimes: dict[RunRef, RunRuntime] = {}
@@ -329,6 +331,7 @@ def runtime_for(run: RunRef) -> RunRuntime:
         pipeline = pipeline_for_config(stored)
         config: Any = pipeline.config_class.model_validate(stored)
         model_dir = resolve_model(config.policy.model_name)
+        open_storage(run).forget_writes()  # a new flow run reads what is stored
         _runtimes[run] = RunRuntime(run, pipeline, config, model_dir)
     return _runtimes[run]
 

@@ -70,6 +70,7 @@ from nemo_rl_core.storage.outage import (
     StorageUnreachableError,
     retry_within_budget,
 )
+from nemo_rl_core.storage.recent_writes import RecentWrites
 
 T = TypeVar("T")
 
@@ -85,6 +86,7 @@ _MANIFEST_RACES = 8  # conditional manifest updates tried before giving up
 _MANIFESTS_REMEMBERED = 8  # iterations whose manifest version a RunStorage keeps
 _UNSEEN: Any = object()  # no manifest version remembered (None: there is no manifest)
 _PART_SUFFIX = ".entry.json"  # a part's own entry, beside its outputs
+_RECENT_WRITE_BYTES = 256 << 20  # stage outputs kept for the next stages (object stores)
 # sha256 releases the GIL on large buffers: hashing runs beside the transfer or decode.
 _HASHER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="run-storage-sha256")
 
@@ -163,6 +165,7 @@ class RunStorage:
         # On S3: each iteration's manifest as this process last read or wrote it, with its
         # ETag; the base of the next conditional update (see ``_update_manifest``).
         self._manifest_seen: dict[int, Versioned | None] = {}
+        self._recent = RecentWrites(0 if self._local else _RECENT_WRITE_BYTES)
 
     def __repr__(self) -> str:
         return f"RunStorage({self.run_url!r})"
@@ -194,7 +197,7 @@ class RunStorage:
         """Store a batch at ``iter_<n>/<stage>/<name>.arrow`` (or ``.parquet``), atomically."""
         filename = validate_name("name", name) + SUFFIXES[self.batch_format]
         key = self._stage_key(iteration, stage, filename)
-        return self._put(key, batch_to_bytes(batch, format=self.batch_format))
+        return self._put(key, batch_to_bytes(batch, format=self.batch_format), remember=True)
 
     def read_batch(self, ref: ObjectRef) -> BatchedDataDict:
         """Read a stored batch of either container; its size and sha256 must match ``ref``
@@ -205,15 +208,16 @@ class RunStorage:
             ref,
             lambda data: batch_from_bytes(data, source=source, verify_checksums=False),
             mapped=True,
+            recent=True,
         )
 
     def write_json(self, iteration: int, stage: str, name: str, obj: dict) -> ObjectRef:
         key = self._stage_key(iteration, stage, f"{validate_name('name', name)}.json")
-        return self._put(key, json.dumps(obj, indent=2, sort_keys=True).encode())
+        return self._put(key, json.dumps(obj, indent=2, sort_keys=True).encode(), remember=True)
 
     def read_json(self, ref: ObjectRef) -> dict:
         try:
-            return self._get_verified(ref, json.loads)
+            return self._get_verified(ref, json.loads, recent=True)
         except ValueError as exc:
             raise IntegrityError(f"{self._url(ref.key)} is not valid JSON: {exc}") from exc
 
@@ -274,9 +278,21 @@ class RunStorage:
         """The stage's entry if complete, not stale, with these inputs and intact outputs.
 
         Every output is read back and checked against its sha256: a damaged or truncated
-        object makes the stage count as not done, so it is recomputed instead of trusted."""
-        entry = self.read_manifest(iteration)["stages"].get(validate_name("stage", stage))
-        return self._if_complete(entry, inputs)
+        object makes the stage count as not done, so it is recomputed instead of trusted.
+
+        On S3 the manifest is the version this process last read or wrote, when it has one:
+        the stages of an iteration ask in turn, each after the previous one's commit. If
+        another process changed it since, a stage done there counts as not done here; it is
+        computed again (to the same bytes) and its commit, conditional on that version,
+        fails, reads the newer manifest and is made again on it."""
+        validate_name("stage", stage)
+        key = f"{_iter_dir(iteration)}/{MANIFEST}"
+        seen = self._manifest_seen.get(iteration, _UNSEEN) if self._s3 else _UNSEEN
+        if seen is _UNSEEN:
+            manifest = self.read_manifest(iteration)
+        else:
+            manifest = self._parse_manifest(key, None if seen is None else seen.data)
+        return self._if_complete(manifest["stages"].get(stage), inputs)
 
     def record_part(
         self,
@@ -690,8 +706,9 @@ class RunStorage:
         except _TRANSIENT as exc:
             raise StorageError(f"storage operation on {self._url(key)} failed: {exc}") from exc
 
-    def _put(self, key: str, data: bytes) -> ObjectRef:
-        """Write ``data`` at ``key`` so that readers see the whole object or nothing."""
+    def _put(self, key: str, data: bytes, remember: bool = False) -> ObjectRef:
+        """Write ``data`` at ``key`` so that readers see the whole object or nothing;
+        ``remember`` keeps the bytes for this process's next reads (see ``RecentWrites``)."""
         self._check_key(key)
         path = self._path(key)
         digest = _HASHER.submit(_sha256, data)  # hashed while it is written
@@ -699,7 +716,20 @@ class RunStorage:
             self._call(key, lambda: _local_atomic_write(path, data), reading=False)
         else:
             self._call(key, lambda: self.fs.pipe_file(path, data), reading=False)
-        return ObjectRef(key=key, size=len(data), sha256=digest.result())
+        ref = ObjectRef(key=key, size=len(data), sha256=digest.result())
+        if remember:
+            self._recent.remember(key, ref.sha256, data)
+        else:
+            self._recent.discard(key)
+        return ref
+
+    def forget_writes(self) -> None:
+        """Read every object and manifest from the store again, not from what this process
+        wrote: a flow run starts with this, so it sees what others changed meanwhile, such
+        as an input damaged since, which it then has re-made."""
+        self._recent.forget()
+        with _MANIFEST_LOCK:
+            self._manifest_seen.clear()
 
     def _put_files(self, folder: str, files: dict[str, Path]) -> None:
         """Store each local file at its key (every key under ``folder``). On an object
@@ -744,11 +774,21 @@ class RunStorage:
         except FileNotFoundError:
             return None
 
-    def _get_verified(self, ref: ObjectRef, decode: Callable[[Any], T], mapped: bool = False) -> T:
+    def _get_verified(
+        self,
+        ref: ObjectRef,
+        decode: Callable[[Any], T],
+        mapped: bool = False,
+        recent: bool = False,
+    ) -> T:
         """Fetch ``ref`` and decode it while its sha256 is checked; a mismatch in size or
         digest raises ``IntegrityError`` (also when the damage made decoding fail).
-        ``mapped`` lets ``decode`` take a memory map of a local file instead of bytes."""
+        ``mapped`` lets ``decode`` take a memory map of a local file instead of bytes;
+        ``recent`` takes the bytes this process wrote under that sha256, if it still has
+        them, instead of a download (a private copy: decoded tensors may be written)."""
         self._check_key(ref.key)
+        if recent and (written := self._recent.get(ref.key, ref.size, ref.sha256)) is not None:
+            return decode(bytearray(written))
         if mapped:
             data = self._get_mapped(ref.key, ref.size)
         else:

@@ -13,6 +13,7 @@ digest of every model's weights, the dataloader position and the step's metrics 
 """
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -159,9 +160,10 @@ def commit_trained_checkpoint(
     models: Mapping[str, Checkpointable],
     dataloader_state: dict[str, Any],
     train_metrics: Mapping[str, Any],
-) -> str:
+) -> tuple[str, TrainingInfo]:
     """Save every trained model of ``models`` (keys of :data:`MODEL_DIRS`) with its optimizer
-    state into checkpoint ``step``, record its training info and commit it; returns its URL."""
+    state into checkpoint ``step``, record its training info and commit it; returns its URL
+    and the info as a reader of ``training_info.json`` gets it."""
     with storage.staged_checkpoint(step) as local:
         for role, model in models.items():
             folder = local / MODEL_DIRS[role]
@@ -184,7 +186,9 @@ def commit_trained_checkpoint(
                 if isinstance(value, int | float)
             },
         )
-        return storage.write_checkpoint(step, local, info.model_dump(mode="json"))
+        record = info.model_dump(mode="json")
+        url = storage.write_checkpoint(step, local, record)
+    return url, TrainingInfo.model_validate(json.loads(json.dumps(record)))
 
 
 def recorded_files(folder: Path) -> dict[str, RecordedFile]:

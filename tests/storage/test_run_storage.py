@@ -165,6 +165,7 @@ def test_tampered_object_raises_integrity_error(storage: RunStorage) -> None:
     data = bytearray(storage.fs.cat_file(path))
     data[len(data) // 2] ^= 0xFF
     storage.fs.pipe_file(path, bytes(data))
+    storage.forget_writes()  # as a new flow run does; until then this process has the bytes
     with pytest.raises(IntegrityError, match="sha256") as info:
         storage.read_batch(ref)
     assert ref.key in str(info.value)
@@ -536,11 +537,38 @@ def test_a_small_object_on_s3_is_one_request_to_read(
     )
     ref = storage.write_batch(0, "generate", _batch())
     storage.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
+    storage.forget_writes()
     calls = _s3_requests(storage, monkeypatch)
     storage.read_batch(ref)
     assert storage.completed_stage(0, "generate", {"config": "c"}) is not None
     assert storage.read_manifest(1) == {"stages": {}}
     assert calls == ["get_object"] * 4  # batch; manifest + its output checked; no manifest
+
+
+def test_a_stage_output_read_in_the_process_that_wrote_it_is_not_downloaded(
+    s3_server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next stage in the writing process takes the output's bytes from memory (its
+    reference names them by sha256), each read a private copy; a stage checking whether
+    an earlier run's output is intact, and a process that forgot, read the store."""
+    storage = RunStorage(
+        f"s3://{s3_bucket}/prefix", "run-1", storage_options=dict(s3_server.storage_options)
+    )
+    ref = storage.write_batch(0, "generate", _batch())
+    metrics = storage.write_json(0, "generate", "metrics", {"mean": 0.5})
+    storage.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
+    calls = _s3_requests(storage, monkeypatch)
+    first = storage.read_batch(ref)
+    first["input_ids"].add_(1)  # decoded tensors may be written
+    assert torch.equal(storage.read_batch(ref)["input_ids"], _batch()["input_ids"])
+    assert storage.read_json(metrics) == {"mean": 0.5}
+    assert calls == []
+    assert storage.completed_stage(0, "generate", {"config": "c"}) is not None
+    assert calls == ["get_object"]  # its output, checked on the store; the manifest it wrote
+    calls.clear()
+    storage.forget_writes()
+    storage.read_batch(ref)
+    assert calls == ["get_object"]
 
 
 def test_listing_and_pruning_checkpoints_on_s3_take_one_request_each(
@@ -565,20 +593,41 @@ def test_listing_and_pruning_checkpoints_on_s3_take_one_request_each(
     assert storage.committed_checkpoints() == [2, 3]
 
 
-def test_a_stage_commit_on_s3_rewrites_the_manifest_it_read_without_reading_it_again(
+def test_the_stages_of_an_iteration_on_s3_read_its_manifest_once(
     s3_server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stage reads its manifest when it starts (is it done already?); its commit writes
-    the manifest on condition that it is still that version: one GET and one PUT a stage."""
+    """The first stage reads the manifest (is it done already?); each commit writes it on
+    condition that it is still the version this process knows, which the next stage asks
+    about without reading it again: one PUT a stage, one GET an iteration."""
     options = dict(s3_server.storage_options)
     storage = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
     ref = storage.write_batch(0, "generate", _batch())
-    storage.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
+    storage.forget_writes()
     calls = _s3_requests(storage, monkeypatch)
-    assert storage.completed_stage(0, "reward", {"config": "c"}) is None
-    storage.record_stage(0, "reward", {"config": "c"}, {"batch": ref})
-    assert calls == ["get_object", "put_object"]
-    assert set(storage.read_manifest(0)["stages"]) == {"generate", "reward"}
+    for stage in ("generate", "reward", "logprob"):
+        assert storage.completed_stage(0, stage, {"config": "c"}) is None
+        storage.record_stage(0, stage, {"config": "c"}, {"batch": ref})
+    assert calls == ["get_object"] + ["put_object"] * 3
+    assert set(storage.read_manifest(0)["stages"]) == {"generate", "reward", "logprob"}
+
+
+def test_a_stage_done_by_another_process_is_done_again_and_committed_once(
+    s3_server, s3_bucket: str
+) -> None:
+    """This process's manifest is older than the store's: the stage counts as not done,
+    and its commit, on condition of the old version, reads the new one and keeps both."""
+    options = dict(s3_server.storage_options)
+    here = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
+    elsewhere = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
+    ref = here.write_batch(0, "generate", _batch())
+    here.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
+    elsewhere.record_stage(0, "reward", {"config": "c"}, {"batch": ref})
+    assert here.completed_stage(0, "reward", {"config": "c"}) is None
+    here.record_stage(0, "reward", {"config": "c"}, {"batch": ref}, {"again": 1})
+    stages = elsewhere.read_manifest(0)["stages"]
+    assert set(stages) == {"generate", "reward"} and stages["reward"]["metrics"] == {"again": 1}
+    here.forget_writes()  # a new flow run: what the store holds
+    assert here.completed_stage(0, "reward", {"config": "c"}) is not None
 
 
 def test_a_manifest_changed_by_another_process_is_read_again_before_the_commit(
