@@ -30,15 +30,9 @@ class MathEnvConfig(BaseModel):
             'reads "Answer: <letter>"',
         ),
     ] = "math"
-    math_verify_impl: Annotated[
-        Literal["hf_math_verify", "dapo_math_verify"] | None,
-        Only(
-            "hf_math_verify",
-            None,
-            reason="only Hugging Face's math-verify checks answers here; DAPO's rule-based "
-            "verifier is not built",
-        ),
-    ] = "hf_math_verify"
+    # The check of verifier_type "math": math-verify's symbolic one (None: the same), or
+    # DAPO's string match of the "Answer: ..." line (``dapo_math_verifier``).
+    math_verify_impl: Literal["hf_math_verify", "dapo_math_verify"] | None = "hf_math_verify"
     timeout_seconds: float = Field(10.0, gt=0, description="per-sample checking time limit")
 
 

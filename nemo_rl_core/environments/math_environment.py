@@ -5,7 +5,9 @@ expressions) and compared with the row's ``ground_truth`` symbolically, so ``\\f
 matches ``0.5``. Checking runs in a pool of ``env.math.num_workers`` processes with a
 per-sample time limit: sympy can hang on inputs like ``9^{9^{9}}``, and such a sample gets
 reward 0 with the reason in its metadata instead of stalling the run.
-``verifier_type: countdown`` (or ``CountdownEnvironment``) checks countdown expressions.
+``verifier_type: countdown`` (or ``CountdownEnvironment``) checks countdown expressions;
+``math_verify_impl: dapo_math_verify`` checks math answers by DAPO's rules instead
+(``dapo_math_verifier``).
 """
 
 from typing import Any, TypedDict
@@ -62,6 +64,7 @@ class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
         items = [
             {
                 "verifier": self.cfg.verifier_type,
+                "math_verify_impl": self.cfg.math_verify_impl,
                 "response": response,
                 "ground_truth": str(meta["ground_truth"]),
                 "numbers": meta.get("numbers"),

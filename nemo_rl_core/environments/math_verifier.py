@@ -7,6 +7,8 @@ and their lazily imported parts are loaded in every worker from the start.
 import logging
 import re
 
+from nemo_rl_core.environments.dapo_math_verifier import compute_score
+
 # "Answer: C" anywhere in the response, any case, as NeMo RL's English multiple-choice check.
 CHOICE_LINE = re.compile(r"(?i)answer\s*:[ \t]*([A-Z])")
 # Markdown and LaTeX wrappers a model puts around its choice ("**Answer: $\boxed{B}$**").
@@ -117,6 +119,9 @@ def check_answer(item: dict) -> tuple[float, str | None]:
         return verify_countdown_answer((item["response"], item["ground_truth"], numbers))
     if item["verifier"] == "english_multichoice":
         return verify_english_choice((item["response"], item["ground_truth"]))
+    if item.get("math_verify_impl") == "dapo_math_verify":
+        scored = compute_score(item["response"], item["ground_truth"])
+        return scored["score"], scored["pred"]
     return verify_math_answer((item["response"], item["ground_truth"]))
 
 

@@ -176,11 +176,25 @@ def test_english_multichoice_reads_the_answer_letter():
     assert result.answers == ["C", "C", "b", "B", None]
 
 
+def test_dapo_math_verify_reads_the_answer_line_by_string_match():
+    """``math_verify_impl: dapo_math_verify``: the last "Answer:" line, normalised, must
+    equal the normalised ground truth; a box alone is no answer, and there is no algebra."""
+    environment = MathEnvironment({"num_workers": 1, "math_verify_impl": "dapo_math_verify"})
+    try:
+        responses = ["So 6 + 6 = 12.\nAnswer: 12 dollars", "\\boxed{12}", "Answer: 12.0"]
+        result = environment.step(
+            [_log(response) for response in responses], [{"ground_truth": "12"}] * 3
+        )
+    finally:
+        environment.shutdown()
+    assert result.rewards.tolist() == [1.0, 0.0, 0.0]
+    assert result.answers == ["12", "[INVALID]", "12.0"]
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
         ("env.math.verifier_type=multilingual_multichoice", "multilingual answer patterns"),
-        ("env.math.math_verify_impl=dapo_math_verify", "DAPO's rule-based verifier"),
     ],
 )
 def test_env_keys_that_cannot_run_are_refused_by_path(override, message):

@@ -106,9 +106,6 @@ CPU_OVERRIDES = {
         "data.train.dataset_name=arithmetic",
         "data.validation.dataset_name=arithmetic",
         *(key.replace("grpo.", "ppo.") for key in SMALL_GRPO),
-        # Its verifier, DAPO's rule-based one, is refused here (not built; before the env
-        # sections' rules were checked it was silently replaced by math-verify).
-        "env.math.math_verify_impl=hf_math_verify",
     ],
 }
 
