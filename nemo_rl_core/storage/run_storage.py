@@ -474,12 +474,14 @@ class RunStorage:
         if not local_dir.is_dir():
             raise FileNotFoundError(f"checkpoint directory {local_dir} does not exist")
         ckpt = _step_dir(step)
+        record = json.dumps(info, indent=2, sort_keys=True).encode()
         self._delete_tree(ckpt)  # an older attempt at this step, committed or not
         if self._is_staged_here(local_dir):
             for stray in (COMMITTED, TRAINING_INFO):
                 (local_dir / stray).unlink(missing_ok=True)
             _give_default_modes(local_dir)
             self._call(ckpt, lambda: local_dir.rename(self._path(ckpt)), reading=False)
+            self._put(f"{ckpt}/{TRAINING_INFO}", record)
         else:
             relative = {
                 p.relative_to(local_dir).as_posix(): p for p in sorted(local_dir.rglob("*"))
@@ -489,8 +491,11 @@ class RunStorage:
                 for name, path in relative.items()
                 if path.is_file() and name not in (COMMITTED, TRAINING_INFO)
             }
-            self._put_files(ckpt, files)
-        self._put(f"{ckpt}/{TRAINING_INFO}", json.dumps(info, indent=2, sort_keys=True).encode())
+            with tempfile.TemporaryDirectory() as scratch:
+                # Uploaded beside the weights, not after them: one round trip less.
+                files[f"{ckpt}/{TRAINING_INFO}"] = Path(scratch) / TRAINING_INFO
+                files[f"{ckpt}/{TRAINING_INFO}"].write_bytes(record)
+                self._put_files(ckpt, files)
         self._put(f"{ckpt}/{COMMITTED}", datetime.now(UTC).isoformat().encode())
         return self._url(ckpt)
 

@@ -14,12 +14,12 @@ from nemo_rl_core.pipeline.algorithms import GRPO
 from nemo_rl_core.storage.run_storage import RunStorage, StorageError
 
 # The child writes step 1 whole, then dies (SIGKILL) in the middle of step 2: after its
-# weight files, before training_info.json and the COMMITTED marker.
+# weight files and training_info.json, before the COMMITTED marker.
 WRITER = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from nemo_rl_core.storage.run_storage import RunStorage, TRAINING_INFO
+    from nemo_rl_core.storage.run_storage import COMMITTED, RunStorage
 
     root, source = sys.argv[1], Path(sys.argv[2])
     storage = RunStorage(root, "ckpt-run")
@@ -27,7 +27,7 @@ WRITER = textwrap.dedent(
     real_put = storage._put
 
     def put_then_die(key, data):
-        if key.endswith(TRAINING_INFO):
+        if key.endswith(COMMITTED):
             os.kill(os.getpid(), signal.SIGKILL)
         return real_put(key, data)
 
