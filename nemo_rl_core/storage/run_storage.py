@@ -213,7 +213,7 @@ class RunStorage:
 
     def write_json(self, iteration: int, stage: str, name: str, obj: dict) -> ObjectRef:
         key = self._stage_key(iteration, stage, f"{validate_name('name', name)}.json")
-        return self._put(key, json.dumps(obj, indent=2, sort_keys=True).encode(), remember=True)
+        return self._put(key, _json_bytes(obj), remember=True)
 
     def read_json(self, ref: ObjectRef) -> dict:
         try:
@@ -225,13 +225,12 @@ class RunStorage:
 
     def read_manifest(self, iteration: int) -> dict:
         """``{"stages": {stage: entry}}`` of an iteration; empty when none was recorded."""
-        key = f"{_iter_dir(iteration)}/{MANIFEST}"
         if self._s3:
             seen = self._read_manifest_version(iteration)
             data = None if seen is None else seen.data
         else:
-            data = self._get_optional(key)
-        return self._parse_manifest(key, data)
+            data = self._get_optional(f"{_iter_dir(iteration)}/{MANIFEST}")
+        return self._parse_manifest(iteration, data)
 
     def _read_manifest_version(self, iteration: int) -> Versioned | None:
         """The manifest's bytes and ETag from one GET (S3), remembered as the base of this
@@ -241,7 +240,13 @@ class RunStorage:
         self._remember_manifest(iteration, seen)
         return seen
 
-    def _parse_manifest(self, key: str, data: bytes | None) -> dict:
+    def _known_manifest(self, iteration: int) -> Versioned | None:
+        """The manifest as this process last read or wrote it (S3), read if it has none."""
+        seen = self._manifest_seen.get(iteration, _UNSEEN)
+        return self._read_manifest_version(iteration) if seen is _UNSEEN else seen
+
+    def _parse_manifest(self, iteration: int, data: bytes | None) -> dict:
+        key = f"{_iter_dir(iteration)}/{MANIFEST}"
         if data is None:
             return {"stages": {}}
         try:
@@ -286,12 +291,11 @@ class RunStorage:
         computed again (to the same bytes) and its commit, conditional on that version,
         fails, reads the newer manifest and is made again on it."""
         validate_name("stage", stage)
-        key = f"{_iter_dir(iteration)}/{MANIFEST}"
-        seen = self._manifest_seen.get(iteration, _UNSEEN) if self._s3 else _UNSEEN
-        if seen is _UNSEEN:
-            manifest = self.read_manifest(iteration)
+        if self._s3:
+            seen = self._known_manifest(iteration)
+            manifest = self._parse_manifest(iteration, None if seen is None else seen.data)
         else:
-            manifest = self._parse_manifest(key, None if seen is None else seen.data)
+            manifest = self.read_manifest(iteration)
         return self._if_complete(manifest["stages"].get(stage), inputs)
 
     def record_part(
@@ -406,25 +410,23 @@ class RunStorage:
         """Apply ``change`` to the iteration's manifest and write it, unless it returns False.
 
         Threads of this process take turns (a lock). On S3 the write is conditional on the
-        version this process last read or wrote: every stage reads its manifest when it
-        starts, so its commit skips a second GET, and a manifest that changed meanwhile
-        (another process's stage) fails the condition, is read again and changed again."""
+        version this process last read or wrote, so a commit needs no GET first; a manifest
+        that changed meanwhile (another process's stage) fails the condition, is read again
+        and changed again."""
         key = f"{_iter_dir(iteration)}/{MANIFEST}"
         with _MANIFEST_LOCK:
             if not self._s3:
                 manifest = self.read_manifest(iteration)
                 if change(manifest):
-                    self._put(key, _manifest_bytes(manifest))
+                    self._put(key, _json_bytes(manifest))
                 return
             target = S3Object(self.fs, self._path(key))
             for _ in range(_MANIFEST_RACES):
-                base = self._manifest_seen.get(iteration, _UNSEEN)
-                if base is _UNSEEN:
-                    base = self._read_manifest_version(iteration)
-                manifest = self._parse_manifest(key, None if base is None else base.data)
+                base = self._known_manifest(iteration)
+                manifest = self._parse_manifest(iteration, None if base is None else base.data)
                 if not change(manifest):
                     return
-                data = _manifest_bytes(manifest)
+                data = _json_bytes(manifest)
                 try:
                     if base is None:
                         version = self._call(key, partial(target.create, data), reading=False)
@@ -474,7 +476,7 @@ class RunStorage:
         if not local_dir.is_dir():
             raise FileNotFoundError(f"checkpoint directory {local_dir} does not exist")
         ckpt = _step_dir(step)
-        record = json.dumps(info, indent=2, sort_keys=True).encode()
+        record = _json_bytes(info)
         self._delete_tree(ckpt)  # an older attempt at this step, committed or not
         if self._is_staged_here(local_dir):
             for stray in (COMMITTED, TRAINING_INFO):
@@ -493,9 +495,9 @@ class RunStorage:
             }
             with tempfile.TemporaryDirectory() as scratch:
                 # Uploaded beside the weights, not after them: one round trip less.
-                files[f"{ckpt}/{TRAINING_INFO}"] = Path(scratch) / TRAINING_INFO
-                files[f"{ckpt}/{TRAINING_INFO}"].write_bytes(record)
-                self._put_files(ckpt, files)
+                info_file = Path(scratch) / TRAINING_INFO
+                info_file.write_bytes(record)
+                self._put_files(ckpt, {**files, f"{ckpt}/{TRAINING_INFO}": info_file})
         self._put(f"{ckpt}/{COMMITTED}", datetime.now(UTC).isoformat().encode())
         return self._url(ckpt)
 
@@ -575,7 +577,7 @@ class RunStorage:
         info = {**self.read_checkpoint_info(step), **metrics}
         self._put(
             f"{_step_dir(step)}/{TRAINING_INFO}",
-            json.dumps(info, indent=2, sort_keys=True).encode(),
+            _json_bytes(info),
         )
 
     def prune_checkpoints(
@@ -888,8 +890,9 @@ class RunStorage:
             pass
 
 
-def _manifest_bytes(manifest: dict) -> bytes:
-    return json.dumps(manifest, indent=2, sort_keys=True).encode()
+def _json_bytes(obj: dict) -> bytes:
+    """How the run's JSON objects are stored: indented, keys sorted (diffable by hand)."""
+    return json.dumps(obj, indent=2, sort_keys=True).encode()
 
 
 def _sha256(data: bytes | mmap.mmap) -> str:

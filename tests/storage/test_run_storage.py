@@ -611,17 +611,26 @@ def test_the_stages_of_an_iteration_on_s3_read_its_manifest_once(
     assert set(storage.read_manifest(0)["stages"]) == {"generate", "reward", "logprob"}
 
 
-def test_a_stage_done_by_another_process_is_done_again_and_committed_once(
+def _reward_committed_elsewhere(
     s3_server, s3_bucket: str
-) -> None:
-    """This process's manifest is older than the store's: the stage counts as not done,
-    and its commit, on condition of the old version, reads the new one and keeps both."""
+) -> tuple[RunStorage, RunStorage, ObjectRef]:
+    """Two processes' storages of one run on S3: ``here`` committed generate, then
+    ``elsewhere`` committed reward into the same manifest; and generate's output."""
     options = dict(s3_server.storage_options)
     here = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
     elsewhere = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
     ref = here.write_batch(0, "generate", _batch())
     here.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
     elsewhere.record_stage(0, "reward", {"config": "c"}, {"batch": ref})
+    return here, elsewhere, ref
+
+
+def test_a_stage_done_by_another_process_is_done_again_and_committed_once(
+    s3_server, s3_bucket: str
+) -> None:
+    """This process's manifest is older than the store's: the stage counts as not done,
+    and its commit, on condition of the old version, reads the new one and keeps both."""
+    here, elsewhere, ref = _reward_committed_elsewhere(s3_server, s3_bucket)
     assert here.completed_stage(0, "reward", {"config": "c"}) is None
     here.record_stage(0, "reward", {"config": "c"}, {"batch": ref}, {"again": 1})
     stages = elsewhere.read_manifest(0)["stages"]
@@ -635,12 +644,7 @@ def test_a_manifest_changed_by_another_process_is_read_again_before_the_commit(
 ) -> None:
     """A stage placed on another pool commits into the same manifest between this
     process's read and its commit: the conditional write fails, and the commit keeps both."""
-    options = dict(s3_server.storage_options)
-    here = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
-    elsewhere = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
-    ref = here.write_batch(0, "generate", _batch())
-    here.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
-    elsewhere.record_stage(0, "reward", {"config": "c"}, {"batch": ref})
+    here, elsewhere, ref = _reward_committed_elsewhere(s3_server, s3_bucket)
     here.record_stage(0, "logprob", {"config": "c"}, {"batch": ref})
     assert set(here.read_manifest(0)["stages"]) == {"generate", "reward", "logprob"}
     here.mark_stale(0, ["reward"])
