@@ -19,6 +19,7 @@ from nemo_rl_core.algorithms.reward_config import (
     RewardShapingConfig,
     reward_shaping_config_problems,
 )
+from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
 from nemo_rl_core.data.datasets.builder import (
     DEFAULT_COUNTS,
@@ -38,7 +39,6 @@ from nemo_rl_core.environments.utils import (
     registered_env_section,
 )
 from nemo_rl_core.models.policy.config import PolicyConfig
-from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_file
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, TypedSections, Wired

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, model_validator
 
 from nemo_rl_core.algorithms.config import StrictConfig
+from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import BUILTIN_DATASETS, input_file
 from nemo_rl_core.data.datasets.builder import SPLITS
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
@@ -26,7 +27,6 @@ from nemo_rl_core.environments.utils import (
 )
 from nemo_rl_core.models.generation.config import GenerationConfig, VllmSpecificArgs
 from nemo_rl_core.models.policy.config import TokenizerConfig
-from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, TypedSections, Wired
 
 _EVAL = "nemo_rl_core.evals.eval"

@@ -22,6 +22,7 @@ from nemo_rl_core.algorithms.grpo import (
     make_task_to_env,
     planned_steps,
 )
+from nemo_rl_core.config.orchestration import SECTION
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import DataSetup, build_dataset
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
@@ -35,7 +36,6 @@ from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import make_value_model
 from nemo_rl_core.models.value.interfaces import ValueInterface
-from nemo_rl_core.pipeline.orchestration import SECTION
 from nemo_rl_core.pipeline.spec import Pipeline, Version, declared, pipeline_for_config
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
