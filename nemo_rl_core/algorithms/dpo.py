@@ -20,12 +20,12 @@ from nemo_rl_core.algorithms.config import (
     StrictConfig,
 )
 from nemo_rl_core.algorithms.grpo_config import validates
+from nemo_rl_core.config.cluster import ClusterConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import PREFERENCE_PROCESSOR, DataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import SPLITS, DataSetup, build_dataset, processor_name
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig

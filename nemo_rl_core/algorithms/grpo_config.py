@@ -19,6 +19,7 @@ from nemo_rl_core.algorithms.reward_config import (
     RewardShapingConfig,
     reward_shaping_config_problems,
 )
+from nemo_rl_core.config.cluster import ClusterConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
 from nemo_rl_core.data.datasets.builder import (
@@ -28,7 +29,6 @@ from nemo_rl_core.data.datasets.builder import (
     dataset_environments,
     processor_name,
 )
-from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.utils import (
     ENVIRONMENTS_BUILT,
     NOT_BUILT_ENVIRONMENTS,

@@ -14,10 +14,10 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, model_validator
 
 from nemo_rl_core.algorithms.config import StrictConfig
+from nemo_rl_core.config.cluster import ClusterConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import BUILTIN_DATASETS, input_file
 from nemo_rl_core.data.datasets.builder import SPLITS
-from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.utils import (
     ENVIRONMENTS_BUILT,
     NOT_BUILT_ENVIRONMENTS,

@@ -22,11 +22,11 @@ from nemo_rl_core.algorithms.grpo import (
     make_task_to_env,
     planned_steps,
 )
+from nemo_rl_core.config.cluster import PLACEMENT_KEYS
 from nemo_rl_core.config.orchestration import SECTION
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import DataSetup, build_dataset
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.distributed.virtual_cluster import PLACEMENT_KEYS
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
 from nemo_rl_core.models.generation import configure_generation_config, make_generation
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
