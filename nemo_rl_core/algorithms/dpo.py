@@ -17,9 +17,9 @@ from pydantic import Field, model_validator
 from nemo_rl_core.algorithms.config import (
     PREFERENCE_VALIDATION_PREFIX,
     DPOLossConfig,
-    StrictConfig,
 )
 from nemo_rl_core.algorithms.grpo_config import validates
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.config.cluster import ClusterConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import PREFERENCE_PROCESSOR, DataConfig

@@ -11,7 +11,6 @@ from pydantic import Field, field_validator, model_validator
 from nemo_rl_core.algorithms.config import (
     ClippedPGLossConfig,
     GRPOAdvantageConfig,
-    StrictConfig,
     clipped_pg_config_problems,
 )
 from nemo_rl_core.algorithms.reward_config import (
@@ -19,6 +18,7 @@ from nemo_rl_core.algorithms.reward_config import (
     RewardShapingConfig,
     reward_shaping_config_problems,
 )
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.config.cluster import ClusterConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig

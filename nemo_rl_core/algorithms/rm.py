@@ -13,8 +13,8 @@ from typing import Annotated, Any, Self
 
 from pydantic import Field, model_validator
 
-from nemo_rl_core.algorithms.config import StrictConfig
 from nemo_rl_core.algorithms.dpo import PreferenceMasterConfig, validation_metrics
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.utils.key_support import Wired

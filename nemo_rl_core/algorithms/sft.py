@@ -11,8 +11,8 @@ from typing import Annotated, Any, Self
 
 from pydantic import Field, model_validator
 
-from nemo_rl_core.algorithms.config import StrictConfig
 from nemo_rl_core.algorithms.grpo_config import validates
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.config.cluster import ClusterConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import SFT_PROCESSOR, SFTDataConfig

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from nemo_rl_core.algorithms.config import StrictConfig
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.utils.config import ConfigError
 from nemo_rl_core.utils.key_support import Wired
 

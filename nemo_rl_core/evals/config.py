@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from nemo_rl_core.algorithms.config import StrictConfig
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.config.cluster import ClusterConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import BUILTIN_DATASETS, input_file
