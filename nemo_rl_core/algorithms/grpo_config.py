@@ -19,6 +19,7 @@ from nemo_rl_core.algorithms.reward_config import (
     reward_shaping_config_problems,
 )
 from nemo_rl_core.config.base import StrictConfig
+from nemo_rl_core.config.checkpointing import CheckpointingConfig
 from nemo_rl_core.config.cluster import ClusterConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
@@ -39,7 +40,6 @@ from nemo_rl_core.environments.utils import (
     registered_env_section,
 )
 from nemo_rl_core.models.policy.config import PolicyConfig
-from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_file
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, TypedSections, Wired
 from nemo_rl_core.utils.logger import LoggerConfig
