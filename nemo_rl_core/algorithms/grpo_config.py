@@ -21,6 +21,7 @@ from nemo_rl_core.algorithms.reward_config import (
 from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.config.checkpointing import CheckpointingConfig
 from nemo_rl_core.config.cluster import ClusterConfig
+from nemo_rl_core.config.logger import LoggerConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
 from nemo_rl_core.data.datasets.builder import (
@@ -42,7 +43,6 @@ from nemo_rl_core.environments.utils import (
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.utils.config import load_config_file
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, TypedSections, Wired
-from nemo_rl_core.utils.logger import LoggerConfig
 
 _GRPO = "nemo_rl_core.algorithms.grpo"
 

@@ -15,6 +15,7 @@ from nemo_rl_core.algorithms.grpo_config import validates
 from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.config.checkpointing import CheckpointingConfig
 from nemo_rl_core.config.cluster import ClusterConfig
+from nemo_rl_core.config.logger import LoggerConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import SFT_PROCESSOR, SFTDataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
@@ -27,7 +28,6 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.utils.key_support import Wired
-from nemo_rl_core.utils.logger import LoggerConfig
 
 _SFT = "nemo_rl_core.algorithms.sft"
 _GRPO = "nemo_rl_core.algorithms.grpo"
