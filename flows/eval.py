@@ -29,12 +29,12 @@ else:
     from flows.placement import check_placement
     from flows.progress import artifact_key, shown_row
     from flows.run_setup import lease_owner, load_storage_block, new_run_id, store_run_config
-    from nemo_rl_core.config.orchestration import check_stage_names
     from nemo_rl_core.evals.config import EvalMasterConfig
     from nemo_rl_core.evals.eval import check_eval_config
     from nemo_rl_core.experience.rollout_table import rollout_table, write_parquet
     from nemo_rl_core.pipeline.algorithms import EVAL
     from nemo_rl_core.pipeline.runtime import close_runtime
+    from nemo_rl_core.pipeline.stage_keys import check_stage_names
     from nemo_rl_core.storage.handles import RunRef, open_storage
     from nemo_rl_core.storage.run_storage import ObjectRef
 

@@ -9,15 +9,11 @@ flow run of the ``stage`` deployment of its pool, on whatever machine serves tha
 left out of the config digest that decides whether a stored output still holds.
 """
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
-from nemo_rl_core.utils.config import ConfigError
 from nemo_rl_core.utils.key_support import Check, Only, Wired, needs_gpus
-
-if TYPE_CHECKING:
-    from nemo_rl_core.pipeline.spec import Pipeline
 
 PLACEMENT_KEYS = frozenset({"placement", "placement_wait_seconds"})
 """The keys of ``cluster:`` that say where stages run, not what they compute."""
@@ -50,17 +46,3 @@ class ClusterConfig(BaseModel):
     placement_wait_seconds: Annotated[
         PositiveFloat, Wired("flows.placement:wait_for_stage_run")
     ] = 600.0
-
-
-def check_placed_stages(config: Any, pipeline: "Pipeline") -> None:
-    """Refuse a placement of a stage the algorithm does not declare, or on an empty pool
-    name, by its dotted key (whether the pool exists is the orchestrator's to say)."""
-    names = list(pipeline.stage_names)
-    for stage, pool in config.cluster.placement.items():
-        if stage not in names:
-            raise ConfigError(
-                f"cluster.placement.{stage}: {pipeline.name} has no stage {stage!r}; its "
-                f"stages are {names}"
-            )
-        if not pool.strip():
-            raise ConfigError(f"cluster.placement.{stage}: name a Prefect work pool, not {pool!r}")
