@@ -7,19 +7,18 @@ committed checkpoint holds is :mod:`nemo_rl_core.utils.checkpoint`'s.
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.utils.key_support import Only, Wired, inert
 from nemo_rl_core.utils.timer import convert_to_seconds
 
 _RETENTION = Wired("nemo_rl_core.pipeline.stages:retain_checkpoints")
 
 
-class CheckpointingConfig(BaseModel):
+class CheckpointingConfig(StrictConfig):
     """NeMo RL's ``checkpointing:``. Every iteration commits a checkpoint (the next one
     starts from it); ``save_period``, ``keep_top_k`` and ``metric_name`` decide which stay."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: Annotated[
         bool,

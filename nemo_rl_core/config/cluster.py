@@ -11,8 +11,9 @@ left out of the config digest that decides whether a stored output still holds.
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+from pydantic import Field, PositiveFloat
 
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.utils.key_support import Check, Only, Wired, needs_gpus
 
 PLACEMENT_KEYS = frozenset({"placement", "placement_wait_seconds"})
@@ -25,9 +26,7 @@ NO_RAY_PORTS = Check(
 )
 
 
-class ClusterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ClusterConfig(StrictConfig):
     gpus_per_node: Annotated[int, needs_gpus(lambda value: value, "cluster.gpus_per_node")] = Field(
         default=0, ge=0
     )

@@ -7,15 +7,12 @@ import importlib.util
 import shutil
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
 
 _LOGGER = "nemo_rl_core.utils.logger"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 def _missing_package(package: str, key: str, enabled: bool) -> str | None:
@@ -53,7 +50,7 @@ def _gpus_to_monitor(enabled: bool, context: SupportContext) -> str | None:
     return None
 
 
-class WandbConfig(_Section):
+class WandbConfig(StrictConfig):
     """``logger.wandb``: passed to ``wandb.init`` (offline; ``name`` defaults to the run id)."""
 
     project: Annotated[str | None, PartOf("logger.wandb_enabled")] = None
@@ -61,18 +58,18 @@ class WandbConfig(_Section):
     entity: Annotated[str | None, PartOf("logger.wandb_enabled")] = None
 
 
-class SwanlabConfig(_Section):
+class SwanlabConfig(StrictConfig):
     project: Annotated[str | None, PartOf("logger.swanlab_enabled")] = None
     name: Annotated[str | None, PartOf("logger.swanlab_enabled")] = None
 
 
-class TensorboardConfig(_Section):
+class TensorboardConfig(StrictConfig):
     """``logger.tensorboard``: ``log_dir`` moves the event files (``<log_dir>/<run_id>``)."""
 
     log_dir: Annotated[str | None, PartOf("logger.tensorboard_enabled")] = None
 
 
-class MLflowConfig(_Section):
+class MLflowConfig(StrictConfig):
     """``logger.mlflow``: ``run_id`` continues that MLflow run; otherwise the run tagged with
     this run's id continues, or a new one named ``run_name`` (default: the run id) starts."""
 
@@ -83,12 +80,12 @@ class MLflowConfig(_Section):
     artifact_location: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
 
 
-class GPUMonitoringConfig(_Section):
+class GPUMonitoringConfig(StrictConfig):
     collection_interval: Annotated[float, Field(gt=0), PartOf("logger.monitor_gpus")] = 10
     flush_interval: Annotated[float, Field(gt=0), PartOf("logger.monitor_gpus")] = 10
 
 
-class LoggerConfig(_Section):
+class LoggerConfig(StrictConfig):
     """NeMo RL's ``logger:`` keys."""
 
     log_dir: Annotated[str, Wired(f"{_LOGGER}:run_log_dir")] = "logs"
