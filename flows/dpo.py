@@ -11,7 +11,7 @@ same run_id again continues where a failed run stopped.
 
 if __name__ == "__main__":  # the command line checks the config before loading the stack
     from flows.cli import run_cli
-    from nemo_rl_core.algorithms.dpo import DPOMasterConfig, data_setup
+    from nemo_rl_core.algorithms.dpo_config import DPOMasterConfig, data_setup
 
     run_cli("dpo", DPOMasterConfig, data_setup)
 else:

@@ -11,8 +11,8 @@ and GRPO's reward_model environment scores with (env.reward_model.model_name).
 
 if __name__ == "__main__":  # the command line checks the config before loading the stack
     from flows.cli import run_cli
-    from nemo_rl_core.algorithms.dpo import data_setup
-    from nemo_rl_core.algorithms.rm import RMMasterConfig
+    from nemo_rl_core.algorithms.dpo_config import data_setup
+    from nemo_rl_core.algorithms.rm_config import RMMasterConfig
 
     run_cli("rm", RMMasterConfig, data_setup)
 else:

@@ -24,11 +24,11 @@ from typing import Any
 from nemo_rl_core.algorithms import distillation, dpo, grpo, sft
 from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
 from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
-from nemo_rl_core.algorithms.dpo import DPOMasterConfig
+from nemo_rl_core.algorithms.dpo_config import DPOMasterConfig
 from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
-from nemo_rl_core.algorithms.rm import RMMasterConfig
-from nemo_rl_core.algorithms.sft import SFTMasterConfig
+from nemo_rl_core.algorithms.rm_config import RMMasterConfig
+from nemo_rl_core.algorithms.sft_config import SFTMasterConfig
 from nemo_rl_core.evals.config import EvalMasterConfig
 from nemo_rl_core.pipeline import stages
 from nemo_rl_core.pipeline.spec import (
