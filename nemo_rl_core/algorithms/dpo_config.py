@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar, Self
 from pydantic import Field, model_validator
 
 from nemo_rl_core.algorithms.config import DPOLossConfig
-from nemo_rl_core.algorithms.grpo_config import validates
+from nemo_rl_core.algorithms.schedule import validates
 from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.config.checkpointing import CheckpointingConfig
 from nemo_rl_core.config.cluster import ClusterConfig

@@ -36,12 +36,8 @@ from nemo_rl_core.algorithms.grpo_config import (
     RLMasterConfig,
     RolloutLoopConfig,
     RolloutScheduleConfig,
-    async_depth,  # noqa: F401
     data_setup,
     load_master_config,  # noqa: F401
-    planned_steps,  # noqa: F401
-    validates,  # noqa: F401
-    validation_due,  # noqa: F401
 )
 from nemo_rl_core.algorithms.loss import ClippedPGLossFn
 from nemo_rl_core.algorithms.reward_functions import (

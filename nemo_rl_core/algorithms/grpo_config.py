@@ -4,7 +4,7 @@ re-exports these names by NeMo RL's paths): the config check imports it without 
 """
 
 from abc import abstractmethod
-from typing import Annotated, Any, Protocol, Self
+from typing import Annotated, Any, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -127,36 +127,6 @@ class RolloutLoopConfig(RolloutScheduleConfig):
         return shaping
 
 
-class ValidationSchedule(Protocol):
-    """NeMo RL's validation keys, which ``grpo:``, ``ppo:`` and ``sft:`` all carry."""
-
-    val_period: int
-    val_at_start: bool
-    val_at_end: bool
-
-
-def validation_due(loop: ValidationSchedule, step: int, final_step: int) -> bool:
-    """Whether the weights after ``step`` updates are validated (NeMo RL's schedule:
-    ``val_at_start`` for step 0, every ``val_period`` steps, ``val_at_end`` for the weights
-    after the run's ``final_step``)."""
-    if step == 0:
-        return loop.val_at_start
-    periodic = loop.val_period > 0 and step % loop.val_period == 0
-    return periodic or (loop.val_at_end and step == final_step)
-
-
-def validates(loop: ValidationSchedule) -> bool:
-    return loop.val_period > 0 or loop.val_at_start or loop.val_at_end
-
-
-def planned_steps(loop: RolloutScheduleConfig, batches_per_epoch: int) -> int:
-    """Training steps of the whole run: ``max_num_steps``, or fewer when ``max_num_epochs``
-    passes over the data end first (as NeMo RL's loop stops at whichever comes first);
-    ``max_num_steps: -1`` (NeMo RL's reward-model default) sets no step limit."""
-    epochs = loop.max_num_epochs * batches_per_epoch
-    return epochs if loop.max_num_steps == -1 else min(loop.max_num_steps, epochs)
-
-
 _ONE_VERSION_PER_BATCH = (
     "each generated batch comes from one recorded weights version (the checkpoint "
     "max_trajectory_age_steps before its step), so that a resumed run or a rerun stage "
@@ -188,12 +158,6 @@ class AsyncGRPOConfig(StrictConfig):
                 "training (1 overlaps the next step's generation with this step's training)"
             )
         return steps
-
-
-def async_depth(loop: Any) -> int:
-    """How many steps ahead rollouts run (``max_trajectory_age_steps``); 0 when synchronous."""
-    settings = getattr(loop, "async_grpo", None)
-    return settings.max_trajectory_age_steps if settings and settings.enabled else 0
 
 
 _NO_TOOL_PARSING = (

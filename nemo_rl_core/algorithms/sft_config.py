@@ -7,7 +7,7 @@ from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
-from nemo_rl_core.algorithms.grpo_config import validates
+from nemo_rl_core.algorithms.schedule import validates
 from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.config.checkpointing import CheckpointingConfig
 from nemo_rl_core.config.cluster import ClusterConfig

@@ -25,9 +25,10 @@ from nemo_rl_core.algorithms import distillation, dpo, grpo, sft
 from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
 from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
 from nemo_rl_core.algorithms.dpo_config import DPOMasterConfig
-from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
+from nemo_rl_core.algorithms.grpo import MasterConfig
 from nemo_rl_core.algorithms.ppo import PPOMasterConfig
 from nemo_rl_core.algorithms.rm_config import RMMasterConfig
+from nemo_rl_core.algorithms.schedule import async_depth, validation_due
 from nemo_rl_core.algorithms.sft_config import SFTMasterConfig
 from nemo_rl_core.evals.config import EvalMasterConfig
 from nemo_rl_core.pipeline import stages
@@ -82,7 +83,7 @@ DYNAMIC_SAMPLING = Refill(
 ASYNC_ROLLOUTS = RunAhead(
     stages=("prompts", "generate", "reward"),
     lagged=("generate",),
-    depth=lambda config: grpo.async_depth(config.algorithm),
+    depth=lambda config: async_depth(config.algorithm),
 )
 RETENTION = Stage(
     "checkpoint",

@@ -20,8 +20,8 @@ import torch
 from nemo_rl_core.algorithms.grpo import (
     digest_json,
     make_task_to_env,
-    planned_steps,
 )
+from nemo_rl_core.algorithms.schedule import planned_steps
 from nemo_rl_core.config.cluster import PLACEMENT_KEYS
 from nemo_rl_core.config.orchestration import SECTION
 from nemo_rl_core.data.dataloader import StatefulDataLoader
