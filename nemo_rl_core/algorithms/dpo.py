@@ -120,7 +120,7 @@ def validation_metrics(
     """NeMo RL's DPO (and reward-model) validation: each batch's loss metrics ``names`` in
     eval mode (no update; DPO's with the reference logprobs it needs), the batches
     weighted by their valid pairs, as ``validation-default_<metric>``."""
-    from nemo_rl_core.algorithms.grpo import merge_step_metrics
+    from nemo_rl_core.algorithms.training import merge_step_metrics
 
     mbs = 2 * config.algorithm.val_micro_batch_size
     weighted = dict.fromkeys(names, 0.0)

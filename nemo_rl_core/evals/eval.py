@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import torch
 
-from nemo_rl_core.algorithms.grpo import generate_one_turn, sampling_seeds
+from nemo_rl_core.algorithms.rollout_generation import generate_one_turn, sampling_seeds
 from nemo_rl_core.data.config import LOCAL_DATASET, DataConfig, DatasetConfig
 from nemo_rl_core.data.datasets.builder import load_rows, task_processors
 from nemo_rl_core.data.datasets.local_files import DatasetRowError, map_columns, read_local_rows

@@ -21,12 +21,12 @@ training step may hold only it (``val_at_end``) and the checkpoint bookkeeping.
 
 from typing import Any
 
-from nemo_rl_core.algorithms import distillation, dpo, grpo, sft
+from nemo_rl_core.algorithms import distillation, dpo, grpo_config, prompt_batches, sft
 from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
 from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
 from nemo_rl_core.algorithms.dpo_config import DPOMasterConfig
-from nemo_rl_core.algorithms.grpo import MasterConfig
-from nemo_rl_core.algorithms.ppo import PPOMasterConfig
+from nemo_rl_core.algorithms.grpo_config import MasterConfig
+from nemo_rl_core.algorithms.ppo_config import PPOMasterConfig
 from nemo_rl_core.algorithms.rm_config import RMMasterConfig
 from nemo_rl_core.algorithms.schedule import async_depth, validation_due
 from nemo_rl_core.algorithms.sft_config import SFTMasterConfig
@@ -102,8 +102,8 @@ GRPO = register_pipeline(
         identity_keys=("policy.model_name", "data", "grpo.seed"),
         refill=DYNAMIC_SAMPLING,
         run_ahead=ASYNC_ROLLOUTS,
-        dataloader=grpo.make_dataloader,
-        data_setup=grpo.data_setup,
+        dataloader=prompt_batches.make_dataloader,
+        data_setup=grpo_config.data_setup,
         stages=(
             VALIDATE,
             *ROLLOUT,
@@ -128,8 +128,8 @@ PPO = register_pipeline(
         default_config="examples/configs/ppo_tiny.yaml",
         identity_keys=("policy.model_name", "value.model_name", "data", "ppo.seed"),
         refill=DYNAMIC_SAMPLING,
-        dataloader=grpo.make_dataloader,
-        data_setup=grpo.data_setup,
+        dataloader=prompt_batches.make_dataloader,
+        data_setup=grpo_config.data_setup,
         stages=(
             VALIDATE,
             *ROLLOUT,
@@ -273,8 +273,8 @@ DISTILLATION = register_pipeline(
         config_class=DistillationMasterConfig,
         default_config="examples/configs/distillation_tiny.yaml",
         identity_keys=("policy.model_name", "teacher.model_name", "data", "distillation.seed"),
-        dataloader=grpo.make_dataloader,
-        data_setup=grpo.data_setup,
+        dataloader=prompt_batches.make_dataloader,
+        data_setup=grpo_config.data_setup,
         reference_policy=False,
         preflight=distillation.check_teacher_fits,
         stages=(

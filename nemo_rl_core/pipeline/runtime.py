@@ -7,6 +7,8 @@ place from the newest weights (from the warm policy's memory when it holds them,
 from the checkpoint on storage) instead of being restarted.
 """
 
+import hashlib
+import json
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -17,11 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
-from nemo_rl_core.algorithms.grpo import (
-    digest_json,
-    make_task_to_env,
-)
 from nemo_rl_core.algorithms.schedule import planned_steps
+from nemo_rl_core.algorithms.scoring import make_task_to_env
 from nemo_rl_core.config.cluster import PLACEMENT_KEYS
 from nemo_rl_core.config.orchestration import SECTION
 from nemo_rl_core.data.dataloader import StatefulDataLoader
@@ -50,6 +49,11 @@ from nemo_rl_core.utils.checkpoint import (
     read_training_info,
     weights_version,
 )
+
+
+def digest_json(value: Any) -> str:
+    """A stable digest of JSON-able data (configs, dataloader states)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class RefitSource(Protocol):

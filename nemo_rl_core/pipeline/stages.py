@@ -8,7 +8,19 @@ PPO differ, they declare different functions.
 import time
 from typing import Any
 
-from nemo_rl_core.algorithms import distillation, dpo, grpo, ppo, rm, sft
+from nemo_rl_core.algorithms import (
+    distillation,
+    dpo,
+    grpo,
+    ppo,
+    prompt_batches,
+    rm,
+    rollout_generation,
+    scoring,
+    sft,
+    training,
+    validation,
+)
 from nemo_rl_core.algorithms.loss import DPOLossFn, NLLLossFn, PreferenceLossFn
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.evals import eval as evaluation
@@ -21,7 +33,7 @@ def validate(ctx: StageContext) -> StageResult:
     held-out prompts; every sample's result is kept."""
     rt = ctx.runtime
     with rt.generation(ctx.iteration) as engine:
-        results, metrics = grpo.validate_batches(
+        results, metrics = validation.validate_batches(
             engine,
             rt.validation_batches(),
             rt.tokenizer,
@@ -39,8 +51,8 @@ def prompts(ctx: StageContext) -> StageResult:
         start = ctx.json(PREVIOUS, "dataloader_state")
     else:
         start = ctx.runtime.dataloader_state(ctx.iteration)
-    first = ctx.round_index * grpo.prompts_per_batch(ctx.config.algorithm)
-    batch, state = grpo.take_prompts(ctx.runtime.dataloader, ctx.config, start, first)
+    first = ctx.round_index * prompt_batches.prompts_per_batch(ctx.config.algorithm)
+    batch, state = prompt_batches.take_prompts(ctx.runtime.dataloader, ctx.config, start, first)
     return StageResult({"batch": batch, "dataloader_state": state}, {"num_samples": batch.size})
 
 
@@ -49,7 +61,7 @@ def generate(ctx: StageContext) -> StageResult:
     weights, or under async GRPO at the weights ``max_trajectory_age_steps`` older."""
     rt = ctx.runtime
     with rt.generation(ctx.weights_step) as engine:
-        rollouts, metrics = grpo.generate_rollouts(
+        rollouts, metrics = rollout_generation.generate_rollouts(
             engine,
             ctx.batch("prompts"),
             rt.tokenizer,
@@ -72,7 +84,7 @@ def reward_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
     """The environments' rewards of one slice of the rollouts."""
     rollouts = ctx.batch("generate")
     start, end = shard_bounds(rollouts.size, index, count)
-    return grpo.score_samples(rollouts.slice(start, end), ctx.runtime.task_to_env, ctx.config)
+    return scoring.score_samples(rollouts.slice(start, end), ctx.runtime.task_to_env, ctx.config)
 
 
 def reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
@@ -80,7 +92,7 @@ def reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResul
     scaling and shaping, filtering, dynamic sampling's selection."""
     config = ctx.config
     scored: BatchedDataDict[Any] = BatchedDataDict.from_batches(shards)
-    metrics = grpo.reward_metrics(scored, config)
+    metrics = scoring.reward_metrics(scored, config)
     scored, processing = grpo.process_rewards(scored, config)
     metrics |= processing
     if not config.algorithm.use_dynamic_sampling:
@@ -126,7 +138,7 @@ def train(ctx: StageContext) -> StageResult:
     rt, step = ctx.runtime, ctx.iteration
     policy = rt.policy_for_update(step)
     started = time.perf_counter()
-    metrics = grpo.train_policy(
+    metrics = training.train_policy(
         policy, ctx.batch("advantage"), grpo.build_loss_fn(ctx.config), ctx.config, step
     )
     # The stage's own seconds also hold the checkpoint commit: keep the two apart.
@@ -174,7 +186,7 @@ def sft_train(ctx: StageContext) -> StageResult:
     checkpoint the next iteration starts from."""
     step = ctx.iteration
     policy = ctx.runtime.policy_for_update(step)
-    metrics = grpo.train_policy(policy, ctx.batch("batch"), NLLLossFn(), ctx.config, step)
+    metrics = training.train_policy(policy, ctx.batch("batch"), NLLLossFn(), ctx.config, step)
     return _committed(ctx, {"policy": policy}, metrics, data_stage="batch")
 
 
@@ -254,7 +266,7 @@ def score(ctx: StageContext) -> StageResult:
 def scored_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
     """The scored slices joined in order, with their reward metrics."""
     scored: BatchedDataDict[Any] = BatchedDataDict.from_batches(shards)
-    return StageResult({"batch": scored}, grpo.reward_metrics(scored, ctx.config))
+    return StageResult({"batch": scored}, scoring.reward_metrics(scored, ctx.config))
 
 
 def teacher_topk(ctx: StageContext) -> StageResult:
@@ -273,7 +285,7 @@ def distillation_train(ctx: StageContext) -> StageResult:
     step = ctx.iteration
     policy = ctx.runtime.policy_for_update(step)
     loss_fn = distillation.build_loss_fn(ctx.config)
-    metrics = grpo.train_policy(policy, ctx.batch("teacher"), loss_fn, ctx.config, step)
+    metrics = training.train_policy(policy, ctx.batch("teacher"), loss_fn, ctx.config, step)
     return _committed(ctx, {"policy": policy}, metrics)
 
 
@@ -334,5 +346,5 @@ def _preference_step(ctx: StageContext, batch: BatchedDataDict, loss_fn: Any) ->
     step, config = ctx.iteration, ctx.config
     policy = ctx.runtime.policy_for_update(step)
     mbs = 2 * config.policy.train_micro_batch_size
-    metrics = grpo.train_policy(policy, batch, loss_fn, config, step, gbs=batch.size, mbs=mbs)
+    metrics = training.train_policy(policy, batch, loss_fn, config, step, gbs=batch.size, mbs=mbs)
     return _committed(ctx, {"policy": policy}, metrics, data_stage="batch")
