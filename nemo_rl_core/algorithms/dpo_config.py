@@ -21,21 +21,21 @@ from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.utils.key_support import Wired
 
 _DPO = "nemo_rl_core.algorithms.dpo"
-_GRPO = "nemo_rl_core.algorithms.grpo"
+_SCHEDULE = "nemo_rl_core.algorithms.schedule"
 
 
 class DPOConfig(DPOLossConfig):
     """``dpo:``: NeMo RL's keys and defaults (``examples/configs/dpo.yaml``); the loss keys
     are ``DPOLossConfig``'s."""
 
-    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")] = 1
-    max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")] = 150
-    val_period: Annotated[int, Wired(f"{_GRPO}:validation_due")] = 25  # <= 0: never
+    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_SCHEDULE}:planned_steps")] = 1
+    max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_SCHEDULE}:planned_steps")] = 150
+    val_period: Annotated[int, Wired(f"{_SCHEDULE}:validation_due")] = 25  # <= 0: never
     val_batches: Annotated[int, Wired(f"{_DPO}:validation_batches")] = 8  # <= 0: all
     val_global_batch_size: Annotated[int, Field(ge=1), Wired(f"{_DPO}:validation_batches")] = 8
     val_micro_batch_size: Annotated[int, Field(ge=1), Wired(f"{_DPO}:validation_metrics")] = 1
-    val_at_start: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = True
-    val_at_end: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
+    val_at_start: Annotated[bool, Wired(f"{_SCHEDULE}:validation_due")] = True
+    val_at_end: Annotated[bool, Wired(f"{_SCHEDULE}:validation_due")] = False
     seed: Annotated[int, Wired(f"{_DPO}:make_dataloader")] = 42
 
 

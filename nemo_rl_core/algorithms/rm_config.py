@@ -12,21 +12,21 @@ from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.utils.key_support import Wired
 
 _DPO = "nemo_rl_core.algorithms.dpo"
-_GRPO = "nemo_rl_core.algorithms.grpo"
+_SCHEDULE = "nemo_rl_core.algorithms.schedule"
 
 
 class RMConfig(StrictConfig):
     """``rm:``: NeMo RL's keys and defaults (``examples/configs/rm.yaml``)."""
 
-    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")] = 1
+    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_SCHEDULE}:planned_steps")] = 1
     # -1: no step limit (max_num_epochs decides)
-    max_num_steps: Annotated[int, Field(ge=-1), Wired(f"{_GRPO}:planned_steps")] = -1
-    val_period: Annotated[int, Wired(f"{_GRPO}:validation_due")] = 16  # <= 0: never
+    max_num_steps: Annotated[int, Field(ge=-1), Wired(f"{_SCHEDULE}:planned_steps")] = -1
+    val_period: Annotated[int, Wired(f"{_SCHEDULE}:validation_due")] = 16  # <= 0: never
     val_batches: Annotated[int, Wired(f"{_DPO}:validation_batches")] = -1  # <= 0: all
     val_global_batch_size: Annotated[int, Field(ge=1), Wired(f"{_DPO}:validation_batches")] = 32
     val_micro_batch_size: Annotated[int, Field(ge=1), Wired(f"{_DPO}:validation_metrics")] = 1
-    val_at_start: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
-    val_at_end: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
+    val_at_start: Annotated[bool, Wired(f"{_SCHEDULE}:validation_due")] = False
+    val_at_end: Annotated[bool, Wired(f"{_SCHEDULE}:validation_due")] = False
     seed: Annotated[int, Wired(f"{_DPO}:make_dataloader")] = 42
 
     @model_validator(mode="after")

@@ -19,20 +19,20 @@ from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.utils.key_support import Wired
 
 _SFT = "nemo_rl_core.algorithms.sft"
-_GRPO = "nemo_rl_core.algorithms.grpo"
+_SCHEDULE = "nemo_rl_core.algorithms.schedule"
 
 
 class SFTConfig(StrictConfig):
     """``sft:``: NeMo RL's keys and defaults (``examples/configs/sft.yaml``)."""
 
-    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")] = 1
-    max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")] = 60
-    val_period: Annotated[int, Wired(f"{_GRPO}:validation_due")] = 10  # <= 0: never
+    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_SCHEDULE}:planned_steps")] = 1
+    max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_SCHEDULE}:planned_steps")] = 60
+    val_period: Annotated[int, Wired(f"{_SCHEDULE}:validation_due")] = 10  # <= 0: never
     val_batches: Annotated[int, Wired(f"{_SFT}:validation_batches")] = 8  # <= 0: all
     val_global_batch_size: Annotated[int, Field(ge=1), Wired(f"{_SFT}:validation_batches")] = 32
     val_micro_batch_size: Annotated[int, Field(ge=1), Wired(f"{_SFT}:validation_loss")] = 1
-    val_at_start: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = True
-    val_at_end: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
+    val_at_start: Annotated[bool, Wired(f"{_SCHEDULE}:validation_due")] = True
+    val_at_end: Annotated[bool, Wired(f"{_SCHEDULE}:validation_due")] = False
     seed: Annotated[int, Wired(f"{_SFT}:make_dataloader")] = 42
     only_unmask_final: Annotated[bool, Wired(f"{_SFT}:conversations_to_train_data")] = False
 
