@@ -35,7 +35,8 @@ from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import make_value_model
 from nemo_rl_core.models.value.interfaces import ValueInterface
-from nemo_rl_core.pipeline.spec import Pipeline, Version, declared, pipeline_for_config
+from nemo_rl_core.pipeline.registry import pipeline_for_config
+from nemo_rl_core.pipeline.spec import Pipeline, Version, declared
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
 from nemo_rl_core.utils.checkpoint import (
