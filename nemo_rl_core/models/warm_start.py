@@ -34,12 +34,8 @@ from nemo_rl_core.data.datasets.generators import (
 )
 from nemo_rl_core.data.interfaces import TaskDataSpec
 from nemo_rl_core.data.processors import math_data_processor
-from nemo_rl_core.models.local_models import (
-    ADDITION_MODEL,
-    build_tiny_model,
-    resolve_model,
-    train_tokenizer,
-)
+from nemo_rl_core.models.local_models import ADDITION_MODEL, resolve_model
+from nemo_rl_core.models.tiny_models import build_tiny_model, train_tokenizer
 
 # Bumped whenever build_addition_model's output changes, so a cached older build is not reused.
 ADDITION_BUILD_VERSION = 1
