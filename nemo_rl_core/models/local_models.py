@@ -135,10 +135,11 @@ def _builders() -> dict[str, tuple[str, Callable[[Path], Path]]]:
         for name, arch in TINY_MODELS.items()
     }
     builders[ADDITION_MODEL] = (f"{ADDITION_MODEL}-v{ADDITION_BUILD_VERSION}", build_addition_model)
-    builders[ADDITION_STUDENT] = (
-        f"{ADDITION_STUDENT}-v{ADDITION_BUILD_VERSION}",
-        build_addition_student,
-    )
+
+    def build_student(output_dir: Path) -> Path:
+        return build_addition_student(output_dir, teacher_dir=resolve_model(ADDITION_MODEL))
+
+    builders[ADDITION_STUDENT] = (f"{ADDITION_STUDENT}-v{ADDITION_BUILD_VERSION}", build_student)
     return builders
 
 
