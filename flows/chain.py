@@ -53,7 +53,7 @@ def check_chain(configs: dict[str, str], overrides: dict[str, list[str]]) -> Non
     from flows.config_check import check_run_config
     from nemo_rl_core.algorithms.grpo_config import MasterConfig
     from nemo_rl_core.algorithms.sft_config import SFTMasterConfig, data_setup
-    from nemo_rl_core.evals.eval import check_eval_config
+    from nemo_rl_core.evals.config_check import check_eval_config
 
     sft = check_run_config(SFTMasterConfig, configs["sft"], overrides["sft"], data_setup)
     stand_in = sft.policy.model_name
