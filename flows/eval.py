@@ -3,7 +3,7 @@ one Prefect task run per stage, then publish the scores and every sample.
 
     prompts -> generate -> reward -> score
 
-    python -m flows.eval --config examples/configs/eval_addition_tiny.yaml \\
+    python -m flows eval --config examples/configs/eval_addition_tiny.yaml \\
         generation.model_name=results/grpo_addition_tiny/runs/<run_id>/checkpoints/step_000060
 
 pass@k and avg@n land in the score stage's manifest entry and a Prefect table artifact;
@@ -13,9 +13,11 @@ again skips the stages already complete; ``flows.rerun_stage`` reruns one of the
 """
 
 if __name__ == "__main__":  # the command line checks the config before loading the stack
-    from flows.cli import run_eval_cli
+    import sys
 
-    run_eval_cli()
+    from flows.cli import main
+
+    main(["eval", *sys.argv[1:]])
 else:
     import json
     from pathlib import Path
@@ -30,7 +32,7 @@ else:
     from flows.progress import artifact_key, shown_row
     from flows.run_setup import lease_owner, load_storage_block, new_run_id, store_run_config
     from nemo_rl_core.evals.config import EvalMasterConfig
-    from nemo_rl_core.evals.eval import check_eval_config
+    from nemo_rl_core.evals.config_check import check_eval_config
     from nemo_rl_core.experience.rollout_table import rollout_table, write_parquet
     from nemo_rl_core.pipeline.algorithms import EVAL
     from nemo_rl_core.pipeline.runtime import close_runtime
