@@ -48,28 +48,28 @@ def validation_is_due(config: Any, iteration: int, final_step: int) -> bool:
 
 VALIDATE = Stage(
     "validate",
-    stages.validate,
+    stages.rollout_validation,
     versions=("policy",),
     reported=("accuracy", "greedy_accuracy"),
     due=validation_is_due,
 )
 ROLLOUT = (
-    Stage("prompts", stages.prompts, versions=("dataloader",)),
+    Stage("prompts", stages.rollout_prompts, versions=("dataloader",)),
     Stage(
         "generate",
-        stages.generate,
+        stages.rollout_generate,
         reads=("prompts",),
         versions=("policy",),
         reported=("mean_gen_tokens_per_sample",),
     ),
     Stage(
         "reward",
-        stages.reward,
+        stages.rollout_reward,
         reads=("generate",),
         reported=("mean_reward",),
-        fan_out=FanOut(stages.reward_shard, stages.reward_merge),
+        fan_out=FanOut(stages.rollout_reward_shard, stages.rollout_reward_merge),
     ),
-    Stage("logprob", stages.logprob, reads=("reward",), versions=("policy",)),
+    Stage("logprob", stages.rollout_logprob, reads=("reward",), versions=("policy",)),
 )
 POLICY_METRICS = ("loss", "kl_penalty", "probs_ratio_clamped_fraction", "grad_norm")
 # DAPO's dynamic sampling: generate and score more prompts until a step's batch is full.
@@ -110,7 +110,7 @@ GRPO = register_pipeline(
             Stage("advantage", stages.grpo_advantage, reads=("logprob",)),
             Stage(
                 "train",
-                stages.train,
+                stages.grpo_train,
                 reads=("advantage", "prompts"),
                 versions=("policy",),
                 reported=POLICY_METRICS,
@@ -133,11 +133,11 @@ PPO = register_pipeline(
         stages=(
             VALIDATE,
             *ROLLOUT,
-            Stage("value", stages.value, reads=("logprob",), versions=("value",)),
-            Stage("advantage", stages.gae_advantage, reads=("value",)),
+            Stage("value", stages.ppo_value, reads=("logprob",), versions=("value",)),
+            Stage("advantage", stages.ppo_advantage, reads=("value",)),
             Stage(
                 "train",
-                stages.train_policy_and_value,
+                stages.ppo_train,
                 reads=("advantage", "prompts"),
                 versions=("policy", "value"),
                 reported=(*POLICY_METRICS, "value_loss"),
@@ -160,7 +160,7 @@ SFT = register_pipeline(
         stages=(
             Stage(
                 "validate",
-                stages.validation_loss,
+                stages.sft_validation,
                 versions=("policy",),
                 reported=("val_loss",),
                 due=validation_is_due,
@@ -216,13 +216,13 @@ DPO = register_pipeline(
         stages=(
             Stage(
                 "validate",
-                stages.preference_validation,
+                stages.dpo_validation,
                 versions=("policy",),
                 reported=PREFERENCE_VALIDATION,
                 due=validation_is_due,
             ),
             Stage("batch", stages.preference_batch, versions=("dataloader",)),
-            Stage("reference", stages.reference_logprobs, reads=("batch",)),
+            Stage("reference", stages.dpo_reference, reads=("batch",)),
             Stage(
                 "train",
                 stages.dpo_train,
@@ -248,7 +248,7 @@ RM = register_pipeline(
         stages=(
             Stage(
                 "validate",
-                stages.reward_model_validation,
+                stages.rm_validation,
                 versions=("policy",),
                 reported=PREFERENCE_VALIDATION,
                 due=validation_is_due,
@@ -256,7 +256,7 @@ RM = register_pipeline(
             Stage("batch", stages.preference_batch, versions=("dataloader",)),
             Stage(
                 "train",
-                stages.reward_model_train,
+                stages.rm_train,
                 reads=("batch",),
                 versions=("policy",),
                 reported=("loss", "accuracy", "grad_norm"),
@@ -282,12 +282,12 @@ DISTILLATION = register_pipeline(
             *ROLLOUT[:2],
             Stage(
                 "reward",
-                stages.score,
+                stages.distillation_reward,
                 reads=("generate",),
                 reported=("mean_reward",),
-                fan_out=FanOut(stages.reward_shard, stages.scored_merge),
+                fan_out=FanOut(stages.rollout_reward_shard, stages.distillation_reward_merge),
             ),
-            Stage("teacher", stages.teacher_topk, reads=("reward",)),
+            Stage("teacher", stages.distillation_teacher, reads=("reward",)),
             Stage(
                 "train",
                 stages.distillation_train,
