@@ -30,7 +30,7 @@ $(VENV)/.installed: requirements/lock.txt requirements/overrides.txt pyproject.t
 setup: $(VENV)/.installed
 
 run: setup
-	$(PY) -m flows.grpo --config $(RUN_CONFIG) $(ARGS)
+	$(PY) -m flows grpo --config $(RUN_CONFIG) $(ARGS)
 
 test: setup
 	$(VENV)/bin/ruff check .
