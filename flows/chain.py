@@ -89,7 +89,7 @@ def final_checkpoint(storage_root: str, run_id: str, chain_id: str, link: str) -
 if __name__ != "__main__":
     from prefect import flow
 
-    from flows.eval import evaluate
+    from flows.evaluation import evaluate
     from flows.grpo import grpo
     from flows.run_setup import load_storage_block, new_run_id
     from flows.sft import sft

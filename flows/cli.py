@@ -128,7 +128,7 @@ def run_eval_cli(argv: list[str]) -> None:
         check_eval_config(args.config, args.overrides)
 
     def load_flow() -> Callable[..., dict]:
-        from flows.eval import evaluate
+        from flows.evaluation import evaluate
 
         return evaluate
 
@@ -136,7 +136,7 @@ def run_eval_cli(argv: list[str]) -> None:
 
 
 # Algorithms whose flow is not the declaration's training flow: eval trains nothing, and
-# its flow publishes the scores and samples (flows/eval.py).
+# its flow publishes the scores and samples (flows/evaluation.py).
 _OWN_COMMANDS: dict[str, Callable[[list[str]], None]] = {"eval": run_eval_cli}
 
 

@@ -69,7 +69,7 @@ class EvalConfig(StrictConfig):
     k_value: Annotated[int, Field(ge=1), Wired(f"{_EVAL}:eval_metrics")] = 1
     # Not NeMo RL's JSON: each run's evaluation_data.parquet and config.json go to
     # <save_path>/<run_id>/; null writes no files (the run's storage keeps every sample).
-    save_path: Annotated[str | None, Wired("flows.eval:write_results")] = None
+    save_path: Annotated[str | None, Wired("flows.evaluation:write_results")] = None
 
     @model_validator(mode="after")
     def _k_fits(self) -> Self:
