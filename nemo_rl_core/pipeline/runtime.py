@@ -302,7 +302,8 @@ class RunRuntime:
     @property
     def dataloader(self) -> StatefulDataLoader:
         if self._dataloader is None:
-            self._dataloader = declared(self.pipeline, "dataloader")(self.config, self.tokenizer)
+            tokenizer = self.tokenizer if self.pipeline.tokenized else None
+            self._dataloader = declared(self.pipeline, "dataloader")(self.config, tokenizer)
             self._initial_dataloader_state = self._dataloader.state_dict()
         return self._dataloader
 

@@ -9,6 +9,7 @@ iteration, and which config class a stored run validates into (the section it ho
 """
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -136,6 +137,9 @@ class Pipeline:
     data_setup: Callable[[Any], Any] | None = None
     # Whether its policy keeps the starting weights as the reference (KL terms); SFT's does not.
     reference_policy: bool = True
+    # Whether its data is text that the policy's tokenizer reads (the ``dataloader`` gets the
+    # tokenizer); a pipeline over other data (tests/orchestration's toy) loads none.
+    tokenized: bool = True
     # ``preflight(config)``: checks that need the run's models built (a teacher's vocabulary
     # against the student's), run before any of the run is written.
     preflight: Callable[[Any], None] | None = None
@@ -242,6 +246,20 @@ _PIPELINES: dict[str, Pipeline] = {}
 def register_pipeline(pipeline: Pipeline) -> Pipeline:
     _PIPELINES[pipeline.name] = pipeline
     return pipeline
+
+
+@contextmanager
+def registered_for(pipeline: Pipeline) -> Iterator[Pipeline]:
+    """``pipeline`` registered inside the block only: a pipeline declared by the tests runs
+    as a declared one does (a stored run finds it by its section) without joining the
+    algorithms that the registry is checked against."""
+    if pipeline.name in _PIPELINES:
+        raise ValueError(f"a pipeline named {pipeline.name!r} is already registered")
+    _PIPELINES[pipeline.name] = pipeline
+    try:
+        yield pipeline
+    finally:
+        del _PIPELINES[pipeline.name]
 
 
 def registered_pipelines() -> dict[str, Pipeline]:

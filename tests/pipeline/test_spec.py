@@ -6,7 +6,13 @@ import pytest
 from nemo_rl_core.pipeline.algorithms import GRPO, PPO
 from nemo_rl_core.pipeline.context import StageResult
 from nemo_rl_core.pipeline.registry import pipeline_for_config, pipeline_named
-from nemo_rl_core.pipeline.spec import Pipeline, RunAhead, Stage
+from nemo_rl_core.pipeline.spec import (
+    Pipeline,
+    RunAhead,
+    Stage,
+    registered_for,
+    registered_pipelines,
+)
 
 
 def _noop(ctx):
@@ -58,6 +64,22 @@ def test_a_pipeline_commits_at_most_once():
         )
     with pytest.raises(ValueError, match="declares stage 'a' twice"):
         Pipeline("x", object, (Stage("a", _noop), Stage("a", _noop, commits=True)), "c")
+
+
+def test_a_pipeline_registered_for_a_block_leaves_with_it():
+    scratch = Pipeline("scratch", object, (Stage("a", _noop),), "c")
+    with registered_for(scratch):
+        assert pipeline_named("scratch") is scratch
+        with (
+            pytest.raises(ValueError, match="'scratch' is already registered"),
+            registered_for(scratch),
+        ):
+            pass
+    assert "scratch" not in registered_pipelines()
+    impostor = Pipeline("grpo", object, (Stage("a", _noop),), "c")
+    with pytest.raises(ValueError, match="'grpo' is already registered"), registered_for(impostor):
+        pass
+    assert registered_pipelines()["grpo"] is GRPO
 
 
 def test_unknown_stage_names_the_known_ones():

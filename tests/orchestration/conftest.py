@@ -1,0 +1,44 @@
+"""The toy pipeline registered while its tests run, Prefect's ephemeral API, its initial
+model, and a fresh storage root per test. Each module's tests run in one xdist worker: its
+module-scoped runs (the uninterrupted run that others are compared with) are made once."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prefect.testing.utilities import prefect_test_harness
+from toy_pipeline import TOY, write_initial_model
+from toy_runs import ToyRuns
+
+from nemo_rl_core.pipeline.spec import registered_for
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.parent == HERE:
+            item.add_marker(pytest.mark.xdist_group(f"toy-{item.path.stem}"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_api() -> Iterator[None]:
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def toy_registered() -> Iterator[None]:
+    """Registered per module: the registry outside these tests holds the real algorithms."""
+    with registered_for(TOY):
+        yield
+
+
+@pytest.fixture(scope="session")
+def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_initial_model(tmp_path_factory.mktemp("toy-model"))
+
+
+@pytest.fixture
+def toy(tmp_path: Path, toy_model: Path) -> ToyRuns:
+    return ToyRuns(tmp_path, toy_model)
