@@ -55,6 +55,18 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def prefect_api() -> Iterator[None]:
+    """Prefect's ephemeral API for this session (each xdist worker its own), shared by every
+    folder that runs flows: Prefect sends the task-run events of a process to the first API it
+    met (its events worker keeps that URL), so a second harness in the same process would get
+    flow runs without their task runs."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=600):
+        yield
+
+
+@pytest.fixture(scope="session")
 def local_stack() -> Iterator[LocalStack]:
     """PostgreSQL, Prefect server, process worker and moto S3 for this test session."""
     with running_stack() as stack:

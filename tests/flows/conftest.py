@@ -3,15 +3,13 @@
 from pathlib import Path
 
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_math_tiny.yaml"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def prefect_harness(prefect_api: None) -> None:
+    """Every flow test runs on the session's API (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 from toy_pipeline import TOY, write_initial_model
 from toy_runs import ToyRuns
 
@@ -22,9 +21,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prefect_api() -> Iterator[None]:
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def toy_flows_api(prefect_api: None) -> None:
+    """The toy flows run on the session's API (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,18 +1,11 @@
-"""Fixtures of the reliability suite: a Prefect API for the tests that run flows (the
-others need none), and one uninterrupted run that faulted runs are compared with."""
+"""Fixtures of the reliability suite: one uninterrupted run that faulted runs are compared
+with (the tests that run flows ask for the session's Prefect API, ``prefect_api`` of
+tests/conftest.py; the others need none)."""
 
 from pathlib import Path
 
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 from reliability_helpers import CONFIG
-
-
-@pytest.fixture(scope="session")
-def prefect_api():
-    """Prefect's ephemeral API for this session; flow subprocesses are pointed at it too."""
-    with prefect_test_harness(server_startup_timeout=600):
-        yield
 
 
 @pytest.fixture(scope="session")
