@@ -10,7 +10,12 @@ from safetensors.torch import load_file
 
 from flows.grpo import grpo
 from flows.rerun_stage import rerun_stage
+from nemo_rl_core.pipeline import stages
 from nemo_rl_core.pipeline.algorithms import GRPO
+from nemo_rl_core.pipeline.context import StageContext, StageRef
+from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
+from nemo_rl_core.storage.codec import batch_to_bytes
+from nemo_rl_core.storage.handles import RunRef, open_storage
 from tasks.stage import FAULT_ENV
 
 # The stages of a training iteration (validation is off in these configs).
@@ -94,6 +99,29 @@ def test_failed_stage_resumes_to_identical_weights(
     assert clean.keys() == resumed.keys()
     for name in clean:
         assert clean[name].equal(resumed[name]), name
+
+
+def test_the_reward_stage_split_into_shards_is_the_unsplit_one(uninterrupted):
+    """What ``orchestration.fan_out`` of GRPO's reward stage rests on: its shards of the stored
+    rollouts, merged, are the unsplit stage's batch bit for bit (the fan-out rule itself,
+    with task runs, a failed shard and a rerun: tests/orchestration/test_fan_out.py)."""
+    root, _ = uninterrupted
+    run = RunRef(str(root), "clean")
+    entries = manifest(root, "clean", 1)["stages"]
+    upstream = {"generate": StageRef.from_dict(entries["generate"]["outputs"])}
+    context = StageContext(runtime_for(run), 1, upstream, "reward")
+    try:
+        whole = stages.rollout_reward(context)
+        shards = [stages.rollout_reward_shard(context, index, 3) for index in range(3)]
+        split = stages.rollout_reward_merge(context, shards)
+    finally:
+        close_runtime(run)
+    stored = open_storage(run).read_batch(
+        StageRef.from_dict(entries["reward"]["outputs"]).outputs["batch"]
+    )
+    assert batch_to_bytes(split.outputs["batch"]) == batch_to_bytes(whole.outputs["batch"])
+    assert batch_to_bytes(whole.outputs["batch"]) == batch_to_bytes(stored)
+    assert split.metrics == whole.metrics
 
 
 def test_rerun_one_stage_is_bit_identical_and_marks_later_stale(uninterrupted, tiny_config):

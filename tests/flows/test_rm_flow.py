@@ -1,31 +1,30 @@
 """End to end: the reward-model flow on the embedded default (tiny Llama with a scalar
 head, built-in addition preference pairs; no server, local storage), and the chain a user
-runs next: GRPO rewarded by the trained checkpoint through the reward_model environment."""
+runs next: GRPO rewarded by the trained checkpoint through the reward_model environment.
+A resume and a rerun to the same weights: tests/orchestration (the rules) and
+test_grpo_flow.py (bit-identical on a real model)."""
 
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from flow_testing import assert_bit_identical, checkpoint_dir, stages_of
+from flow_testing import checkpoint_dir, stages_of
 from transformers import AutoModelForSequenceClassification
 
 from flows.grpo import grpo
-from flows.rerun_stage import rerun_stage
 from flows.rm import rm
 from nemo_rl_core.data.datasets.generators import addition_preferences
 from nemo_rl_core.environments.reward_model_environment import RewardModelEnvironment
 from nemo_rl_core.pipeline.algorithms import RM
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import ObjectRef
-from tasks.stage import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 CONFIG = CONFIGS / "rm_tiny.yaml"
 STEPS = 8
-# Validation at the start and after step 8; every checkpoint stays, for the rerun of step 1.
-OVERRIDES = [f"rm.max_num_steps={STEPS}", "rm.val_period=8", "checkpointing.keep_top_k=null"]
+# Validation at the start and after step 8.
+OVERRIDES = [f"rm.max_num_steps={STEPS}", "rm.val_period=8"]
 VAL = "validate/validation-default_"
 
 
@@ -67,31 +66,6 @@ def test_checkpoint_is_a_sequence_classifier_the_environment_scores_with(first_r
         chosen.append(row["context"] + better["completion"])
         rejected.append(row["context"] + worse["completion"])
     assert (env.score(chosen) > env.score(rejected)).float().mean() >= 0.6
-
-
-def test_failed_train_resumes_to_identical_weights(first_run, tmp_path, monkeypatch):
-    clean_root, _ = first_run
-    monkeypatch.setenv(FAULT_ENV, "train@1")
-    with pytest.raises(Exception, match="fault injected into stage 'train' of iteration 1"):
-        rm(config_path=str(CONFIG), overrides=OVERRIDES, run_id="cut", storage_root=str(tmp_path))
-    stored = stages_of(tmp_path, "cut", 1)
-    assert set(stored) == {"batch"}
-    monkeypatch.delenv(FAULT_ENV)
-    rm(config_path=str(CONFIG), overrides=OVERRIDES, run_id="cut", storage_root=str(tmp_path))
-    assert stages_of(tmp_path, "cut", 1)["batch"]["finished_at"] == stored["batch"]["finished_at"]
-    assert_bit_identical(checkpoint(clean_root, "clean"), checkpoint(tmp_path, "cut"))
-
-
-def test_rerun_of_train_is_bit_identical(first_run, tmp_path):
-    root, _ = first_run
-    recorded = stages_of(root, "clean", 1)
-    before = Path(shutil.copytree(checkpoint(root, "clean"), tmp_path / "before"))
-    outputs = rerun_stage(run_id="clean", iteration=1, stage="train", storage_root=str(root))
-    for name, ref in outputs.items():
-        assert ref["sha256"] == recorded["train"]["outputs"][name]["sha256"], name
-    assert stages_of(root, "clean", 1)["checkpoint"]["status"] == "stale"
-    rm(config_path=str(CONFIG), overrides=OVERRIDES, run_id="clean", storage_root=str(root))
-    assert_bit_identical(before, checkpoint(root, "clean"))
 
 
 def test_grpo_is_rewarded_by_the_trained_checkpoint(first_run, tmp_path):

@@ -13,6 +13,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowR
 from prefect.client.schemas.sorting import FlowRunSort
 from toy_runs import ToyRuns, toy_flow
 
+from flows.labels import flow_run_name
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from tasks.stage import FAULT_ENV
 
@@ -22,6 +23,11 @@ def test_a_run_stops_at_the_deadline_and_continues(toy: ToyRuns) -> None:
     assert summary["iterations"] == [0]
     assert open_storage(RunRef(str(toy.root), "deadline")).latest_checkpoint() == 1
     assert toy.run("deadline")["iterations"] == [1, 2]
+
+
+def test_a_flow_run_name_carries_the_run_id_once() -> None:
+    assert flow_run_name("grpo", "exp1") == "grpo-exp1"
+    assert flow_run_name("grpo", "grpo-20261125-201356-1a2b3c") == "grpo-20261125-201356-1a2b3c"
 
 
 def recorded_task_runs(client: Any, flow_run_id: Any, last: set[str]) -> list:
