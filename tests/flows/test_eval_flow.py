@@ -1,6 +1,7 @@
 """The eval flow on the embedded default: a GRPO run's checkpoint scored at temperature 0
 gives pass@1 equal to the validate stage's greedy accuracy on the same held-out problems,
-answer for answer; every sample lands in Parquet; a rerun of a stage is bit-identical."""
+answer for answer; every sample lands in Parquet. Its stages skip, resume and rerun as
+every pipeline's do (tests/orchestration)."""
 
 import json
 from pathlib import Path
@@ -10,7 +11,6 @@ import pytest
 
 from flows.eval import evaluate
 from flows.grpo import grpo
-from flows.rerun_stage import rerun_stage
 from nemo_rl_core.evals.eval import eval_cons_k
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import ObjectRef
@@ -79,23 +79,6 @@ def test_pass_at_1_is_the_validate_stage_greedy_accuracy(scored):
     assert samples["greedy"].all()  # temperature 0
     described = json.loads((Path(summary["results"]).parent / "config.json").read_text())
     assert described["model_name"].endswith("step_000001") and described["k_value"] == 1
-
-
-def test_rerun_of_generate_is_bit_identical_and_the_run_continues(scored):
-    root, _, overrides, summary = scored
-    before = {name: entry["outputs"] for name, entry in stages(root, "scored").items()}
-    rerun_stage(run_id="scored", iteration=0, stage="generate", storage_root=str(root))
-    after_rerun = stages(root, "scored")
-    assert after_rerun["generate"]["outputs"] == before["generate"]
-    assert after_rerun["score"]["status"] == "stale"
-    again = evaluate(
-        config_path=str(CONFIGS / "eval_addition_tiny.yaml"),
-        overrides=overrides,
-        run_id="scored",
-        storage_root=str(root),
-    )
-    assert {name: e["outputs"] for name, e in stages(root, "scored").items()} == before
-    assert again["scores"] == summary["scores"]
 
 
 def test_cons_at_k_votes_over_the_extracted_answers(scored, tmp_path):

@@ -1,15 +1,15 @@
-"""Multi-turn GRPO (the sliding puzzle, several turns per episode): a failed generate stage
-resumed, and a rerun of generate, give exactly what the uninterrupted run gave."""
+"""Multi-turn GRPO (the sliding puzzle, several turns per episode): a rerun of generate, on
+a fresh engine, plays exactly the episodes the uninterrupted run played. (A resumed run
+continues as every pipeline's does: tests/orchestration, and test_grpo_flow.py for the
+bit-identical weights on a real model.)"""
 
 import json
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 from flows.grpo import grpo
 from flows.rerun_stage import rerun_stage
-from tasks.stage import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 ITERATIONS = 2
@@ -31,11 +31,6 @@ def run(config: Path, root: Path, run_id: str) -> None:
     grpo(config_path=str(config), overrides=OVERRIDES, run_id=run_id, storage_root=str(root))
 
 
-def weights(root: Path, run_id: str) -> dict:
-    step = f"step_{ITERATIONS:06d}"
-    return load_file(root / "runs" / run_id / "checkpoints" / step / "model.safetensors")
-
-
 def generate_entry(root: Path, run_id: str, iteration: int) -> dict:
     manifest = root / "runs" / run_id / f"iter_{iteration:06d}" / "MANIFEST.json"
     return json.loads(manifest.read_text())["stages"]["generate"]
@@ -51,20 +46,6 @@ def clean(tiny_config: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_episodes_have_several_turns(clean):
     metrics = generate_entry(clean, "clean", 1)["metrics"]
     assert metrics["avg_turns_per_sample"] > 1
-
-
-def test_failed_generate_resumes_to_identical_weights(clean, tiny_config, tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "generate@1")
-    with pytest.raises(Exception, match="fault injected into stage 'generate' of iteration 1"):
-        run(tiny_config, tmp_path, "faulty")
-    monkeypatch.delenv(FAULT_ENV)
-    run(tiny_config, tmp_path, "faulty")
-    assert (
-        generate_entry(tmp_path, "faulty", 1)["outputs"]
-        == generate_entry(clean, "clean", 1)["outputs"]
-    )
-    expected, got = weights(clean, "clean"), weights(tmp_path, "faulty")
-    assert all(expected[name].equal(got[name]) for name in expected)
 
 
 def test_rerun_of_generate_is_bit_identical(clean):
