@@ -130,9 +130,9 @@ def _damage_once(
     if {repair["key"] for repair in repairs} & {ref.key for ref in refs.values()}:
         return
     for ref in refs.values():
-        data = bytearray(storage._get_optional(ref.key) or b"")
+        data = bytearray(storage.objects.get_optional(ref.key) or b"")
         data[len(data) // 2] ^= 0xFF
-        storage._put(ref.key, bytes(data))
+        storage.objects.put(ref.key, bytes(data))
     stage_logger().warning("fault injected: damaged %s", sorted(r.key for r in refs.values()))
 
 

@@ -35,8 +35,8 @@ def assert_no_half_written_objects(storage: RunStorage) -> None:
     """No temporary object anywhere under the run; every manifest output exists whole,
     with the size and sha256 its entry records, and every other object of an iteration is
     its manifest (no output of an uncommitted stage); every checkpoint is COMMITTED."""
-    base = storage._run_path + "/"
-    keys = [path.removeprefix(base) for path in storage.fs.find(storage._run_path)]
+    base = storage.objects.run_path + "/"
+    keys = [path.removeprefix(base) for path in storage.fs.find(storage.objects.run_path)]
     leftovers = [key for key in keys if ".tmp-" in key]
     assert leftovers == [], f"temporary objects left behind: {leftovers}"
     referenced = set()

@@ -22,6 +22,7 @@ from reliability_helpers import (
 )
 
 from nemo_rl_core.pipeline.algorithms import GRPO
+from nemo_rl_core.storage.lease import read_lease
 from nemo_rl_core.storage.run_storage import RunStorage
 from tasks.stage import FAULT_ENV
 
@@ -78,7 +79,7 @@ def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
         message = flow_run["state"]["message"] or ""
         assert flow_run["state_type"] == "CRASHED" and "-9" in message, (stage, message)
         # The lease it left names the killed process: the worker's child running this flow run.
-        owner = storage._read_lease()["owner"]
+        owner = read_lease(storage)["owner"]
         assert f"flow-run {flow_run['id']}" in owner, owner
         killed = int(re.search(r" pid (\d+) ", owner)[1])
         assert killed in flow_run_pids and killed not in local_stack.flow_run_pids()
@@ -98,7 +99,7 @@ def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
     for iteration in (0, 1):
         stages = storage.read_manifest(iteration)["stages"]
         assert {s for s, e in stages.items() if e["status"] == "complete"} == set(TRAINING_STAGES)
-    assert storage._read_lease() is None, "the last run released its lease"
+    assert read_lease(storage) is None, "the last run released its lease"
     assert_no_half_written_objects(storage)
     clean = final_weights(RunStorage(str(clean_run), "clean"))
     assert_same_weights(clean, final_weights(storage))

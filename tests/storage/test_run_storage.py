@@ -98,7 +98,7 @@ def test_batch_round_trip_uses_the_layout(
     batch = _batch()
     ref = storage.write_batch(3, "generate", batch)
     assert ref.key == f"iter_000003/generate/batch.{batch_format}"
-    path = f"{storage._run_path}/{ref.key}"
+    path = f"{storage.objects.run_path}/{ref.key}"
     assert storage.fs.size(path) == ref.size
     assert storage.fs.cat_file(path, start=0, end=len(magic)) == magic
     _assert_same(storage.read_batch(ref), batch)
@@ -161,7 +161,7 @@ def test_bad_names_are_refused_before_writing(storage: RunStorage) -> None:
 
 def test_tampered_object_raises_integrity_error(storage: RunStorage) -> None:
     ref = storage.write_batch(1, "reward", _batch())
-    path = f"{storage._run_path}/{ref.key}"
+    path = f"{storage.objects.run_path}/{ref.key}"
     data = bytearray(storage.fs.cat_file(path))
     data[len(data) // 2] ^= 0xFF
     storage.fs.pipe_file(path, bytes(data))
@@ -213,7 +213,7 @@ def test_parts_of_a_split_stage_have_entries_of_their_own(storage: RunStorage) -
     storage.mark_stale(1, ["reward"])
     assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "x"}) is None
     storage.record_part(1, "reward", "shard-0-of-2", {"generate": "x"}, {"batch": ref})
-    storage.fs.pipe_file(f"{storage._run_path}/{ref.key}", b"short")
+    storage.fs.pipe_file(f"{storage.objects.run_path}/{ref.key}", b"short")
     assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "x"}) is None
 
 
@@ -221,15 +221,15 @@ def test_completed_stage_is_none_when_an_output_is_gone_or_resized(storage: RunS
     ref = storage.write_batch(0, "generate", _batch())
     storage.record_stage(0, "generate", {}, {"batch": ref})
     assert storage.completed_stage(0, "generate", {}) is not None
-    storage.fs.pipe_file(f"{storage._run_path}/{ref.key}", b"short")
+    storage.fs.pipe_file(f"{storage.objects.run_path}/{ref.key}", b"short")
     assert storage.completed_stage(0, "generate", {}) is None
-    storage.fs.rm_file(f"{storage._run_path}/{ref.key}")
+    storage.fs.rm_file(f"{storage.objects.run_path}/{ref.key}")
     assert storage.completed_stage(0, "generate", {}) is None
 
 
 def _fail_commit(storage: RunStorage, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the commit step of the next writes fail as a dropped connection would."""
-    if storage._local:
+    if storage.on_local_disk:
 
         def broken_replace(self: Path, target: object) -> None:
             raise ConnectionResetError("disk went away before the rename")
@@ -263,8 +263,8 @@ def test_interrupted_write_leaves_no_output_and_the_manifest_intact(
             storage.record_stage(5, "reward", {"g": "x"}, {"batch": first})
 
     storage.fs.invalidate_cache()
-    assert not storage.fs.exists(f"{storage._run_path}/iter_000005/reward/batch.arrow")
-    reward_dir = f"{storage._run_path}/iter_000005/reward"
+    assert not storage.fs.exists(f"{storage.objects.run_path}/iter_000005/reward/batch.arrow")
+    reward_dir = f"{storage.objects.run_path}/iter_000005/reward"
     leftovers = storage.fs.ls(reward_dir, detail=False) if storage.fs.exists(reward_dir) else []
     assert leftovers == []
     assert storage.read_manifest(5) == manifest_before
@@ -289,7 +289,7 @@ def test_unreachable_s3_raises_storage_error_naming_the_url() -> None:
 
 def _raw_put(storage: RunStorage, key: str, data: bytes) -> None:
     """Write behind the storage's back, as a crashed writer would have left it."""
-    path = f"{storage._run_path}/{key}"
+    path = f"{storage.objects.run_path}/{key}"
     storage.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     storage.fs.pipe_file(path, data)
 
