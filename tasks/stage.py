@@ -31,6 +31,7 @@ from nemo_rl_core.pipeline.context import BATCH, StageContext, StageRef, StageRe
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
 from nemo_rl_core.pipeline.spec import SHARD_PREFIX, Stage, shard_part, split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.manifest import RanOn
 from nemo_rl_core.storage.outage import StorageUnreachableError
 from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, RunStorage, StorageError
 
@@ -78,17 +79,17 @@ looks for a stored result, ~8 ms per task run for nothing (bench/RESULTS.md, iss
 """
 
 
-def where_this_runs() -> dict[str, str | None]:
+def where_this_runs() -> RanOn:
     """The work pool, worker, host and flow run executing this code (the manifest records
     them with each stage); pool and worker are None outside a worker's flow run."""
     context = FlowRunContext.get()
     flow_run = context.flow_run if context is not None else None
-    return {
-        "pool": flow_run.work_pool_name if flow_run is not None else None,
-        "worker": os.environ.get("PREFECT__WORKER_NAME"),
-        "host": socket.gethostname(),
-        "flow_run": str(flow_run.id) if flow_run is not None else None,
-    }
+    return RanOn(
+        pool=flow_run.work_pool_name if flow_run is not None else None,
+        worker=os.environ.get("PREFECT__WORKER_NAME"),
+        host=socket.gethostname(),
+        flow_run=str(flow_run.id) if flow_run is not None else None,
+    )
 
 
 def injected_faults(stage: str, iteration: int) -> set[str]:
@@ -126,8 +127,7 @@ def _damage_once(
     """Overwrite each output with one byte flipped, size unchanged, behind the manifest's
     back (what a bad disk or a partial overwrite does); the re-executed stage is spared: its
     repair is on the manifest, which a stage on another work pool reads as well."""
-    repairs = storage.read_manifest(iteration).get("repairs", [])
-    if {repair["key"] for repair in repairs} & {ref.key for ref in refs.values()}:
+    if storage.read_manifest(iteration).repaired_keys() & {ref.key for ref in refs.values()}:
         return
     for ref in refs.values():
         data = bytearray(storage.objects.get_optional(ref.key) or b"")
@@ -164,7 +164,7 @@ def run_stage(
             iteration,
             label,
         )
-        return StageRef.from_dict(entry["outputs"])
+        return StageRef(entry.outputs)
     faults = injected_faults(label, iteration)
     if "raise" in faults:
         raise InjectedFault(f"fault injected into stage {label!r} of iteration {iteration}")

@@ -1,5 +1,6 @@
 """The manifests of a run: which stages of an iteration are done, with which inputs and
-outputs, and the records of parts and of stages running elsewhere.
+outputs, and the records of parts and of stages running elsewhere; read and written as the
+typed records of ``manifest.py``, stored as the JSON they have always been.
 
 A stage is done only when its entry is in ``iter_<n>/MANIFEST.json`` (written whole, after
 its outputs). Inside one process manifest updates are serialised by a lock; on S3 each is
@@ -12,7 +13,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
 from nemo_rl_core.storage.layout import (
     ITER_RE,
@@ -24,6 +25,14 @@ from nemo_rl_core.storage.layout import (
     stage_key,
 )
 from nemo_rl_core.storage.lease import S3Object, VersionConflict, Versioned
+from nemo_rl_core.storage.manifest import (
+    COMPLETE,
+    Manifest,
+    RanOn,
+    Repair,
+    StageEntry,
+    StageRun,
+)
 from nemo_rl_core.storage.names import validate_name
 from nemo_rl_core.storage.object_store import IntegrityError, ObjectRef, ObjectStore, json_bytes
 from nemo_rl_core.storage.outage import StorageError
@@ -32,6 +41,14 @@ _MANIFEST_LOCK = threading.Lock()
 _MANIFEST_RACES = 8  # conditional manifest updates tried before giving up
 _MANIFESTS_REMEMBERED = 8  # iterations whose manifest version a ManifestStore keeps
 _UNSEEN: Any = object()  # no manifest version remembered (None: there is no manifest)
+
+
+class _Record(Protocol):
+    @classmethod
+    def from_dict(cls, data: Any) -> Self: ...
+
+
+R = TypeVar("R", bound=_Record)
 
 
 class ManifestStore:
@@ -43,8 +60,8 @@ class ManifestStore:
         # ETag; the base of the next conditional update (see ``_update_manifest``).
         self._manifest_seen: dict[int, Versioned | None] = {}
 
-    def read_manifest(self, iteration: int) -> dict:
-        """``{"stages": {stage: entry}}`` of an iteration; empty when none was recorded."""
+    def read_manifest(self, iteration: int) -> Manifest:
+        """An iteration's manifest; without stages when none was recorded."""
         if self.objects.s3:
             seen = self._read_manifest_version(iteration)
             data = None if seen is None else seen.data
@@ -65,17 +82,10 @@ class ManifestStore:
         seen = self._manifest_seen.get(iteration, _UNSEEN)
         return self._read_manifest_version(iteration) if seen is _UNSEEN else seen
 
-    def _parse_manifest(self, iteration: int, data: bytes | None) -> dict:
-        key = manifest_key(iteration)
+    def _parse_manifest(self, iteration: int, data: bytes | None) -> Manifest:
         if data is None:
-            return {"stages": {}}
-        try:
-            manifest = json.loads(data)
-        except ValueError as exc:
-            raise IntegrityError(f"{self.objects.url(key)} is not valid JSON: {exc}") from exc
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("stages"), dict):
-            raise IntegrityError(f"{self.objects.url(key)} has no 'stages' mapping")
-        return manifest
+            return Manifest({})
+        return _parsed(Manifest, data, self.objects.url(manifest_key(iteration)))
 
     def record_stage(
         self,
@@ -84,21 +94,18 @@ class ManifestStore:
         inputs: dict[str, str],
         outputs: dict[str, ObjectRef],
         metrics: dict | None = None,
-        ran_on: dict | None = None,
-    ) -> dict:
+        ran_on: RanOn | None = None,
+    ) -> StageEntry:
         """Commit a finished stage: its entry goes into ``MANIFEST.json`` (read-modify-write);
-        ``ran_on`` says where it ran (work pool, worker, host)."""
+        ``ran_on`` says where it ran (work pool, worker, host, flow run)."""
         validate_name("stage", stage)
         entry = self._entry(inputs, outputs, metrics, ran_on)
-
-        def add(manifest: dict) -> bool:
-            manifest["stages"][stage] = entry
-            return True
-
-        self._update_manifest(iteration, add)
+        self._update_manifest(iteration, lambda manifest: manifest.with_stage(stage, entry))
         return entry
 
-    def completed_stage(self, iteration: int, stage: str, inputs: dict[str, str]) -> dict | None:
+    def completed_stage(
+        self, iteration: int, stage: str, inputs: dict[str, str]
+    ) -> StageEntry | None:
         """The stage's entry if complete, not stale, with these inputs and intact outputs.
 
         Every output is read back and checked against its sha256: a damaged or truncated
@@ -115,7 +122,7 @@ class ManifestStore:
             manifest = self._parse_manifest(iteration, None if seen is None else seen.data)
         else:
             manifest = self.read_manifest(iteration)
-        return self._if_complete(manifest["stages"].get(stage), inputs)
+        return self._if_complete(manifest.stages.get(stage), inputs)
 
     def record_part(
         self,
@@ -125,21 +132,23 @@ class ManifestStore:
         inputs: dict[str, str],
         outputs: dict[str, ObjectRef],
         metrics: dict | None = None,
-        ran_on: dict | None = None,
-    ) -> dict:
+        ran_on: RanOn | None = None,
+    ) -> StageEntry:
         """Commit one part of a stage whose work is split (fan-out) in an entry object of
         its own, ``iter_<n>/<stage>/<part>.entry.json``: parts finish concurrently, possibly
         in other processes, so they never rewrite the manifest."""
         entry = self._entry(inputs, outputs, metrics, ran_on)
-        self.objects.put(self._part_key(iteration, stage, part), json.dumps(entry).encode())
+        self.objects.put(self._part_key(iteration, stage, part), _part_bytes(entry))
         return entry
 
     def completed_part(
         self, iteration: int, stage: str, part: str, inputs: dict[str, str]
-    ) -> dict | None:
+    ) -> StageEntry | None:
         """The part's entry if complete with these inputs and intact outputs (as a stage's)."""
-        data = self.objects.get_optional(self._part_key(iteration, stage, part))
-        return self._if_complete(None if data is None else json.loads(data), inputs)
+        key = self._part_key(iteration, stage, part)
+        data = self.objects.get_optional(key)
+        entry = None if data is None else _parsed(StageEntry, data, self.objects.url(key))
+        return self._if_complete(entry, inputs)
 
     def _part_key(self, iteration: int, stage: str, part: str) -> str:
         return stage_key(iteration, stage, f"{validate_name('part', part)}{PART_SUFFIX}")
@@ -149,27 +158,25 @@ class ManifestStore:
         inputs: dict[str, str],
         outputs: dict[str, ObjectRef],
         metrics: dict | None,
-        ran_on: dict | None = None,
-    ) -> dict:
+        ran_on: RanOn | None = None,
+    ) -> StageEntry:
         for ref in outputs.values():
             self.objects.check_key(ref.key)
-        entry = {
-            "status": "complete",
-            "inputs": dict(inputs),
-            "outputs": {name: ref.to_dict() for name, ref in outputs.items()},
-            "metrics": dict(metrics or {}),
-            "finished_at": datetime.now(UTC).isoformat(),
-        }
-        if ran_on is not None:
-            entry["ran_on"] = dict(ran_on)
-        return entry
+        return StageEntry(
+            status=COMPLETE,
+            inputs=dict(inputs),
+            outputs=dict(outputs),
+            metrics=dict(metrics or {}),
+            finished_at=datetime.now(UTC),
+            ran_on=ran_on,
+        )
 
-    def _if_complete(self, entry: dict | None, inputs: dict[str, str]) -> dict | None:
-        if entry is None or entry.get("status") != "complete" or entry.get("inputs") != inputs:
+    def _if_complete(self, entry: StageEntry | None, inputs: dict[str, str]) -> StageEntry | None:
+        if entry is None or not entry.complete or entry.inputs != inputs:
             return None
-        for ref in entry.get("outputs", {}).values():
+        for ref in entry.outputs.values():
             try:
-                self.objects.get_verified(ObjectRef.from_dict(ref), lambda data: None, mapped=True)
+                self.objects.get_verified(ref, lambda data: None, mapped=True)
             except IntegrityError:
                 return None
         return entry
@@ -177,17 +184,9 @@ class ManifestStore:
     def mark_stale(self, iteration: int, stages: list[str]) -> None:
         """Mark stages to be redone (e.g. everything downstream of a rerun stage), and the
         parts of each, so that a rerun stage computes its parts again too."""
-
-        def mark(manifest: dict) -> bool:
-            changed = False
-            for stage in stages:
-                entry = manifest["stages"].get(validate_name("stage", stage))
-                if entry is not None and entry.get("status") != "stale":
-                    entry["status"] = "stale"
-                    changed = True
-            return changed
-
-        self._update_manifest(iteration, mark)
+        for stage in stages:
+            validate_name("stage", stage)
+        self._update_manifest(iteration, lambda manifest: manifest.with_stale(stages))
         for stage in stages:
             self._mark_parts_stale(iteration, stage)
 
@@ -196,20 +195,18 @@ class ManifestStore:
         for name in self.objects.list_names(folder):
             if name.endswith(PART_SUFFIX):
                 key = f"{folder}/{name}"
-                entry = json.loads(self.objects.get_optional(key) or "{}")
-                if entry.get("status", "stale") != "stale":
-                    self.objects.put(key, json.dumps({**entry, "status": "stale"}).encode())
+                data = self.objects.get_optional(key)
+                if data is None:  # gone since the listing
+                    continue
+                entry = _parsed(StageEntry, data, self.objects.url(key))
+                if entry.complete:
+                    self.objects.put(key, _part_bytes(entry.marked_stale()))
 
     def record_repair(self, iteration: int, key: str, damage: str) -> None:
         """Note in the iteration's manifest that ``key`` was found damaged (``damage`` says how)
         and its producing stage re-made it."""
-        repair = {"key": key, "damage": damage, "at": datetime.now(UTC).isoformat()}
-
-        def note(manifest: dict) -> bool:
-            manifest.setdefault("repairs", []).append(repair)
-            return True
-
-        self._update_manifest(iteration, note)
+        repair = Repair(key, damage, datetime.now(UTC))
+        self._update_manifest(iteration, lambda manifest: manifest.with_repair(repair))
 
     def iterations(self) -> list[int]:
         """Iterations that have a directory (any stage output or manifest)."""
@@ -227,8 +224,10 @@ class ManifestStore:
         for old in sorted(self._manifest_seen)[:-_MANIFESTS_REMEMBERED]:
             self._manifest_seen.pop(old, None)  # another thread may have dropped it
 
-    def _update_manifest(self, iteration: int, change: Callable[[dict], bool]) -> None:
-        """Apply ``change`` to the iteration's manifest and write it, unless it returns False.
+    def _update_manifest(
+        self, iteration: int, change: Callable[[Manifest], Manifest | None]
+    ) -> None:
+        """Write the manifest ``change`` makes of the iteration's, unless it returns None.
 
         Threads of this process take turns (a lock). On S3 the write is conditional on the
         version this process last read or wrote, so a commit needs no GET first; a manifest
@@ -237,17 +236,18 @@ class ManifestStore:
         key = manifest_key(iteration)
         with _MANIFEST_LOCK:
             if not self.objects.s3:
-                manifest = self.read_manifest(iteration)
-                if change(manifest):
-                    self.objects.put(key, json_bytes(manifest))
+                changed = change(self.read_manifest(iteration))
+                if changed is not None:
+                    self.objects.put(key, json_bytes(changed.to_dict()))
                 return
             target = S3Object(self.objects.fs, self.objects.path(key))
             for _ in range(_MANIFEST_RACES):
                 base = self._known_manifest(iteration)
                 manifest = self._parse_manifest(iteration, None if base is None else base.data)
-                if not change(manifest):
+                changed = change(manifest)
+                if changed is None:
                     return
-                data = json_bytes(manifest)
+                data = json_bytes(changed.to_dict())
                 try:
                     if base is None:
                         version = self.objects.call(
@@ -267,15 +267,30 @@ class ManifestStore:
 
     # ---- stages running elsewhere ----------------------------------------------------
 
-    def write_stage_run(self, iteration: int, stage: str, record: dict) -> None:
+    def write_stage_run(self, iteration: int, stage: str, record: StageRun) -> None:
         """Record (and renew) a stage running in another process, e.g. on another work
         pool: who runs it and until when it promises to write this again (its heartbeat)."""
-        self.objects.put(self._stage_run_key(iteration, stage), json.dumps(record).encode())
+        key = self._stage_run_key(iteration, stage)
+        self.objects.put(key, json.dumps(record.to_dict()).encode())
 
-    def read_stage_run(self, iteration: int, stage: str) -> dict | None:
+    def read_stage_run(self, iteration: int, stage: str) -> StageRun | None:
         """The newest :meth:`write_stage_run` record of a stage, or None."""
-        data = self.objects.get_optional(self._stage_run_key(iteration, stage))
-        return None if data is None else json.loads(data)
+        key = self._stage_run_key(iteration, stage)
+        data = self.objects.get_optional(key)
+        return None if data is None else _parsed(StageRun, data, self.objects.url(key))
 
     def _stage_run_key(self, iteration: int, stage: str) -> str:
         return f"{STAGE_RUNS}/{iter_dir(iteration)}.{validate_name('stage', stage)}.json"
+
+
+def _part_bytes(entry: StageEntry) -> bytes:
+    """A part's entry as it is stored: compact JSON, in the entry's own key order."""
+    return json.dumps(entry.to_dict()).encode()
+
+
+def _parsed(record: type[R], data: bytes, url: str) -> R:
+    """``data`` read as a ``record``; ``IntegrityError`` naming the object and what is wrong."""
+    try:
+        return record.from_dict(json.loads(data))
+    except (ValueError, TypeError) as exc:  # json's JSONDecodeError is a ValueError
+        raise IntegrityError(f"{url} is not a valid {record.__name__}: {exc}") from exc

@@ -45,6 +45,7 @@ from nemo_rl_core.storage.checkpoint_store import CheckpointStore
 from nemo_rl_core.storage.containers import ARROW, BatchFormat
 from nemo_rl_core.storage.layout import COMMITTED, step_dir
 from nemo_rl_core.storage.lease import LEASE_KEY, ConditionalObject, Lease, LocalObject, S3Object
+from nemo_rl_core.storage.manifest import Manifest, RanOn, StageEntry, StageRun
 from nemo_rl_core.storage.manifest_store import ManifestStore
 from nemo_rl_core.storage.names import validate_name
 from nemo_rl_core.storage.object_store import IntegrityError, ObjectRef, ObjectStore
@@ -71,6 +72,9 @@ class RunStorage:
     ``batch_format`` is the container of stage outputs: ``"arrow"`` (Arrow IPC, read
     zero-copy; the default) or ``"parquet"`` (for runs whose outputs other tools read).
     Reads take either, so a run can switch, and outputs of older runs stay readable.
+
+    Each method hands over to its section (``objects``, ``manifests``, ``checkpoints``),
+    whose method of the same name says what it does; the commits check the lease first.
     """
 
     def __init__(
@@ -130,7 +134,7 @@ class RunStorage:
 
     # ---- manifest --------------------------------------------------------------------
 
-    def read_manifest(self, iteration: int) -> dict:
+    def read_manifest(self, iteration: int) -> Manifest:
         return self.manifests.read_manifest(iteration)
 
     def record_stage(
@@ -140,12 +144,14 @@ class RunStorage:
         inputs: dict[str, str],
         outputs: dict[str, ObjectRef],
         metrics: dict | None = None,
-        ran_on: dict | None = None,
-    ) -> dict:
+        ran_on: RanOn | None = None,
+    ) -> StageEntry:
         self._check_lease()
         return self.manifests.record_stage(iteration, stage, inputs, outputs, metrics, ran_on)
 
-    def completed_stage(self, iteration: int, stage: str, inputs: dict[str, str]) -> dict | None:
+    def completed_stage(
+        self, iteration: int, stage: str, inputs: dict[str, str]
+    ) -> StageEntry | None:
         return self.manifests.completed_stage(iteration, stage, inputs)
 
     def record_part(
@@ -156,14 +162,14 @@ class RunStorage:
         inputs: dict[str, str],
         outputs: dict[str, ObjectRef],
         metrics: dict | None = None,
-        ran_on: dict | None = None,
-    ) -> dict:
+        ran_on: RanOn | None = None,
+    ) -> StageEntry:
         self._check_lease()
         return self.manifests.record_part(iteration, stage, part, inputs, outputs, metrics, ran_on)
 
     def completed_part(
         self, iteration: int, stage: str, part: str, inputs: dict[str, str]
-    ) -> dict | None:
+    ) -> StageEntry | None:
         return self.manifests.completed_part(iteration, stage, part, inputs)
 
     def mark_stale(self, iteration: int, stages: list[str]) -> None:
@@ -226,10 +232,10 @@ class RunStorage:
 
     # ---- stages running elsewhere ----------------------------------------------------
 
-    def write_stage_run(self, iteration: int, stage: str, record: dict) -> None:
+    def write_stage_run(self, iteration: int, stage: str, record: StageRun) -> None:
         self.manifests.write_stage_run(iteration, stage, record)
 
-    def read_stage_run(self, iteration: int, stage: str) -> dict | None:
+    def read_stage_run(self, iteration: int, stage: str) -> StageRun | None:
         return self.manifests.read_stage_run(iteration, stage)
 
     # ---- lease -----------------------------------------------------------------------
@@ -276,9 +282,9 @@ class RunStorage:
         one line per damaged object (its URL, what was expected, what was found)."""
         damaged = []
         for iteration in self.iterations():
-            for entry in self.read_manifest(iteration)["stages"].values():
-                if entry.get("status") == "complete":
-                    refs = [ObjectRef.from_dict(r) for r in entry.get("outputs", {}).values()]
+            for entry in self.read_manifest(iteration).stages.values():
+                if entry.complete:
+                    refs = entry.outputs.values()
                     damaged += [p for ref in refs if (p := self.objects.problem(ref)) is not None]
         for step in self.committed_checkpoints():
             info = self.read_checkpoint_info(step)

@@ -53,10 +53,10 @@ def test_damaged_input_is_re_made_by_its_producer_within_the_iteration(
     assert run_iteration(one_iteration, run, 2) == ["iter_000002/produce/batch.arrow"]
     assert calls == {"produce": 2, "consume": 2}  # the first read found the damage
     manifest = RunStorage(str(tmp_path), "unit").read_manifest(2)
-    assert manifest["stages"]["consume"]["status"] == "complete"
-    [repair] = manifest["repairs"]  # the repair is on record, with both digests
-    assert repair["key"] == "iter_000002/produce/batch.arrow"
-    assert "has sha256" in repair["damage"] and "its reference says" in repair["damage"]
+    assert manifest.complete("consume") is not None
+    [repair] = manifest.repairs  # the repair is on record, with both digests
+    assert repair.key == "iter_000002/produce/batch.arrow"
+    assert "has sha256" in repair.damage and "its reference says" in repair.damage
 
 
 def test_damaged_input_error_names_the_object_and_is_not_retried() -> None:

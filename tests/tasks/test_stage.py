@@ -64,7 +64,7 @@ def test_injected_fault_fires_before_compute_and_records_nothing(run, monkeypatc
     with pytest.raises(InjectedFault, match="'reward' of iteration 1"):
         run_stage(run, 1, "reward", {"a": "1"}, compute)
     assert compute.calls == 1
-    assert "reward" not in open_storage(run).read_manifest(1).get("stages", {})
+    assert "reward" not in open_storage(run).read_manifest(1).stages
 
 
 class _State:
