@@ -45,9 +45,9 @@ from nemo_rl_core.pipeline.spec import Pipeline, split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.manifest import DamagedInput, StageRun
 from nemo_rl_core.utils.config import ConfigError
+from tasks.faults import kill_process_tree
 from tasks.stage import (
     STAGE_TASK_OPTIONS,
-    kill_process_tree,
     run_stage_tasks,
     stage_inputs,
     stage_logger,

@@ -9,16 +9,13 @@ recomputed (a failed flow run, run again with the same run_id, continues at the 
 stage); otherwise the stage computes, writes each output atomically and records it.
 """
 
-import contextlib
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
-import psutil
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
@@ -33,16 +30,11 @@ from nemo_rl_core.pipeline.spec import SHARD_PREFIX, Stage, shard_part, split_ro
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.manifest import RanOn
 from nemo_rl_core.storage.outage import StorageUnreachableError
-from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, RunStorage, StorageError
+from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, StorageError
+from tasks.faults import StageFaults
 
-FAULT_ENV = "NEMO_RL_CORE_FAULT"
-STALL_SECONDS = 600.0  # a stalled stage outlasts any timeout a test sets
 T = TypeVar("T")
 P = ParamSpec("P")
-
-
-class InjectedFault(RuntimeError):
-    """Raised where ``NEMO_RL_CORE_FAULT`` asks for a failure (fault-injection tests)."""
 
 
 def stage_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -92,50 +84,6 @@ def where_this_runs() -> RanOn:
     )
 
 
-def injected_faults(stage: str, iteration: int) -> set[str]:
-    """The modes ``NEMO_RL_CORE_FAULT=stage@iteration[:mode],...`` asks of this stage.
-
-    ``raise`` (the default) fails before the stage computes; ``kill`` SIGKILLs the process
-    (with its children) after it computed but before its outputs are committed, like a worker lost in the
-    middle of a stage; ``damage`` flips one byte of each committed output (once per run:
-    not again once the manifest records its repair), so the next stage reads an object that
-    no longer matches the manifest;
-    ``stall`` hangs in the stage's work for ``STALL_SECONDS``, as a stuck backend does.
-    """
-    spec = os.environ.get(FAULT_ENV, "")
-    modes = set()
-    for item in filter(None, spec.split(",")):
-        target, _, mode = item.partition(":")
-        if target == f"{stage}@{iteration}":
-            modes.add(mode or "raise")
-    return modes
-
-
-def kill_process_tree() -> None:
-    """SIGKILL this process and everything it started (forked reward workers), as a lost
-    machine takes them along: a surviving child would hold the worker's pipe to this
-    process open, and Prefect would see the crash only when that child exits."""
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _damage_once(
-    storage: RunStorage, stage: str, iteration: int, refs: Mapping[str, ObjectRef]
-) -> None:
-    """Overwrite each output with one byte flipped, size unchanged, behind the manifest's
-    back (what a bad disk or a partial overwrite does); the re-executed stage is spared: its
-    repair is on the manifest, which a stage on another work pool reads as well."""
-    if storage.read_manifest(iteration).repaired_keys() & {ref.key for ref in refs.values()}:
-        return
-    for ref in refs.values():
-        data = bytearray(storage.objects.get_optional(ref.key) or b"")
-        data[len(data) // 2] ^= 0xFF
-        storage.objects.put(ref.key, bytes(data))
-    stage_logger().warning("fault injected: damaged %s", sorted(r.key for r in refs.values()))
-
-
 def run_stage(
     run: RunRef,
     iteration: int,
@@ -165,20 +113,14 @@ def run_stage(
             label,
         )
         return StageRef(entry.outputs)
-    faults = injected_faults(label, iteration)
-    if "raise" in faults:
-        raise InjectedFault(f"fault injected into stage {label!r} of iteration {iteration}")
+    faults = StageFaults.asked(label, iteration)
     # One log line per stage, at its commit: every line is a row the API server writes, and
     # the task run's own state already says that the stage is running.
     started = time.perf_counter()
-    if "stall" in faults:  # short sleeps: a timeout raised into this thread lands between them
-        stall_until = time.monotonic() + STALL_SECONDS
-        while time.monotonic() < stall_until:
-            time.sleep(0.05)
+    faults.before_compute()
     result = compute()
     metrics = {**result.metrics, "seconds": time.perf_counter() - started}
-    if "kill" in faults:
-        kill_process_tree()
+    faults.after_compute()
     refs: dict[str, ObjectRef] = {}
     for name, value in result.outputs.items():
         stored = name if part is None else f"{part}.{name}"
@@ -199,8 +141,8 @@ def run_stage(
         sorted(refs),
         metrics["seconds"],
     )
-    if "damage" in faults:
-        _damage_once(storage, label, iteration, refs)
+    if damaged := faults.after_commit(storage, refs):
+        log.warning("fault injected: damaged %s", damaged)
     return StageRef(refs)
 
 

@@ -22,7 +22,8 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.pipeline.context import DamagedInputError, StageResult, read_input
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
-from tasks.stage import FAULT_ENV, is_transient, run_stage
+from tasks.faults import FAULT_ENV
+from tasks.stage import is_transient, run_stage
 
 
 def _stages(root: Path, run_id: str) -> dict:

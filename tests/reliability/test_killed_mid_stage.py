@@ -25,7 +25,7 @@ from reliability_helpers import (
 from nemo_rl_core.pipeline.algorithms import GRPO
 from nemo_rl_core.storage.lease import read_lease
 from nemo_rl_core.storage.run_storage import RunStorage
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 # The stages of a training iteration (validation is off in these configs).
 TRAINING_STAGES = [name for name in GRPO.stage_names if name != "validate"]

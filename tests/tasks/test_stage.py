@@ -8,7 +8,8 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.pipeline.context import StageRef, StageResult
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import StorageError
-from tasks.stage import FAULT_ENV, InjectedFault, is_transient, run_stage
+from tasks.faults import FAULT_ENV, InjectedFault
+from tasks.stage import is_transient, run_stage
 
 
 class Counter:

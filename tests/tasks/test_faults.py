@@ -1,0 +1,48 @@
+"""The fault-injection seam: which faults ``NEMO_RL_CORE_FAULT`` asks of a stage, and the
+damage it does through storage's public calls, once per run."""
+
+import pytest
+import torch
+
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.storage.run_storage import IntegrityError, RunStorage
+from tasks.faults import FAULT_ENV, InjectedFault, StageFaults
+
+
+def test_faults_are_asked_per_stage_and_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAULT_ENV, "reward@1,train@1:kill,reward/shard-0-of-2@1:damage")
+    assert StageFaults.asked("reward", 1).modes == {"raise"}
+    assert StageFaults.asked("train", 1).modes == {"kill"}
+    assert StageFaults.asked("reward/shard-0-of-2", 1).modes == {"damage"}
+    assert StageFaults.asked("reward", 2).modes == set()
+    with pytest.raises(InjectedFault, match="'reward' of iteration 1"):
+        StageFaults.asked("reward", 1).before_compute()
+    StageFaults.asked("train", 1).before_compute()  # a kill comes after compute
+
+
+def test_an_unknown_mode_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAULT_ENV, "reward@1:explode")
+    with pytest.raises(ValueError, match="'explode' in 'reward@1:explode'"):
+        StageFaults.asked("generate", 0)
+
+
+def test_damage_flips_a_byte_behind_the_manifest_until_its_repair_is_recorded(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = RunStorage(str(tmp_path), "faults")
+    ref = storage.write_batch(2, "produce", BatchedDataDict({"x": torch.arange(8.0)}))
+    storage.record_stage(2, "produce", {}, {"batch": ref})
+    monkeypatch.setenv(FAULT_ENV, "produce@2:damage")
+    faults = StageFaults.asked("produce", 2)
+    assert faults.after_commit(storage, {"batch": ref}) == [ref.key]
+    stored = (tmp_path / "runs" / "faults" / ref.key).read_bytes()
+    assert len(stored) == ref.size
+    with pytest.raises(IntegrityError, match="has sha256"):
+        storage.read_batch(ref)
+    assert storage.completed_stage(2, "produce", {}) is None
+
+    remade = storage.write_batch(2, "produce", BatchedDataDict({"x": torch.arange(8.0)}))
+    storage.record_repair(2, ref.key, "has sha256 ..., its reference says ...")
+    assert faults.after_commit(storage, {"batch": remade}) == [], "the re-made one is spared"
+    assert storage.read_batch(remade)["x"].tolist() == list(range(8))
+    assert StageFaults.asked("consume", 2).after_commit(storage, {"batch": remade}) == []
