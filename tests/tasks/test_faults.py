@@ -1,6 +1,12 @@
 """The fault-injection seam: which faults ``NEMO_RL_CORE_FAULT`` asks of a stage, and the
 damage it does through storage's public calls, once per run."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
 import pytest
 import torch
 
@@ -18,6 +24,32 @@ def test_faults_are_asked_per_stage_and_iteration(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(InjectedFault, match="'reward' of iteration 1"):
         StageFaults.asked("reward", 1).before_compute()
     StageFaults.asked("train", 1).before_compute()  # a kill comes after compute
+
+
+def test_kill_ends_the_process_and_its_children_after_compute(tmp_path) -> None:
+    """The stage's process and a child it forked (a reward worker) are SIGKILLed."""
+    child_pid = tmp_path / "child.pid"
+    code = textwrap.dedent(
+        f"""
+        import subprocess, sys
+        from tasks.faults import StageFaults
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        open({str(child_pid)!r}, "w").write(str(child.pid))
+        StageFaults.asked("train", 1).before_compute()
+        StageFaults.asked("train", 1).after_compute()
+        print("still alive")
+        """
+    )
+    env = {**os.environ, FAULT_ENV: "train@1:kill"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == -9 and "still alive" not in done.stdout, done.stderr
+    try:
+        status = psutil.Process(int(child_pid.read_text())).status()
+    except psutil.NoSuchProcess:
+        status = None
+    assert status in (None, psutil.STATUS_ZOMBIE), "the forked child outlived the kill"
 
 
 def test_an_unknown_mode_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
