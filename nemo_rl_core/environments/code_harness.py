@@ -34,6 +34,8 @@ _STDERR_TAIL = 2000
 
 def main(job: dict) -> None:
     """Run the stdout tests, then serve the assert tests; one record per child."""
+    if os.getpid() != 1:  # kill(-1) below is the box's own processes only as its pid 1
+        raise SystemExit("code_harness runs only as the first process of a sandbox")
     result_fd = job["result_fd"]
     for stdin in job["stdins"]:
         _record(result_fd, _run_program(job, stdin))
@@ -111,6 +113,8 @@ def _wait(pid: int, timeout_s: float | None) -> tuple[int, bool]:
 
 def _kill_the_rest() -> None:
     """As the namespace's pid 1, kill every other process of the box and reap them all."""
+    if os.getpid() != 1:  # anywhere else, -1 would mean every process this user may signal
+        raise SystemExit("code_harness kills processes only as a sandbox's first process")
     try:  # noqa: SIM105 -- contextlib would cost the box an import
         os.kill(-1, _SIGKILL)
     except ProcessLookupError:

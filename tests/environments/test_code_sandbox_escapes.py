@@ -7,6 +7,7 @@ processes the tests create themselves.
 """
 
 import errno
+import marshal
 import os
 import shutil
 import socket
@@ -19,6 +20,7 @@ import pytest
 from sandbox_attacks import UNHOOKED, processes_with, token
 
 from nemo_rl_core.environments.code_sandbox import SandboxLimits, require_sandbox, run_sandboxed
+from nemo_rl_core.environments.sandbox_box import BOOTSTRAP, PROGRAMS, compiled_modules, memfd
 from nemo_rl_core.environments.sandbox_uids import UidPool, live_processes
 
 
@@ -333,3 +335,44 @@ def test_the_audit_filter_keeps_its_lists_when_the_sample_rebinds_names():
         "sandbox: os.fork is not allowed",
         "sandbox: import of ctypes is not allowed",
     ], result
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the harness as a pool uid, with setpriv")
+def test_the_harness_refuses_to_run_outside_a_sandbox():
+    """Its clean-up kills every other process of its pid namespace (kill(-1) as pid 1);
+    anywhere else that would reach every process its user may signal. Run here as a pool
+    uid of its own beside a canary of that uid, so a regression harms nothing else."""
+    boundary, pool = require_sandbox(), UidPool()
+    uid = pool.take()
+    as_uid = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    canary = subprocess.Popen([*as_uid, "sleep", "30"])
+    code = compiled_modules(boundary.interpreter)
+    job = {
+        "modules": [(name, code[name]) for name in PROGRAMS["code_harness"]],
+        "main": "code_harness",
+        "source": "print(1)",
+        "stdins": [""],
+        "serve": False,
+        "rlimits": {},
+        "first_filter": False,
+        "wall_time_s": 5,
+        "output_bytes": 1000,
+    }
+    result_fd = memfd("result")
+    job_fd = memfd("job", marshal.dumps({**job, "result_fd": result_fd}))
+    try:
+        run = subprocess.run(
+            [*as_uid, boundary.interpreter, "-I", "-S", "-B", "-c", BOOTSTRAP, str(job_fd)],
+            pass_fds=(job_fd, result_fd),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert run.returncode != 0 and "only as the first process" in run.stderr, run
+        assert canary.poll() is None
+    finally:
+        os.close(job_fd)
+        os.close(result_fd)
+        canary.kill()
+        canary.wait()
+        pool.give(uid)
