@@ -75,6 +75,7 @@ def test_the_judge_evaluates_asserts_and_calls_the_solution_for_its_values(code_
         "                return [seen[target - n], i]\n            seen[n] = i\n"
         "def is_even(n):\n    return n % 2 == 0\n"
         "def rev(s):\n    return s[::-1]\n"
+        "def largest(xs):\n    return max(xs)\n"
         "if __name__ == '__main__':\n    print(rev(input()))\n"
     )
     tests = [
@@ -82,10 +83,12 @@ def test_the_judge_evaluates_asserts_and_calls_the_solution_for_its_values(code_
         {"assert": "assert Solution().two_sum([2, 7, 11], 9) == [0, 1]"},
         {"assert": "assert all(is_even(n) == (n % 2 == 0) for n in range(6))"},
         {"assert": "assert sum(is_even(n) for n in range(6)) == 3 and rev('ab') == 'ba'"},
+        # arguments far past the 4096-byte output limit, which bounds only what comes back
+        {"assert": "assert largest(list(range(5000))) == 4999"},
     ]
     assert step(code_env, code, tests) == (
         1.0,
-        {"tests": tests, "tests_passed": 4, "reward_reason": "all tests passed"},
+        {"tests": tests, "tests_passed": 5, "reward_reason": "all tests passed"},
     )
     opaque = "def f():\n    return object()"
     reward, meta = step(code_env, opaque, [{"assert": "assert f() == 1"}])
