@@ -111,12 +111,10 @@ class Box:
         self._init: int | None = None
         with contextlib.ExitStack() as stack:  # undone at once if the box does not start
             uid = _UIDS.take() if boundary.setpriv else None
-            if uid is not None:
-                stack.callback(_UIDS.give, uid)
             cgroup = None
             if boundary.cgroups is not None:
                 cgroup = RunCgroup(boundary.cgroups, memory_bytes, max_pids)
-                stack.callback(cgroup.remove)
+            stack.callback(_release, uid, cgroup)
             code = compiled_modules(boundary.interpreter)
             modules = [(name, code[name]) for name in PROGRAMS[program]]
             job_fd = memfd("job", marshal.dumps({**job, "modules": modules, "main": program}))
@@ -171,6 +169,18 @@ class Box:
 
     def close(self) -> None:
         self._stack.close()
+
+
+def _release(uid: int | None, cgroup: RunCgroup | None) -> None:
+    """Remove the box's cgroup (killing what is left in it), then give its uid back."""
+    emptied = False
+    try:
+        if cgroup is not None:
+            cgroup.remove()
+            emptied = True
+    finally:
+        if uid is not None:
+            _UIDS.give(uid, emptied=emptied)
 
 
 def _bwrap_command(
