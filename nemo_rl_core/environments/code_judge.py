@@ -59,6 +59,7 @@ class Channel:
     def __init__(self, requests: int, replies: int, limit: int) -> None:
         self.requests, self.replies, self.limit = requests, replies, limit
         self.deadline: float | None = None
+        self._objects: dict[str, SolutionObject] = {}
         os.set_blocking(requests, False)
 
     def _wait_for(self, fd: int, event: int) -> None:
@@ -123,8 +124,15 @@ class Channel:
         raise ChannelError("the sandbox broke the protocol: an unexpected answer")
 
     def lookup(self, name: str) -> object:
+        """The solution's ``name``: its objects once per sample, its plain values per test
+        (a test may change its copy)."""
+        if name in self._objects:
+            return self._objects[name]
         reply = self._exchange(("name", name))
-        return _MISSING if reply == {"missing": name} else self._result(reply)
+        value = _MISSING if reply == {"missing": name} else self._result(reply)
+        if isinstance(value, SolutionObject):
+            self._objects[name] = value
+        return value
 
     def attribute(self, ref: int, name: str) -> object:
         return self._result(self._exchange(("attr", ref, name)))
