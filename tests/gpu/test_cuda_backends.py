@@ -112,7 +112,8 @@ def test_megatron_policy_on_the_gpu_equals_hf_and_learns(tiny_model_dir: Path) -
 
 def test_a_grpo_iteration_of_the_core_steps_runs_on_the_gpu(tiny_model_dir: Path) -> None:
     """Prompts -> HF generation -> math rewards -> logprobs -> advantages -> a train step,
-    all with the policy on the GPU (vLLM-CUDA is not installable on the lent machine)."""
+    all with the policy on the GPU, whatever the generation backends installed
+    (``bench/gpu_check.sh`` runs the flow's iteration with vLLM-CUDA)."""
     from nemo_rl_core.algorithms import grpo
 
     config = grpo.load_master_config(
