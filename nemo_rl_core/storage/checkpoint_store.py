@@ -65,7 +65,7 @@ class CheckpointStore:
             raise FileNotFoundError(f"checkpoint directory {local_dir} does not exist")
         ckpt = step_dir(step)
         record = json_bytes(info)
-        self.objects.delete_tree(ckpt)  # an older attempt at this step, committed or not
+        self._delete_checkpoint(step)  # an older attempt at this step, committed or not
         if self._is_staged_here(local_dir):
             for stray in (COMMITTED, TRAINING_INFO):
                 (local_dir / stray).unlink(missing_ok=True)
@@ -191,7 +191,7 @@ class CheckpointStore:
         kept = set(committed[-keep_newest:])
         off_period = {s for s in committed if s % save_period != 0 and s not in kept}
         for step in sorted(off_period):
-            self.objects.delete_tree(step_dir(step))
+            self._delete_checkpoint(step)
         committed = [s for s in committed if s not in off_period]
         if keep_top_k is None:
             return sorted(off_period)
@@ -212,8 +212,14 @@ class CheckpointStore:
         uncommitted = set(all_steps) - set(committed) - off_period  # dead saves
         doomed |= {s for s in uncommitted if s < latest}
         for step in sorted(doomed):
-            self.objects.delete_tree(step_dir(step))
+            self._delete_checkpoint(step)
         return sorted(doomed | off_period)
+
+    def _delete_checkpoint(self, step: int) -> None:
+        """Delete checkpoint ``step``, its ``COMMITTED`` marker before its other files: a
+        delete cut short (a killed prune or re-save) leaves an uncommitted leftover, which
+        nothing reads, never a committed checkpoint with files missing."""
+        self.objects.delete_tree(step_dir(step), first=COMMITTED)
 
 
 def _give_default_modes(root: Path) -> None:

@@ -302,17 +302,24 @@ class ObjectStore:
             return self.call(key, lambda: self.fs.find(parent, prefix=f"{name}/"))
         return self.call(key, lambda: self.fs.find(path, withdirs=self.local))
 
-    def delete_tree(self, key: str) -> None:
-        """Delete everything under ``key``, if anything. On an object store that is one
-        listing and a bulk delete of the keys found: asking whether the folder exists and
-        removing it recursively would cost a lookup and two more listings."""
+    def delete_tree(self, key: str, first: str | None = None) -> None:
+        """Delete everything under ``key``, if anything; the object ``key/first``, if there,
+        before the others. On an object store that is one listing and a bulk delete of the
+        keys found: asking whether the folder exists and removing it recursively would cost
+        a lookup and two more listings."""
         path = self.path(key)
+        head = posixpath.join(path, first) if first else None
         try:
             if self.local:
                 if self.call(key, lambda: self.fs.exists(path)):
+                    if head is not None:
+                        Path(head).unlink(missing_ok=True)
                     self.call(key, lambda: self.fs.rm(path, recursive=True))
                 return
             objects = self.find(key)
+            if head in objects:
+                self.call(key, lambda: self.fs.rm([head]))
+                objects.remove(head)
             if objects:
                 self.call(key, lambda: self.fs.rm(objects))
         except FileNotFoundError:

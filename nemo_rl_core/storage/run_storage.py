@@ -20,7 +20,8 @@ PUT, single or multipart, is atomic by itself, so it is written to its key direc
 stage is done only when its entry is in ``MANIFEST.json`` (written the same way, after
 its outputs), so a stage interrupted before that leaves no entry and the previous
 manifest untouched; its partial outputs, if any, are never referenced. Checkpoints
-count only once their ``COMMITTED`` marker, written after every other file, exists.
+count only once their ``COMMITTED`` marker, written after every other file (and deleted
+before them), exists.
 
 Concurrent writers of one run are excluded by the lease (``acquire_lease``); inside one
 process manifest updates are serialised by a lock. Credentials in ``storage_options``
