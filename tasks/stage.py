@@ -27,6 +27,7 @@ from prefect.futures import wait
 from prefect.task_engine import TaskRunTimeoutError
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks
 from nemo_rl_core.pipeline.context import BATCH, StageContext, StageRef, StageResult
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
 from nemo_rl_core.pipeline.spec import SHARD_PREFIX, Stage, shard_part, split_round
@@ -282,7 +283,12 @@ def run_stage_tasks(
 ) -> StageRef:
     """Stage ``name`` as task runs: where ``orchestration.fan_out`` splits it, its shards
     first, concurrently (all of them finish, or fail, before the merge; a run continued
-    after a failed shard computes that shard alone), then the stage that merges them."""
+    after a failed shard computes that shard alone), then the stage that merges them. The
+    training stage of a world above one rank runs on this machine's ranks (``spmd_stage``)."""
+    if runs_across_ranks(config, runtime_for(run).pipeline.stage(name).commits):
+        from tasks.spmd_stage import spmd_stage  # it builds on this module
+
+        return stage_task_for(config, name, spmd_stage)(run, iteration, name, upstream)
     count = config.orchestration.fan_out.get(split_round(name)[0], 1)
     if count > 1:
         shard_task = stage_task_for(config, name, stage_shard)

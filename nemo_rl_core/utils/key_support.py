@@ -18,6 +18,7 @@ every master config to carrying exactly one rule, so a key cannot be accepted an
 """
 
 import importlib
+import os
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -32,9 +33,10 @@ from nemo_rl_core.utils.cuda_devices import visible_cuda_devices
 
 @dataclass(frozen=True)
 class Machine:
-    """What this process can run on: its CUDA devices."""
+    """What this process can run on: its CUDA devices and CPU cores."""
 
     cuda_devices: int
+    cpu_cores: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     @staticmethod
     @cache
