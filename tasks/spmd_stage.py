@@ -29,7 +29,6 @@ from prefect import task
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from nemo_rl_core.distributed.node_launch import Rendezvous, RendezvousNotes, launch_node
-from nemo_rl_core.distributed.virtual_cluster import training_world
 from nemo_rl_core.distributed.world import from_writer, init_rank, is_writer
 from nemo_rl_core.pipeline.context import StageContext, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
@@ -39,6 +38,7 @@ from tasks.stage import STAGE_TASK_OPTIONS, injected_faults, run_stage, stage_in
 
 COLLECTIVE_TIMEOUT_S = 1800.0
 """How long a rank waits in one collective for its peers before the stage fails."""
+FAULT_NOTES = "injected-faults"  # the notes of faults that fired (once per run)
 
 
 def launch_stage_node(
@@ -80,14 +80,16 @@ def spmd_stage(run: RunRef, iteration: int, name: str, upstream: dict[str, Stage
     inputs = stage_inputs(runtime, runtime.pipeline.stage(name), iteration, upstream)
     storage = open_storage(run)
     if (entry := storage.completed_stage(iteration, name, inputs)) is None:
-        nodes, per_node = training_world(runtime.config)
-        if nodes > 1:
-            raise ConfigError(
-                f"cluster.num_nodes={nodes}: stage {name!r} spans {nodes} machines; place it on "
-                f"a work pool (cluster.placement.{name}) whose workers each launch one node"
-            )
         attempt = f"{run.run_id}-it{iteration}-{name}-{uuid.uuid4().hex[:12]}"
-        launch_stage_node(run, iteration, name, upstream, 0, Rendezvous(attempt, 1, per_node))
+        rendezvous = Rendezvous.for_cluster(runtime.config, attempt)
+        if rendezvous.nnodes > 1:
+            raise ConfigError(
+                f"cluster.num_nodes={rendezvous.nnodes}: stage {name!r} spans "
+                f"{rendezvous.nnodes} machines; each worker of its pool "
+                f"(cluster.placement.{name}) launches one node (launch_stage_node), which "
+                "this flow does not submit yet"
+            )
+        launch_stage_node(run, iteration, name, upstream, 0, rendezvous)
         entry = storage.read_manifest(iteration)["stages"].get(name)
         if entry is None or entry.get("status") != "complete":
             raise RuntimeError(f"stage {name!r}: its ranks ended without committing it")
@@ -107,11 +109,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _kill_mid_step_if_asked(stage: str, iteration: int) -> None:
+def _kill_mid_step_if_asked(run: RunRef, stage: str, iteration: int) -> None:
     """``NEMO_RL_CORE_FAULT=<stage>@<iteration>:kill-rank<r>``: rank r SIGKILLs itself in
-    its first backward pass, while its peers wait for it in the step's collectives."""
-    if f"kill-rank{dist.get_rank()}" not in injected_faults(stage, iteration):
+    its first backward pass, while its peers wait for it in the step's collectives; once
+    per run (a note on storage says it fired), so that the retry runs undisturbed."""
+    fault = f"kill-rank{dist.get_rank()}"
+    if fault not in injected_faults(stage, iteration):
         return
+    storage = open_storage(run)
+    if storage.read_rendezvous_note(iteration, stage, FAULT_NOTES, fault) is not None:
+        return
+    storage.write_rendezvous_note(iteration, stage, FAULT_NOTES, fault, {"pid": os.getpid()})
 
     def die(*_: Any) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -131,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     runtime = runtime_for(run)
     spec = runtime.pipeline.stage(args.stage)
     inputs = stage_inputs(runtime, spec, args.iteration, upstream)
-    _kill_mid_step_if_asked(args.stage, args.iteration)
+    _kill_mid_step_if_asked(run, args.stage, args.iteration)
     storage = open_storage(run)
     done = from_writer(storage.completed_stage(args.iteration, args.stage, inputs) is not None)
     if not done:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 import psutil
+import torch
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
@@ -28,6 +29,7 @@ from prefect.task_engine import TaskRunTimeoutError
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks
+from nemo_rl_core.distributed.world import is_distributed
 from nemo_rl_core.pipeline.context import BATCH, StageContext, StageRef, StageResult
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
 from nemo_rl_core.pipeline.spec import SHARD_PREFIX, Stage, shard_part, split_round
@@ -79,17 +81,21 @@ looks for a stored result, ~8 ms per task run for nothing (bench/RESULTS.md, iss
 """
 
 
-def where_this_runs() -> dict[str, str | None]:
+def where_this_runs() -> dict[str, Any]:
     """The work pool, worker, host and flow run executing this code (the manifest records
-    them with each stage); pool and worker are None outside a worker's flow run."""
+    them with each stage), and the number of ranks of a stage run across processes; pool
+    and worker are None outside a worker's flow run."""
     context = FlowRunContext.get()
     flow_run = context.flow_run if context is not None else None
-    return {
+    where: dict[str, Any] = {
         "pool": flow_run.work_pool_name if flow_run is not None else None,
         "worker": os.environ.get("PREFECT__WORKER_NAME"),
         "host": socket.gethostname(),
         "flow_run": str(flow_run.id) if flow_run is not None else None,
     }
+    if is_distributed():  # rank 0 of a stage run across processes (tasks.spmd_stage)
+        where["ranks"] = torch.distributed.get_world_size()
+    return where
 
 
 def injected_faults(stage: str, iteration: int) -> set[str]:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_core.distributed.virtual_cluster import training_world
 from nemo_rl_core.storage.run_storage import RunStorage
 
 POLL_S = 0.5
@@ -57,6 +58,21 @@ class Rendezvous:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    @classmethod
+    def for_cluster(cls, config: Any, attempt: str, host: str | None = None) -> "Rendezvous":
+        """The training stage's rendezvous as the config's ``cluster:`` asks for it: its
+        nodes and ranks per node, ``rendezvous_timeout_seconds``, ``rendezvous_endpoint``."""
+        nodes, per_node = training_world(config)
+        cluster = config.cluster
+        return cls(
+            attempt,
+            nodes,
+            per_node,
+            join_timeout_s=cluster.rendezvous_timeout_seconds,
+            endpoint=cluster.rendezvous_endpoint,
+            host=host,
+        )
 
 
 class RendezvousNotes:
@@ -194,7 +210,7 @@ def _published_endpoint(node_rank: int, rendezvous: Rendezvous, notes: Rendezvou
         notes.publish_endpoint(endpoint)
         return endpoint
     deadline = time.monotonic() + rendezvous.join_timeout_s
-    while (endpoint := notes.endpoint()) is None:
+    while (published := notes.endpoint()) is None:
         if time.monotonic() > deadline:
             raise _never_joined(
                 f"{_label(notes)}, node {node_rank} of {rendezvous.nnodes}",
@@ -203,7 +219,7 @@ def _published_endpoint(node_rank: int, rendezvous: Rendezvous, notes: Rendezvou
                 "node 0 never published the endpoint of the store it hosts",
             )
         time.sleep(POLL_S)
-    return endpoint
+    return published
 
 
 def _never_joined(

@@ -34,7 +34,7 @@ PLACEMENT_KEYS = frozenset(
 """The keys of ``cluster:`` that say where stages run, not what they compute."""
 
 TRAIN_STAGE = "train"  # every algorithm's committing stage
-_SPMD = "tasks.spmd_stage:launch_stage_node"
+_SPMD = "nemo_rl_core.distributed.node_launch:Rendezvous.for_cluster"
 
 NO_RAY_PORTS = Check(
     lambda value, context: None,

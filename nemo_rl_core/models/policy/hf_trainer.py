@@ -32,13 +32,14 @@ from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, packed_layout, padded_layout
 from nemo_rl_core.models.policy.hf_loading import check_vocab, embedding_rows
 from nemo_rl_core.models.policy.optim import build_optimizer, build_scheduler
-from nemo_rl_core.models.policy.sharding import Sharding
 from nemo_rl_core.models.policy.utils import check_model_inputs
 from nemo_rl_core.utils.config import filled
 from nemo_rl_core.utils.timer import Timer
 
-if TYPE_CHECKING:  # peft loads only where LoRA is used
+if TYPE_CHECKING:  # peft loads only where LoRA is used, FSDP/TP only across ranks
     from peft import PeftModel
+
+    from nemo_rl_core.models.policy.sharding import Sharding
 
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
@@ -107,10 +108,10 @@ class HFTrainable(ABC):
         if optimizer_path is not None:
             self.load_optimizer(optimizer_path)
 
-    def _shard(self) -> Sharding:
+    def _shard(self) -> "Sharding":
         from nemo_rl_core.models.policy.sharding import shard_model
 
-        if "PeftModel" in type(self.model).__name__:
+        if not isinstance(self.model, PreTrainedModel):  # peft's LoRA wrapper
             raise NotImplementedError(
                 "dtensor_cfg.lora_cfg.enabled trains in one process here; set "
                 "cluster.num_nodes=1 and cluster.gpus_per_node<=1 to train LoRA adapters"

@@ -38,6 +38,7 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     parallelize_module,
 )
+from transformers import PreTrainedModel
 
 _TP_KEY = "dtensor_cfg.tensor_parallel_size"
 
@@ -68,7 +69,7 @@ class Sharding:
 
 
 def shard_model(
-    model: torch.nn.Module, tp_size: int, custom_plan: str | None, device: torch.device
+    model: PreTrainedModel, tp_size: int, custom_plan: str | None, device: torch.device
 ) -> Sharding:
     """Apply TP (when ``tp_size`` > 1), then FSDP2, in place; where this rank sits."""
     world = dist.get_world_size()
@@ -83,17 +84,17 @@ def shard_model(
         tied = _tied_embeddings(model)
         parallelize_module(model, mesh["tp"], tensor_parallel_plan(model, custom_plan))
         if tied:  # the plan replaced both parameters; share one again, as before
-            model.get_output_embeddings().weight = model.get_input_embeddings().weight
+            head: Any = model.get_output_embeddings()
+            head.weight = model.get_input_embeddings().weight
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False)
     return Sharding(mesh, mesh["dp"].get_local_rank(), mesh["dp"].size(), tp_size)
 
 
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+def decoder_layers(model: PreTrainedModel) -> list[torch.nn.Module]:
     """The repeated blocks FSDP shards one by one (each all-gathered only while it runs)."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    layers = getattr(decoder, "layers", None)
+    layers = getattr(model.get_decoder(), "layers", None)
     if layers is None:
         base = getattr(model, getattr(model, "base_model_prefix", ""), None)
         layers = getattr(base, "layers", None)
@@ -105,7 +106,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def tensor_parallel_plan(model: torch.nn.Module, custom_plan: str | None) -> dict[str, Any]:
+def tensor_parallel_plan(model: PreTrainedModel, custom_plan: str | None) -> dict[str, Any]:
     """``{module pattern: ParallelStyle}``: ``custom_parallel_plan`` (a dotted path to such a
     dict, or to a function returning one, as in NeMo RL), else the model class's own."""
     if custom_plan is not None:
@@ -141,7 +142,7 @@ def tensor_parallel_plan(model: torch.nn.Module, custom_plan: str | None) -> dic
     return {pattern: _HF_STYLES[style]() for pattern, style in hf_plan.items()}
 
 
-def _check_heads(model: torch.nn.Module, tp_size: int) -> None:
+def _check_heads(model: PreTrainedModel, tp_size: int) -> None:
     config = model.config
     for name in ("num_attention_heads", "num_key_value_heads"):
         heads = getattr(config, name, None)
@@ -149,8 +150,8 @@ def _check_heads(model: torch.nn.Module, tp_size: int) -> None:
             raise ValueError(f"{_TP_KEY}={tp_size} must divide the model's {name}={heads}")
 
 
-def _tied_embeddings(model: torch.nn.Module) -> bool:
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+def _tied_embeddings(model: PreTrainedModel) -> bool:
+    head = model.get_output_embeddings()
     return head is not None and head.weight is model.get_input_embeddings().weight
 
 
@@ -204,7 +205,7 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded weights, on rank 0's CPU (empty elsewhere); every rank must call it.
     A parameter shared under two names (tied embeddings) is kept under its first name
     only, as ``save_pretrained`` of the unsharded model writes it."""
-    state = get_model_state_dict(model, options=_FULL_ON_WRITER)
+    state: dict[str, Any] = get_model_state_dict(model, options=_FULL_ON_WRITER)
     first_names = {name for name, _ in model.named_parameters()}
     aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - first_names
     return {name: tensor for name, tensor in state.items() if name not in aliases}
@@ -216,7 +217,7 @@ def full_optimizer_state(
     """The optimizer's unsharded state on rank 0 (empty elsewhere), in the one-process
     layout (``optimizer.state_dict()``: parameters numbered in order), so a checkpoint
     resumes at any world size; every rank must call it."""
-    by_name = get_optimizer_state_dict(model, optimizer, options=_FULL_ON_WRITER)
+    by_name: Any = get_optimizer_state_dict(model, optimizer, options=_FULL_ON_WRITER)
     if not by_name:
         return {}
     index = {name: i for i, name in enumerate(trainable_names(model))}
@@ -235,7 +236,7 @@ def load_full_optimizer_state(
     """Load a one-process ``optimizer.state_dict()`` into the sharded optimizer, each rank
     keeping its shard; every rank must call it with the same state."""
     names = trainable_names(model)
-    by_name = {
+    by_name: Any = {
         "state": {names[i]: state for i, state in numbered["state"].items()},
         "param_groups": [
             {**group, "params": [names[i] for i in group["params"]]}
