@@ -193,7 +193,7 @@ def _dtensor_or_megatron(enabled: bool, context: SupportContext) -> str | None:
 
 
 _TP = "dtensor_cfg.tensor_parallel_size"
-_ONE_PROCESS = (
+_ONE_PROCESS = (  # what the HF backend does across ranks
     "the HF backend shards over FSDP2 x tensor parallelism only "
     "(cluster.num_nodes x cluster.gpus_per_node ranks, dtensor_cfg.tensor_parallel_size)"
 )
@@ -258,7 +258,7 @@ class DTensorConfig(StrictModel):
     ] = Field(1, ge=1)
     custom_parallel_plan: Annotated[str | None, PartOf(_TP)] = None
     dp_replicate_size: Annotated[
-        int, Only(1, reason=f"HSDP's replicated shards need several ranks: {_ONE_PROCESS}")
+        int, Only(1, reason=f"HSDP (replicated FSDP shard groups) is not built: {_ONE_PROCESS}")
     ] = Field(1, ge=1)
     expert_parallel_size: Annotated[
         int,
