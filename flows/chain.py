@@ -52,8 +52,8 @@ def check_chain(configs: dict[str, str], overrides: dict[str, list[str]]) -> Non
     SFT starts from, which the handed-on checkpoint replaces."""
     from flows.config_check import check_run_config
     from nemo_rl_core.algorithms.grpo_config import MasterConfig
-    from nemo_rl_core.algorithms.sft import SFTMasterConfig, data_setup
-    from nemo_rl_core.evals.eval import check_eval_config
+    from nemo_rl_core.algorithms.sft_config import SFTMasterConfig, data_setup
+    from nemo_rl_core.evals.config_check import check_eval_config
 
     sft = check_run_config(SFTMasterConfig, configs["sft"], overrides["sft"], data_setup)
     stand_in = sft.policy.model_name
@@ -89,7 +89,7 @@ def final_checkpoint(storage_root: str, run_id: str, chain_id: str, link: str) -
 if __name__ != "__main__":
     from prefect import flow
 
-    from flows.eval import evaluate
+    from flows.evaluation import evaluate
     from flows.grpo import grpo
     from flows.run_setup import load_storage_block, new_run_id
     from flows.sft import sft

@@ -7,6 +7,8 @@ place from the newest weights (from the warm policy's memory when it holds them,
 from the checkpoint on storage) instead of being restarted.
 """
 
+import hashlib
+import json
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -17,15 +19,13 @@ from typing import Any, Protocol
 
 import torch
 
-from nemo_rl_core.algorithms.grpo import (
-    digest_json,
-    make_task_to_env,
-    planned_steps,
-)
+from nemo_rl_core.algorithms.schedule import planned_steps
+from nemo_rl_core.algorithms.scoring import make_task_to_env
+from nemo_rl_core.config.cluster import PLACEMENT_KEYS
+from nemo_rl_core.config.orchestration import SECTION
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import DataSetup, build_dataset
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.distributed.virtual_cluster import PLACEMENT_KEYS
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
 from nemo_rl_core.models.generation import configure_generation_config, make_generation
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
@@ -35,8 +35,8 @@ from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import make_value_model
 from nemo_rl_core.models.value.interfaces import ValueInterface
-from nemo_rl_core.pipeline.orchestration import SECTION
-from nemo_rl_core.pipeline.spec import Pipeline, Version, declared, pipeline_for_config
+from nemo_rl_core.pipeline.registry import pipeline_for_config
+from nemo_rl_core.pipeline.spec import Pipeline, Version, declared
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
 from nemo_rl_core.utils.checkpoint import (
@@ -50,6 +50,11 @@ from nemo_rl_core.utils.checkpoint import (
     read_training_info,
     weights_version,
 )
+
+
+def digest_json(value: Any) -> str:
+    """A stable digest of JSON-able data (configs, dataloader states)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class RefitSource(Protocol):

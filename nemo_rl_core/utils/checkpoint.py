@@ -1,8 +1,6 @@
-"""Checkpoints: NeMo RL's ``checkpointing:`` section, what a committed checkpoint holds, and
-which weights version a stage worked from.
-
-``checkpoint_dir`` is the storage root of the run: a local path or an fsspec URL
-(``s3://bucket/prefix``); runs, stage outputs and checkpoints all live below it.
+"""Checkpoints: what a committed checkpoint holds, and which weights version a stage worked
+from. NeMo RL's ``checkpointing:`` section is :mod:`nemo_rl_core.config.checkpointing`'s,
+importable here by NeMo RL's path.
 
 A checkpoint is committed by the stage that trained it and is how weights reach the next
 iteration. It holds each trained model in HF layout (the policy at its root, so vLLM and
@@ -20,12 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict
 
-from nemo_rl_core.utils.key_support import Only, Wired, inert
-from nemo_rl_core.utils.timer import convert_to_seconds
+from nemo_rl_core.config.checkpointing import CheckpointingConfig  # noqa: F401 - NeMo RL's path
 
 if TYPE_CHECKING:  # run storage loads torch and pyarrow; the config check reads this file
     from nemo_rl_core.storage.run_storage import RunStorage
@@ -35,65 +32,6 @@ MODEL_DIRS = {"policy": "", "value": "value"}
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_DIR = "optimizer"
 INITIAL_STEP = 0  # step 0 is the model the run started from, never a stored checkpoint
-
-
-_RETENTION = Wired("nemo_rl_core.pipeline.stages:retain_checkpoints")
-
-
-class CheckpointingConfig(BaseModel):
-    """NeMo RL's ``checkpointing:``. Every iteration commits a checkpoint (the next one
-    starts from it); ``save_period``, ``keep_top_k`` and ``metric_name`` decide which stay."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: Annotated[
-        bool,
-        Only(
-            True,
-            reason="stages hand weights to the next iteration through checkpoints, so a "
-            "staged run needs checkpointing enabled",
-        ),
-    ] = True
-    checkpoint_dir: Annotated[str, Wired("flows.run_setup:open_run")] = "results"
-    metric_name: Annotated[str | None, _RETENTION] = None
-    higher_is_better: Annotated[bool, _RETENTION] = True
-    keep_top_k: Annotated[int | None, _RETENTION] = Field(default=None, ge=1)
-    save_period: Annotated[int, _RETENTION] = Field(default=1, ge=1)
-    # DD:HH:MM:SS after the flow run starts; it stops one average iteration early.
-    checkpoint_must_save_by: Annotated[str | None, Wired("flows.loop:run_iterations")] = None
-    # null: NeMo RL's "the policy worker's own format" (its v1 DTensor worker's); the one
-    # policy backend here writes HF safetensors.
-    model_save_format: Annotated[
-        str | None,
-        Only(
-            "safetensors",
-            None,
-            reason="checkpoints are HF safetensors directories that transformers, vLLM and "
-            "the next stage load; torch_save (DCP) is not written",
-        ),
-    ] = "safetensors"
-    save_consolidated: Annotated[
-        bool,
-        inert(
-            "consolidated or sharded across NeMo RL's DTensor ranks: rank 0 here writes one "
-            "consolidated HF directory at any world size",
-        ),
-    ] = True
-    save_optimizer: Annotated[
-        bool,
-        Only(
-            True,
-            reason="each iteration's train stage resumes the optimizer from the checkpoint "
-            "before it; without the saved state every step would start a fresh optimizer",
-        ),
-    ] = True
-
-    @field_validator("checkpoint_must_save_by")
-    @classmethod
-    def _deadline_format(cls, value: str | None) -> str | None:
-        if value is not None:
-            convert_to_seconds(value)
-        return value
 
 
 class Checkpointable(Protocol):

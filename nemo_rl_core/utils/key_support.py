@@ -149,18 +149,6 @@ def inert(why: str) -> Check:
     return Check(lambda value, context: None, why)
 
 
-def needs_gpus(count: Callable[[Any], int], what: str) -> Check:
-    """Refuse a value that asks for more CUDA devices than this machine has."""
-
-    def test(value: Any, context: SupportContext) -> str | None:
-        wanted = count(value)
-        if wanted <= max(context.machine.cuda_devices, 1):
-            return None
-        return f"{what} needs {wanted} GPUs, this machine has {context.machine.gpus_phrase()}"
-
-    return Check(test, f"{what}: as many GPUs as it asks for must be present")
-
-
 def gpu_memory_knob(off: Any, what: str) -> Check:
     """A knob that only moves or frees GPU memory, not built here: without a CUDA device
     everything already sits in host memory and every value computes the same; on a GPU

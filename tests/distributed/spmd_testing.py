@@ -13,8 +13,7 @@ from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.spec import declared
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.spmd_stage import launch_stage_node
-from tasks.stage import stage
+from tasks.stage import launch_stage_node, stage
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "sft_tiny.yaml"
 

@@ -9,7 +9,7 @@ from flow_testing import stages_of
 
 from flows.sft import sft
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.spmd_stage import FAULT_NOTES
+from tasks.spmd_rank import FAULT_NOTES
 from tasks.stage import FAULT_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]

@@ -6,22 +6,18 @@ from typing import Annotated
 import pytest
 from pydantic import BaseModel
 
-from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
-from nemo_rl_core.algorithms.grpo import MasterConfig
-from nemo_rl_core.algorithms.ppo import PPOMasterConfig
-from nemo_rl_core.algorithms.sft import SFTMasterConfig
-from nemo_rl_core.evals.config import EvalMasterConfig
+from nemo_rl_core.pipeline.algorithm_configs import ALGORITHM_CONFIGS
 from nemo_rl_core.utils.key_support import (
     Check,
     Machine,
     Only,
     PartOf,
+    SupportContext,
     UnsupportedConfigError,
     Wired,
     check_support,
     declared_keys,
     gpu_memory_knob,
-    needs_gpus,
     resolve_reader,
 )
 
@@ -31,9 +27,18 @@ class Inner(BaseModel):
     size: Annotated[int, PartOf("outer.inner.enabled")] = 3
 
 
+def _gpus_fit(value: int, context: SupportContext) -> str | None:
+    """A rule that reads the machine, as the cluster's GPU counts do."""
+    if value <= max(context.machine.cuda_devices, 1):
+        return None
+    return (
+        f"tensor parallelism needs {value} GPUs, this machine has {context.machine.gpus_phrase()}"
+    )
+
+
 class Outer(BaseModel):
     lr: Annotated[float, Wired("nemo_rl_core.utils.key_support:check_support")] = 1.0
-    tp: Annotated[int, needs_gpus(lambda v: v, "tensor parallelism")] = 1
+    tp: Annotated[int, Check(_gpus_fit, "as many GPUs as it asks for")] = 1
     inner: Inner = Inner()
     named: dict[str, Inner] = {}
 
@@ -116,13 +121,8 @@ def test_gpu_memory_knob_is_moot_without_cuda_and_refused_with_it():
         check_support(Knobs(), Machine(cuda_devices=1))
 
 
-MASTER_CONFIGS = [
-    MasterConfig,
-    PPOMasterConfig,
-    SFTMasterConfig,
-    EvalMasterConfig,
-    DistillationMasterConfig,
-]
+# Every declared algorithm's config (a new algorithm's keys are held to a rule unasked).
+MASTER_CONFIGS = [declared.config_class for declared in ALGORITHM_CONFIGS.values()]
 
 
 @pytest.mark.parametrize("master", MASTER_CONFIGS, ids=lambda m: m.__name__)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_core.algorithms.grpo import load_master_config
-from nemo_rl_core.pipeline.spec import pipeline_for_config
+from nemo_rl_core.pipeline.registry import pipeline_for_config
 from nemo_rl_core.utils.config import ConfigError, load_config_with_overrides
 from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support
 

@@ -1,5 +1,5 @@
 """Where the Megatron ranks run: in this process (world size 1), as this process's rank of a
-stage run across processes (``tasks.spmd_stage``: every rank runs the same program), or, for
+stage run across processes (``tasks.spmd_rank``: every rank runs the same program), or, for
 a model held by a one-process stage, under ``torchrun --standalone``.
 
 All give the same ``WorkerGroup.run(method, *args)``: call ``MegatronWorker.method`` on
