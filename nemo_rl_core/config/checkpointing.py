@@ -13,7 +13,7 @@ from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.utils.key_support import Only, Wired, inert
 from nemo_rl_core.utils.timer import convert_to_seconds
 
-_RETENTION = Wired("nemo_rl_core.pipeline.stages:retain_checkpoints")
+_RETENTION = Wired("nemo_rl_core.pipeline.runtime:RunRuntime.prune_checkpoints")
 
 
 class CheckpointingConfig(StrictConfig):

@@ -50,6 +50,7 @@ from nemo_rl_core.utils.checkpoint import (
     read_training_info,
     weights_version,
 )
+from nemo_rl_core.utils.checkpoint_copy import checkpoint_copy, copy_name
 
 
 def digest_json(value: Any) -> str:
@@ -86,7 +87,8 @@ class RunRuntime:
     _committed_infos: dict[int, TrainingInfo] = field(default_factory=dict)
     _scratch: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     # Under async GRPO the rollouts of later iterations run in a thread beside training:
-    # one stage at a time drives the engine, and one fetch at a time fills the scratch dir.
+    # one stage at a time drives the engine, and one fetch at a time fills the scratch dir
+    # (retention waits for it).
     _generation_lock: threading.Lock = field(default_factory=threading.Lock)
     _fetch_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -155,10 +157,34 @@ class RunRuntime:
     # ---- warm models -----------------------------------------------------------------
 
     def weights_dir(self, step: int) -> Path:
+        """A local folder with the weights (and optimizer state) of ``step`` that does not
+        change while this runtime lasts: the initial model, or this process's verified copy
+        of checkpoint ``step`` (``checkpoint_copy``), made once. The rollout thread's refit
+        and the flow thread's policy ask for the same step: a second fetch into the folder
+        the first caller was reading tore its files (issue 34)."""
         if step == INITIAL_STEP:
             return self.model_dir
+        info = self._committed_info(step)
+        folder = Path(self._scratch.name) / copy_name(step, info)
         with self._fetch_lock:
-            return self.storage.fetch_checkpoint(step, Path(self._scratch.name) / f"step_{step}")
+            if not folder.is_dir():  # only a verified copy is ever renamed to that name
+                checkpoint_copy(self.storage, step, info, folder)
+        return folder
+
+    def prune_checkpoints(self) -> list[int]:
+        """Retention of the run's checkpoints (``checkpointing:``; ``RunStorage.
+        prune_checkpoints``), never while this process copies one: the rollout thread's
+        fetch never has its source deleted under it. The newest ``ahead_depth + 1`` stay:
+        the rollouts still ahead generate from them."""
+        settings = self.config.checkpointing
+        with self._fetch_lock:
+            return self.storage.prune_checkpoints(
+                settings.keep_top_k,
+                metric_name=settings.metric_name,
+                higher_is_better=settings.higher_is_better,
+                save_period=settings.save_period,
+                keep_newest=self.pipeline.ahead_depth(self.config) + 1,
+            )
 
     def policy(self, step: int) -> PolicyInterface:
         """The policy holding the weights (and optimizer state) of ``step``."""

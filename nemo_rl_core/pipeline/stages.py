@@ -208,20 +208,13 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
     metrics of this iteration's weights join their checkpoint's training info first, as
     ``val:<name>``, so that ``metric_name: val:accuracy`` ranks by them. Under async GRPO
     the checkpoints that rollouts still in flight generate from stay too."""
-    settings = ctx.config.checkpointing
     storage = ctx.runtime.storage
     if "validate" in ctx.upstream and ctx.iteration > 0:
         validation = ctx.json("validate", "metrics")
         storage.record_checkpoint_metrics(
             ctx.iteration, {f"val:{name}": value for name, value in validation.items()}
         )
-    deleted = storage.prune_checkpoints(
-        settings.keep_top_k,
-        metric_name=settings.metric_name,
-        higher_is_better=settings.higher_is_better,
-        save_period=settings.save_period,
-        keep_newest=ctx.runtime.pipeline.ahead_depth(ctx.config) + 1,
-    )
+    deleted = ctx.runtime.prune_checkpoints()
     kept = storage.committed_checkpoints()
     return StageResult(
         {"retention": {"kept": kept, "deleted": deleted}}, {"checkpoints_kept": len(kept)}

@@ -154,15 +154,19 @@ def _commit(
 
 
 def recorded_files(folder: Path) -> dict[str, RecordedFile]:
-    """Size and sha256 of every file under ``folder``, hashed two at a time (sha256 releases
-    the GIL, so the files are read and hashed side by side)."""
+    """Size and sha256 of every file under ``folder``."""
     paths = sorted(p for p in folder.rglob("*") if p.is_file())
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        digests = list(pool.map(file_digest, paths))
     return {
         path.relative_to(folder).as_posix(): RecordedFile(size=path.stat().st_size, sha256=digest)
-        for path, digest in zip(paths, digests, strict=True)
+        for path, digest in zip(paths, file_digests(paths), strict=True)
     }
+
+
+def file_digests(paths: list[Path]) -> list[str]:
+    """sha256 of each file, hashed two at a time (sha256 releases the GIL, so the files are
+    read and hashed side by side)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(file_digest, paths))
 
 
 def read_training_info(storage: "RunStorage", step: int) -> TrainingInfo:
