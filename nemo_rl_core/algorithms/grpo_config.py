@@ -4,7 +4,7 @@ re-exports these names by NeMo RL's paths): the config check imports it without 
 """
 
 from abc import abstractmethod
-from typing import Annotated, Any, Protocol, Self
+from typing import Annotated, Any, ClassVar, Protocol, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -41,7 +41,16 @@ from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_file
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, TypedSections, Wired
+from nemo_rl_core.utils.key_support import (
+    Check,
+    Only,
+    PartOf,
+    ReadWhile,
+    SupportContext,
+    TypedSections,
+    Wired,
+    read_while_enabled,
+)
 from nemo_rl_core.utils.logger import LoggerConfig
 
 _GRPO = "nemo_rl_core.algorithms.grpo"
@@ -171,6 +180,8 @@ class AsyncGRPOConfig(StrictConfig):
     generated from the weights of step i - max_trajectory_age_steps (NeMo RL's bound on a
     trajectory's age, reached by every batch here, so the schedule does not depend on
     timing)."""
+
+    read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
 
     enabled: Annotated[bool, Wired(f"{_GRPO}:async_depth")] = False
     max_trajectory_age_steps: Annotated[int, PartOf("grpo.async_grpo.enabled")] = 1

@@ -191,7 +191,9 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
     the committing stage wrote the new one; this decides about the older ones. Validation
     metrics of this iteration's weights join their checkpoint's training info first, as
     ``val:<name>``, so that ``metric_name: val:accuracy`` ranks by them. Under async GRPO
-    the checkpoints that rollouts still in flight generate from stay too."""
+    the checkpoints that rollouts still in flight generate from stay too. With
+    ``checkpointing.enabled: false`` only those stay (the newest: what a continued run
+    starts from)."""
     settings = ctx.config.checkpointing
     storage = ctx.runtime.storage
     if "validate" in ctx.upstream and ctx.iteration > 0:
@@ -200,7 +202,7 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
             ctx.iteration, {f"val:{name}": value for name, value in validation.items()}
         )
     deleted = storage.prune_checkpoints(
-        settings.keep_top_k,
+        settings.keep_top_k if settings.enabled else 0,
         metric_name=settings.metric_name,
         higher_is_better=settings.higher_is_better,
         save_period=settings.save_period,

@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from nemo_rl_core.utils.key_support import Only, Wired, inert
+from nemo_rl_core.utils.key_support import Only, ReadWhile, Wired, inert, read_while_enabled
 from nemo_rl_core.utils.timer import convert_to_seconds
 
 if TYPE_CHECKING:  # run storage loads torch and pyarrow; the config check reads this file
@@ -41,18 +41,19 @@ _RETENTION = Wired("nemo_rl_core.pipeline.stages:retain_checkpoints")
 
 class CheckpointingConfig(BaseModel):
     """NeMo RL's ``checkpointing:``. Every iteration commits a checkpoint (the next one
-    starts from it); ``save_period``, ``keep_top_k`` and ``metric_name`` decide which stay."""
+    starts from it); ``save_period``, ``keep_top_k`` and ``metric_name`` decide which stay.
+
+    ``enabled: false`` (NeMo RL keeps no checkpoint) still commits each iteration's weights,
+    which the next stages load, but keeps only what continuing the run needs: the newest
+    (and those rollouts in flight read). NeMo RL reads none of the other keys then, and no
+    rule of theirs applies; ``checkpoint_dir`` stays the run's storage root."""
 
     model_config = ConfigDict(extra="forbid")
+    read_while: ClassVar[ReadWhile] = ReadWhile(
+        read_while_enabled, still_read=("enabled", "checkpoint_dir")
+    )
 
-    enabled: Annotated[
-        bool,
-        Only(
-            True,
-            reason="stages hand weights to the next iteration through checkpoints, so a "
-            "staged run needs checkpointing enabled",
-        ),
-    ] = True
+    enabled: Annotated[bool, _RETENTION] = True
     checkpoint_dir: Annotated[str, Wired("flows.run_setup:open_run")] = "results"
     metric_name: Annotated[str | None, _RETENTION] = None
     higher_is_better: Annotated[bool, _RETENTION] = True
