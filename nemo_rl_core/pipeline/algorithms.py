@@ -65,7 +65,7 @@ ROLLOUT = (
         "reward",
         stages.reward,
         reads=("generate",),
-        reported=("mean_reward",),
+        reported=("mean_reward", "mean_total_reward"),
         fan_out=FanOut(stages.reward_shard, stages.reward_merge),
     ),
     Stage("logprob", stages.logprob, reads=("reward",), versions=("policy",)),
