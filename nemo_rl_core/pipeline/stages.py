@@ -332,8 +332,10 @@ def reward_model_train(ctx: StageContext) -> StageResult:
 
 def _preference_step(ctx: StageContext, batch: BatchedDataDict, loss_fn: Any) -> StageResult:
     """One optimizer step on all the pairs, each pair's two sequences in one microbatch
-    (NeMo RL doubles gbs and mbs), committed."""
+    (NeMo RL doubles gbs and mbs), committed; a batch with no pair short enough to train
+    on fails the stage, naming the key to change."""
     step, config = ctx.iteration, ctx.config
+    dpo.require_pairs_to_train(batch, config, step)
     policy = ctx.runtime.policy_for_update(step)
     mbs = 2 * config.policy.train_micro_batch_size
     metrics = grpo.train_policy(policy, batch, loss_fn, config, step, gbs=batch.size, mbs=mbs)
