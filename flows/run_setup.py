@@ -10,7 +10,7 @@ from typing import Any
 
 from flows.config_check import check_run_config, trained_models
 from flows.placement import check_placement
-from nemo_rl_core.data.datasets.builder import games_from_environment
+from nemo_rl_core.data.datasets.builder import dataset_environments, games_from_environment
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.pipeline.orchestration import check_stage_names
 from nemo_rl_core.pipeline.runtime import runtime_for
@@ -99,7 +99,15 @@ def config_notes(config: Any) -> list[str]:
             "one starts from, and only the newest checkpoint is kept (what continuing the run "
             "needs); keep_top_k, save_period and metric_name are not read"
         )
-    if games_from_environment(config.data, getattr(config, "env", {})):
+    env = getattr(config, "env", {})
+    unread = sorted(set(env) - dataset_environments(config.data, env))
+    if unread:
+        sections = ", ".join(f"env.{name}" for name in unread)
+        notes.append(
+            f"{sections}: not read, as in NeMo RL, which builds only the environments the "
+            "datasets name (their env_name)"
+        )
+    if games_from_environment(config.data, env):
         notes.append(
             "data.train and data.validation are not read: env.sliding_puzzle_game sets up the "
             "games to train and validate on, as NeMo RL's puzzle runner does (a dataset whose "

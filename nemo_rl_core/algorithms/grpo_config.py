@@ -252,6 +252,14 @@ class DataPlaneConfig(StrictConfig):
     observability: Annotated[dict[str, Any] | None, PartOf(_DATA_PLANE)] = None
 
 
+def _named_environments_not_built(env: dict[str, Any], context: SupportContext) -> str | None:
+    """:func:`environments_not_built` of the sections a dataset of the run names: NeMo RL
+    builds only those, so a section no dataset names is never read (its DAPO recipes keep an
+    ``env.dapo``)."""
+    named = dataset_environments(context.value("data"), env)
+    return environments_not_built({name: env[name] for name in env if name in named})
+
+
 NEMO_GYM_SWITCHES = ("should_use_nemo_gym", "should_log_nemo_gym_responses")
 """NeMo RL's two switches beside the environment sections of ``env:``."""
 
@@ -265,7 +273,7 @@ class RolloutMasterConfig(StrictConfig):
     data: DataConfig
     env: Annotated[
         dict[str, dict[str, Any]],
-        Check(environments_not_built, ENVIRONMENTS_BUILT),
+        Check(_named_environments_not_built, f"{ENVIRONMENTS_BUILT} (those a dataset names)"),
         TypedSections(registered_env_section),
     ] = Field(default_factory=dict)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
@@ -316,8 +324,7 @@ class RolloutMasterConfig(StrictConfig):
         """Each ``env.<name>`` section validates into its environment's own config now,
         not when the first rollout reaches the environment. NeMo RL builds only the
         environments its datasets name, so a section of an unknown environment that no
-        dataset names loads (NeMo RL's DAPO recipes keep an ``env.dapo``), and the env
-        key's rule refuses it before any work."""
+        dataset names loads (NeMo RL's DAPO recipes keep an ``env.dapo``) and is not read."""
         named = dataset_environments(self.data, self.env)
         for name, settings in self.env.items():
             if name in NOT_BUILT_ENVIRONMENTS or (

@@ -287,15 +287,20 @@ def test_reward_model_scorer_from_a_policy_checkpoint_is_refused(nemo_rl_configs
         check_support(config, Machine(cuda_devices=2), source="grpo_rm_1B")
 
 
-def test_an_environment_section_no_dataset_names_loads_and_is_refused(
+def test_an_environment_section_no_dataset_names_loads_and_is_not_read(
     nemo_rl_configs: Path,
 ) -> None:
     """NeMo RL builds only the environments its datasets name, so its DAPO recipes keep an
-    env.dapo section no dataset reads (and no environment of that name exists)."""
+    env.dapo section no dataset reads (and no environment of that name exists): it is not
+    refused; a dataset that names it is."""
     name = "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron"
     config = validated(nemo_rl_configs / f"{name}.yaml", [])
-    with pytest.raises(UnsupportedConfigError, match="no environment 'dapo' is built here"):
+    with pytest.raises(UnsupportedConfigError) as err:
         check_support(config, Machine(cuda_devices=8), source=name)
+    assert "dapo" not in {refusal.key for refusal in err.value.refusals}
+    assert "'dapo'" not in str(err.value)
+    with pytest.raises(ConfigError, match="env.dapo: unknown environment 'dapo'"):
+        validated(nemo_rl_configs / f"{name}.yaml", ["data.default.env_name=dapo"])
 
 
 @pytest.mark.parametrize(
