@@ -25,6 +25,7 @@ from nemo_rl_core.data.datasets.builder import (
     SPLITS,
     DataSetup,
     dataset_environments,
+    games_from_environment,
     processor_name,
 )
 from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
@@ -307,7 +308,9 @@ class RolloutMasterConfig(StrictConfig):
     @model_validator(mode="after")
     def _datasets_are_prompts(self) -> Self:
         """SFT conversations (``sft_processor``, ``addition_sft``) hold their answers: there
-        is nothing left to generate and score."""
+        is nothing left to generate and score. (A puzzle run reads no dataset of ``data:``.)"""
+        if games_from_environment(self.data, self.env):
+            return self
         for split in SPLITS:
             for index, dataset in enumerate(self.data.datasets(split)):
                 if dataset.dataset_name in SFT_DATASETS or processor_name(dataset) == SFT_PROCESSOR:
