@@ -178,6 +178,10 @@ def plain_loop(
     engine refit from the policy's state dict. The warm objects are built by the flow's
     own ``RunRuntime``, so both paths load the same models the same way."""
     from nemo_rl_core.algorithms import grpo as core
+    from nemo_rl_core.algorithms.prompt_batches import take_prompts
+    from nemo_rl_core.algorithms.rollout_generation import generate_rollouts
+    from nemo_rl_core.algorithms.scoring import score_rollouts
+    from nemo_rl_core.algorithms.training import train_policy
     from nemo_rl_core.models.local_models import resolve_model
     from nemo_rl_core.pipeline.algorithms import GRPO
     from nemo_rl_core.pipeline.runtime import RunRuntime
@@ -196,21 +200,19 @@ def plain_loop(
             timing: dict[str, float] = {}
             start = time.perf_counter()
             with _timed(timing, "prompts"):
-                batch, state = core.take_prompts(runtime.dataloader, config, state)
+                batch, state = take_prompts(runtime.dataloader, config, state)
             with _timed(timing, "generate"):
                 if iteration:
                     engine.update_weights_from_state_dict(policy.state_dict_for_refit())
-                rollouts, _ = core.generate_rollouts(
-                    engine, batch, tokenizer, envs, config, iteration
-                )
+                rollouts, _ = generate_rollouts(engine, batch, tokenizer, envs, config, iteration)
             with _timed(timing, "reward"):
-                scored, metrics = core.score_rollouts(rollouts, envs, config)
+                scored, metrics = score_rollouts(rollouts, envs, config)
             with _timed(timing, "logprob"):
                 train_data = core.compute_logprobs(policy, scored, tokenizer, config)
             with _timed(timing, "advantage"):
                 train_data, _ = core.compute_advantages(train_data, config)
             with _timed(timing, "train"):
-                core.train_policy(policy, train_data, core.build_loss_fn(config), config, iteration)
+                train_policy(policy, train_data, core.build_loss_fn(config), config, iteration)
             timing["checkpoint"] = 0.0
             timing["total"] = time.perf_counter() - start
             rewards.append(metrics["mean_reward"])

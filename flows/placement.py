@@ -37,10 +37,10 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled
 
 from flows.lease import lease_ttl_s, mark_crashed
-from nemo_rl_core.distributed.virtual_cluster import check_placed_stages
 from nemo_rl_core.pipeline.context import DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, split_round
+from nemo_rl_core.pipeline.stage_keys import check_placed_stages
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.utils.config import ConfigError
 from tasks.stage import (

@@ -12,9 +12,9 @@ from flows.config_check import check_run_config, trained_models
 from flows.placement import check_placement
 from nemo_rl_core.data.datasets.builder import dataset_environments, games_from_environment
 from nemo_rl_core.models.local_models import resolve_model
-from nemo_rl_core.pipeline.orchestration import check_stage_names
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, declared
+from nemo_rl_core.pipeline.stage_keys import check_stage_names
 from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_core.algorithms.grpo import load_master_config
-from nemo_rl_core.pipeline.spec import pipeline_for_config
+from nemo_rl_core.pipeline.registry import pipeline_for_config
 from nemo_rl_core.utils.config import load_config_with_overrides
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,14 +4,13 @@ re-exports these names by NeMo RL's paths): the config check imports it without 
 """
 
 from abc import abstractmethod
-from typing import Annotated, Any, ClassVar, Protocol, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import Field, field_validator, model_validator
 
 from nemo_rl_core.algorithms.config import (
     ClippedPGLossConfig,
     GRPOAdvantageConfig,
-    StrictConfig,
     clipped_pg_config_problems,
 )
 from nemo_rl_core.algorithms.reward_config import (
@@ -19,6 +18,11 @@ from nemo_rl_core.algorithms.reward_config import (
     RewardShapingConfig,
     reward_shaping_config_problems,
 )
+from nemo_rl_core.config.base import StrictConfig
+from nemo_rl_core.config.checkpointing import CheckpointingConfig
+from nemo_rl_core.config.cluster import ClusterConfig
+from nemo_rl_core.config.logger import LoggerConfig
+from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
 from nemo_rl_core.data.datasets.builder import (
     DEFAULT_COUNTS,
@@ -28,7 +32,6 @@ from nemo_rl_core.data.datasets.builder import (
     games_from_environment,
     processor_name,
 )
-from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.utils import (
     ENVIRONMENTS_BUILT,
     NOT_BUILT_ENVIRONMENTS,
@@ -39,8 +42,6 @@ from nemo_rl_core.environments.utils import (
     registered_env_section,
 )
 from nemo_rl_core.models.policy.config import PolicyConfig
-from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
-from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_file
 from nemo_rl_core.utils.key_support import (
     Check,
@@ -52,9 +53,13 @@ from nemo_rl_core.utils.key_support import (
     Wired,
     read_while_enabled,
 )
-from nemo_rl_core.utils.logger import LoggerConfig
 
 _GRPO = "nemo_rl_core.algorithms.grpo"
+_GENERATION = "nemo_rl_core.algorithms.rollout_generation"
+_PROMPTS = "nemo_rl_core.algorithms.prompt_batches"
+_SCHEDULE = "nemo_rl_core.algorithms.schedule"
+_SCORING = "nemo_rl_core.algorithms.scoring"
+_VALIDATION = "nemo_rl_core.algorithms.validation"
 
 
 def _needs_cuda(value: bool, context: SupportContext) -> str | None:
@@ -68,22 +73,26 @@ class RolloutScheduleConfig(StrictConfig):
     ``distillation:``; NeMo RL's names and defaults): how many prompts and samples per step,
     how many steps, validation, the seed."""
 
-    num_prompts_per_step: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:make_dataloader")]
-    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:take_prompts")] = 1
-    max_rollout_turns: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:play_rollouts")] = 1
-    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")] = 1
-    max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")]
-    val_period: Annotated[int, Wired(f"{_GRPO}:validation_due")] = 0  # <= 0: never
+    num_prompts_per_step: Annotated[int, Field(ge=1), Wired(f"{_PROMPTS}:make_dataloader")]
+    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_PROMPTS}:take_prompts")] = 1
+    max_rollout_turns: Annotated[int, Field(ge=1), Wired(f"{_GENERATION}:play_rollouts")] = 1
+    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_SCHEDULE}:planned_steps")] = 1
+    max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_SCHEDULE}:planned_steps")]
+    val_period: Annotated[int, Wired(f"{_SCHEDULE}:validation_due")] = 0  # <= 0: never
     # None: every validation prompt in one batch (NeMo RL allows None for NeMo-Gym).
-    val_batch_size: Annotated[int | None, Field(ge=1), Wired(f"{_GRPO}:validate_batches")] = None
-    val_at_start: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
-    val_at_end: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
-    max_val_samples: Annotated[int | None, Field(ge=1), Wired(f"{_GRPO}:validate_batches")] = None
-    seed: Annotated[int, Wired(f"{_GRPO}:sampling_seeds")] = 42
+    val_batch_size: Annotated[int | None, Field(ge=1), Wired(f"{_VALIDATION}:validate_batches")] = (
+        None
+    )
+    val_at_start: Annotated[bool, Wired(f"{_SCHEDULE}:validation_due")] = False
+    val_at_end: Annotated[bool, Wired(f"{_SCHEDULE}:validation_due")] = False
+    max_val_samples: Annotated[
+        int | None, Field(ge=1), Wired(f"{_VALIDATION}:validate_batches")
+    ] = None
+    seed: Annotated[int, Wired(f"{_GENERATION}:sampling_seeds")] = 42
     # Not in NeMo RL: a reward checker that raised, hung or died gives reward 0; past this
     # fraction of the batch the reward stage fails instead of training on broken rewards.
     max_env_failure_fraction: Annotated[
-        float, Field(ge=0.0, le=1.0), Wired(f"{_GRPO}:score_rollouts")
+        float, Field(ge=0.0, le=1.0), Wired(f"{_SCORING}:score_rollouts")
     ] = 0.5
 
     @model_validator(mode="after")
@@ -111,7 +120,7 @@ class RolloutLoopConfig(RolloutScheduleConfig):
     dynamic_sampling_max_gen_batches: Annotated[
         int, Field(ge=1), Wired(f"{_GRPO}:select_prompt_groups")
     ] = 10
-    batch_multiplier: Annotated[float, Field(gt=0), Wired(f"{_GRPO}:prompts_per_batch")] = 1.0
+    batch_multiplier: Annotated[float, Field(gt=0), Wired(f"{_PROMPTS}:prompts_per_batch")] = 1.0
     calculate_advantages_on_gpu: Annotated[
         bool, Check(_needs_cuda, "the advantages are computed on the GPU, which must be there")
     ] = False
@@ -137,36 +146,6 @@ class RolloutLoopConfig(RolloutScheduleConfig):
         return shaping
 
 
-class ValidationSchedule(Protocol):
-    """NeMo RL's validation keys, which ``grpo:``, ``ppo:`` and ``sft:`` all carry."""
-
-    val_period: int
-    val_at_start: bool
-    val_at_end: bool
-
-
-def validation_due(loop: ValidationSchedule, step: int, final_step: int) -> bool:
-    """Whether the weights after ``step`` updates are validated (NeMo RL's schedule:
-    ``val_at_start`` for step 0, every ``val_period`` steps, ``val_at_end`` for the weights
-    after the run's ``final_step``)."""
-    if step == 0:
-        return loop.val_at_start
-    periodic = loop.val_period > 0 and step % loop.val_period == 0
-    return periodic or (loop.val_at_end and step == final_step)
-
-
-def validates(loop: ValidationSchedule) -> bool:
-    return loop.val_period > 0 or loop.val_at_start or loop.val_at_end
-
-
-def planned_steps(loop: RolloutScheduleConfig, batches_per_epoch: int) -> int:
-    """Training steps of the whole run: ``max_num_steps``, or fewer when ``max_num_epochs``
-    passes over the data end first (as NeMo RL's loop stops at whichever comes first);
-    ``max_num_steps: -1`` (NeMo RL's reward-model default) sets no step limit."""
-    epochs = loop.max_num_epochs * batches_per_epoch
-    return epochs if loop.max_num_steps == -1 else min(loop.max_num_steps, epochs)
-
-
 _ONE_VERSION_PER_BATCH = (
     "each generated batch comes from one recorded weights version (the checkpoint "
     "max_trajectory_age_steps before its step), so that a resumed run or a rerun stage "
@@ -184,7 +163,7 @@ class AsyncGRPOConfig(StrictConfig):
 
     read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
 
-    enabled: Annotated[bool, Wired(f"{_GRPO}:async_depth")] = False
+    enabled: Annotated[bool, Wired(f"{_SCHEDULE}:async_depth")] = False
     max_trajectory_age_steps: Annotated[int, PartOf("grpo.async_grpo.enabled")] = 1
     in_flight_weight_updates: Annotated[bool, Only(False, reason=_ONE_VERSION_PER_BATCH)] = False
     recompute_kv_cache_after_weight_updates: Annotated[
@@ -202,12 +181,6 @@ class AsyncGRPOConfig(StrictConfig):
         return steps
 
 
-def async_depth(loop: Any) -> int:
-    """How many steps ahead rollouts run (``max_trajectory_age_steps``); 0 when synchronous."""
-    settings = getattr(loop, "async_grpo", None)
-    return settings.max_trajectory_age_steps if settings and settings.enabled else 0
-
-
 _NO_TOOL_PARSING = (
     "this deployment's environments do not parse tool calls or <think> tags, so there are no "
     "such tokens to give an advantage to"
@@ -217,7 +190,7 @@ _NO_TOOL_PARSING = (
 class GRPOConfig(GRPOAdvantageConfig, RolloutLoopConfig):
     """``grpo:``: NeMo RL's keys and defaults (advantage and loop keys inherited)."""
 
-    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:take_prompts")]
+    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_PROMPTS}:take_prompts")]
     async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig)
     seq_logprob_error_threshold: Annotated[
         float | None, Field(gt=0), Wired(f"{_GRPO}:mask_by_sequence_logprob_error")

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import ConfigDict, model_validator
 
-from nemo_rl_core.algorithms.config import StrictConfig
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.utils.key_support import Wired
 
 _SHAPING = "nemo_rl_core.algorithms.reward_functions:apply_reward_shaping"

@@ -243,7 +243,7 @@ class DataConfig(BaseModel):
             "only data.*.system_prompt_file",
         ),
     ] = None
-    shuffle: Annotated[bool, Wired("nemo_rl_core.algorithms.grpo:make_dataloader")] = True
+    shuffle: Annotated[bool, Wired("nemo_rl_core.algorithms.prompt_batches:make_dataloader")] = True
     num_workers: Annotated[
         int,
         Check(

@@ -7,6 +7,8 @@ place from the newest weights (from the warm policy's memory when it holds them,
 from the checkpoint on storage) instead of being restarted.
 """
 
+import hashlib
+import json
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -17,15 +19,13 @@ from typing import Any, Protocol
 
 import torch
 
-from nemo_rl_core.algorithms.grpo import (
-    digest_json,
-    make_task_to_env,
-    planned_steps,
-)
+from nemo_rl_core.algorithms.schedule import planned_steps
+from nemo_rl_core.algorithms.scoring import make_task_to_env
+from nemo_rl_core.config.cluster import PLACEMENT_KEYS
+from nemo_rl_core.config.orchestration import SECTION
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import DataSetup, build_dataset
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.distributed.virtual_cluster import PLACEMENT_KEYS
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
 from nemo_rl_core.models.generation import configure_generation_config, make_generation
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
@@ -36,8 +36,8 @@ from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import make_value_model
 from nemo_rl_core.models.value.interfaces import ValueInterface
-from nemo_rl_core.pipeline.orchestration import SECTION
-from nemo_rl_core.pipeline.spec import Pipeline, Version, declared, pipeline_for_config
+from nemo_rl_core.pipeline.registry import pipeline_for_config
+from nemo_rl_core.pipeline.spec import Pipeline, Version, declared
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
 from nemo_rl_core.utils.checkpoint import (
@@ -51,7 +51,13 @@ from nemo_rl_core.utils.checkpoint import (
     read_training_info,
     weights_version,
 )
+from nemo_rl_core.utils.checkpoint_copy import checkpoint_copy, copy_name
 from nemo_rl_core.utils.worker_env import WorkerEnvironment
+
+
+def digest_json(value: Any) -> str:
+    """A stable digest of JSON-able data (configs, dataloader states)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def training_env_vars(model: TrainedModelConfig, section: str) -> tuple[dict | None, str]:
@@ -94,7 +100,8 @@ class RunRuntime:
     # The models' env_vars, set in this process while the run's warm objects live.
     _environment: WorkerEnvironment = field(default_factory=WorkerEnvironment)
     # Under async GRPO the rollouts of later iterations run in a thread beside training:
-    # one stage at a time drives the engine, and one fetch at a time fills the scratch dir.
+    # one stage at a time drives the engine, and one fetch at a time fills the scratch dir
+    # (retention waits for it).
     _generation_lock: threading.Lock = field(default_factory=threading.Lock)
     _fetch_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -163,10 +170,35 @@ class RunRuntime:
     # ---- warm models -----------------------------------------------------------------
 
     def weights_dir(self, step: int) -> Path:
+        """A local folder with the weights (and optimizer state) of ``step`` that does not
+        change while this runtime lasts: the initial model, or this process's verified copy
+        of checkpoint ``step`` (``checkpoint_copy``), made once. The rollout thread's refit
+        and the flow thread's policy ask for the same step: a second fetch into the folder
+        the first caller was reading tore its files (issue 34)."""
         if step == INITIAL_STEP:
             return self.model_dir
+        info = self._committed_info(step)
+        folder = Path(self._scratch.name) / copy_name(step, info)
         with self._fetch_lock:
-            return self.storage.fetch_checkpoint(step, Path(self._scratch.name) / f"step_{step}")
+            if not folder.is_dir():  # only a verified copy is ever renamed to that name
+                checkpoint_copy(self.storage, step, info, folder)
+        return folder
+
+    def prune_checkpoints(self) -> list[int]:
+        """Retention of the run's checkpoints (``checkpointing:``; ``RunStorage.
+        prune_checkpoints``), never while this process copies one: the rollout thread's
+        fetch never has its source deleted under it. The newest ``ahead_depth + 1`` stay:
+        the rollouts still ahead generate from them; with ``checkpointing.enabled: false``
+        only they do (NeMo RL keeps no checkpoint; a continued run starts from the newest)."""
+        settings = self.config.checkpointing
+        with self._fetch_lock:
+            return self.storage.prune_checkpoints(
+                settings.keep_top_k if settings.enabled else 0,
+                metric_name=settings.metric_name,
+                higher_is_better=settings.higher_is_better,
+                save_period=settings.save_period,
+                keep_newest=self.pipeline.ahead_depth(self.config) + 1,
+            )
 
     def policy(self, step: int) -> PolicyInterface:
         """The policy holding the weights (and optimizer state) of ``step``."""

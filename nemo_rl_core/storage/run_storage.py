@@ -19,7 +19,8 @@ PUT, single or multipart, is atomic by itself, so it is written to its key direc
 stage is done only when its entry is in ``MANIFEST.json`` (written the same way, after
 its outputs), so a stage interrupted before that leaves no entry and the previous
 manifest untouched; its partial outputs, if any, are never referenced. Checkpoints
-count only once their ``COMMITTED`` marker, written after every other file, exists.
+count only once their ``COMMITTED`` marker, written after every other file (and deleted
+before them), exists.
 
 Concurrent writers of one run are excluded by the lease (``acquire_lease``); inside one
 process manifest updates are serialised by a lock. Credentials in ``storage_options``
@@ -477,7 +478,7 @@ class RunStorage:
             raise FileNotFoundError(f"checkpoint directory {local_dir} does not exist")
         ckpt = _step_dir(step)
         record = _json_bytes(info)
-        self._delete_tree(ckpt)  # an older attempt at this step, committed or not
+        self._delete_checkpoint(step)  # an older attempt at this step, committed or not
         if self._is_staged_here(local_dir):
             for stray in (COMMITTED, TRAINING_INFO):
                 (local_dir / stray).unlink(missing_ok=True)
@@ -608,7 +609,7 @@ class RunStorage:
         kept = set(committed[-keep_newest:])
         off_period = {s for s in committed if s % save_period != 0 and s not in kept}
         for step in sorted(off_period):
-            self._delete_tree(_step_dir(step))
+            self._delete_checkpoint(step)
         committed = [s for s in committed if s not in off_period]
         if keep_top_k is None:
             return sorted(off_period)
@@ -629,8 +630,14 @@ class RunStorage:
         uncommitted = set(all_steps) - set(committed) - off_period  # dead saves
         doomed |= {s for s in uncommitted if s < latest}
         for step in sorted(doomed):
-            self._delete_tree(_step_dir(step))
+            self._delete_checkpoint(step)
         return sorted(doomed | off_period)
+
+    def _delete_checkpoint(self, step: int) -> None:
+        """Delete checkpoint ``step``, its ``COMMITTED`` marker before its other files: a
+        delete cut short (a killed prune or re-save) leaves an uncommitted leftover, which
+        nothing reads, never a committed checkpoint with files missing."""
+        self._delete_tree(_step_dir(step), first=COMMITTED)
 
     # ---- stages running elsewhere ----------------------------------------------------
 
@@ -873,17 +880,24 @@ class RunStorage:
             return self._call(key, lambda: self.fs.find(parent, prefix=f"{name}/"))
         return self._call(key, lambda: self.fs.find(path, withdirs=self._local))
 
-    def _delete_tree(self, key: str) -> None:
-        """Delete everything under ``key``, if anything. On an object store that is one
-        listing and a bulk delete of the keys found: asking whether the folder exists and
-        removing it recursively would cost a lookup and two more listings."""
+    def _delete_tree(self, key: str, first: str | None = None) -> None:
+        """Delete everything under ``key``, if anything; the object ``key/first``, if there,
+        before the others. On an object store that is one listing and a bulk delete of the
+        keys found: asking whether the folder exists and removing it recursively would cost
+        a lookup and two more listings."""
         path = self._path(key)
+        head = posixpath.join(path, first) if first else None
         try:
             if self._local:
                 if self._call(key, lambda: self.fs.exists(path)):
+                    if head is not None:
+                        Path(head).unlink(missing_ok=True)
                     self._call(key, lambda: self.fs.rm(path, recursive=True))
                 return
             objects = self._find(key)
+            if head in objects:
+                self._call(key, lambda: self.fs.rm([head]))
+                objects.remove(head)
             if objects:
                 self._call(key, lambda: self.fs.rm(objects))
         except FileNotFoundError:

@@ -1,8 +1,6 @@
-"""Checkpoints: NeMo RL's ``checkpointing:`` section, what a committed checkpoint holds, and
-which weights version a stage worked from.
-
-``checkpoint_dir`` is the storage root of the run: a local path or an fsspec URL
-(``s3://bucket/prefix``); runs, stage outputs and checkpoints all live below it.
+"""Checkpoints: what a committed checkpoint holds, and which weights version a stage worked
+from. NeMo RL's ``checkpointing:`` section is :mod:`nemo_rl_core.config.checkpointing`'s,
+importable here by NeMo RL's path.
 
 A checkpoint is committed by the stage that trained it and is how weights reach the next
 iteration. It holds each trained model in HF layout (the policy at its root, so vLLM and
@@ -19,12 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict
 
-from nemo_rl_core.utils.key_support import Only, ReadWhile, Wired, inert, read_while_enabled
-from nemo_rl_core.utils.timer import convert_to_seconds
+from nemo_rl_core.config.checkpointing import CheckpointingConfig  # noqa: F401 - NeMo RL's path
 
 if TYPE_CHECKING:  # run storage loads torch and pyarrow; the config check reads this file
     from nemo_rl_core.storage.run_storage import RunStorage
@@ -34,66 +31,6 @@ MODEL_DIRS = {"policy": "", "value": "value"}
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_DIR = "optimizer"
 INITIAL_STEP = 0  # step 0 is the model the run started from, never a stored checkpoint
-
-
-_RETENTION = Wired("nemo_rl_core.pipeline.stages:retain_checkpoints")
-
-
-class CheckpointingConfig(BaseModel):
-    """NeMo RL's ``checkpointing:``. Every iteration commits a checkpoint (the next one
-    starts from it); ``save_period``, ``keep_top_k`` and ``metric_name`` decide which stay.
-
-    ``enabled: false`` (NeMo RL keeps no checkpoint) still commits each iteration's weights,
-    which the next stages load, but keeps only what continuing the run needs: the newest
-    (and those rollouts in flight read). NeMo RL reads none of the other keys then, and no
-    rule of theirs applies; ``checkpoint_dir`` stays the run's storage root."""
-
-    model_config = ConfigDict(extra="forbid")
-    read_while: ClassVar[ReadWhile] = ReadWhile(
-        read_while_enabled, still_read=("enabled", "checkpoint_dir")
-    )
-
-    enabled: Annotated[bool, _RETENTION] = True
-    checkpoint_dir: Annotated[str, Wired("flows.run_setup:open_run")] = "results"
-    metric_name: Annotated[str | None, _RETENTION] = None
-    higher_is_better: Annotated[bool, _RETENTION] = True
-    keep_top_k: Annotated[int | None, _RETENTION] = Field(default=None, ge=1)
-    save_period: Annotated[int, _RETENTION] = Field(default=1, ge=1)
-    # DD:HH:MM:SS after the flow run starts; it stops one average iteration early.
-    checkpoint_must_save_by: Annotated[str | None, Wired("flows.loop:run_iterations")] = None
-    # null: NeMo RL's "the policy worker's own format" (its v1 DTensor worker's); the one
-    # policy backend here writes HF safetensors.
-    model_save_format: Annotated[
-        str | None,
-        Only(
-            "safetensors",
-            None,
-            reason="checkpoints are HF safetensors directories that transformers, vLLM and "
-            "the next stage load; torch_save (DCP) is not written",
-        ),
-    ] = "safetensors"
-    save_consolidated: Annotated[
-        bool,
-        inert(
-            "consolidated or sharded across NeMo RL's DTensor ranks: the one training process "
-            "here writes one consolidated HF directory either way",
-        ),
-    ] = True
-    save_optimizer: Annotated[
-        bool,
-        Only(
-            True,
-            reason="each iteration's train stage resumes the optimizer from the checkpoint "
-            "before it; without the saved state every step would start a fresh optimizer",
-        ),
-    ] = True
-
-    @field_validator("checkpoint_must_save_by")
-    @classmethod
-    def _deadline_format(cls, value: str | None) -> str | None:
-        if value is not None:
-            convert_to_seconds(value)
-        return value
 
 
 class Checkpointable(Protocol):
@@ -193,15 +130,19 @@ def commit_trained_checkpoint(
 
 
 def recorded_files(folder: Path) -> dict[str, RecordedFile]:
-    """Size and sha256 of every file under ``folder``, hashed two at a time (sha256 releases
-    the GIL, so the files are read and hashed side by side)."""
+    """Size and sha256 of every file under ``folder``."""
     paths = sorted(p for p in folder.rglob("*") if p.is_file())
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        digests = list(pool.map(file_digest, paths))
     return {
         path.relative_to(folder).as_posix(): RecordedFile(size=path.stat().st_size, sha256=digest)
-        for path, digest in zip(paths, digests, strict=True)
+        for path, digest in zip(paths, file_digests(paths), strict=True)
     }
+
+
+def file_digests(paths: list[Path]) -> list[str]:
+    """sha256 of each file, hashed two at a time (sha256 releases the GIL, so the files are
+    read and hashed side by side)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(file_digest, paths))
 
 
 def read_training_info(storage: "RunStorage", step: int) -> TrainingInfo:

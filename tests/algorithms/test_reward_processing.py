@@ -8,10 +8,10 @@ from nemo_rl_core.algorithms.grpo import (
     DynamicSamplingExhaustedError,
     GRPOConfig,
     process_rewards,
-    prompts_per_batch,
     select_prompt_groups,
 )
 from nemo_rl_core.algorithms.ppo import PPOConfig
+from nemo_rl_core.algorithms.prompt_batches import prompts_per_batch
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 

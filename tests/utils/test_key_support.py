@@ -6,11 +6,7 @@ from typing import Annotated, ClassVar
 import pytest
 from pydantic import BaseModel
 
-from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
-from nemo_rl_core.algorithms.grpo import MasterConfig
-from nemo_rl_core.algorithms.ppo import PPOMasterConfig
-from nemo_rl_core.algorithms.sft import SFTMasterConfig
-from nemo_rl_core.evals.config import EvalMasterConfig
+from nemo_rl_core.pipeline.algorithm_configs import ALGORITHM_CONFIGS
 from nemo_rl_core.utils.key_support import (
     Check,
     Machine,
@@ -155,13 +151,8 @@ def test_gpu_memory_knob_is_moot_without_cuda_and_refused_with_it():
         check_support(Knobs(), Machine(cuda_devices=1))
 
 
-MASTER_CONFIGS = [
-    MasterConfig,
-    PPOMasterConfig,
-    SFTMasterConfig,
-    EvalMasterConfig,
-    DistillationMasterConfig,
-]
+# Every declared algorithm's config (a new algorithm's keys are held to a rule unasked).
+MASTER_CONFIGS = [declared.config_class for declared in ALGORITHM_CONFIGS.values()]
 
 
 @pytest.mark.parametrize("master", MASTER_CONFIGS, ids=lambda m: m.__name__)

@@ -17,8 +17,8 @@ from flows.config_check import check_run_config
 from nemo_rl_core.algorithms.grpo_config import MasterConfig, data_setup
 from nemo_rl_core.data.datasets.builder import load_rows
 from nemo_rl_core.models.local_models import resolve_model
+from nemo_rl_core.pipeline.registry import pipeline_for_config
 from nemo_rl_core.pipeline.runtime import RunRuntime
-from nemo_rl_core.pipeline.spec import pipeline_for_config
 from nemo_rl_core.storage.handles import RunRef
 from nemo_rl_core.utils.config import ConfigError
 from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support

@@ -260,6 +260,7 @@ class VllmGeneration(GenerationInterface):
         tied = self.model.tie_word_embeddings
         check_refit(refit_info_of(state_dict), self._refit_info, tied=tied, source="state dict")
         weights = weights_to_load(state_dict, tied=tied)
+        self._wake_weights()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self._after_reload()
         return True
@@ -274,9 +275,18 @@ class VllmGeneration(GenerationInterface):
             )
         tied = self.model.tie_word_embeddings
         check_refit(new, self._refit_info, tied=tied, source=str(checkpoint_dir))
+        self._wake_weights()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(checkpoint_dir)})
         self._after_reload()
         return True
+
+    def _wake_weights(self) -> None:
+        """A sleeping colocated engine holds its weights in host memory, their GPU memory
+        released: bring them back before a refit writes into them, as NeMo RL's refit does
+        (``prepare_for_generation(tags=["weights"])``); the KV cache wakes at the next
+        ``prepare_for_generation()``."""
+        if self._sleeping:
+            self.prepare_for_generation(tags=["weights"])
 
     def _after_reload(self) -> None:
         """Invalidate what the old weights produced: the tied head's packing, cached prefixes."""
