@@ -51,8 +51,8 @@ class CheckpointingConfig(StrictConfig):
     save_consolidated: Annotated[
         bool,
         inert(
-            "consolidated or sharded across NeMo RL's DTensor ranks: the one training process "
-            "here writes one consolidated HF directory either way",
+            "consolidated or sharded across NeMo RL's DTensor ranks: rank 0 here writes one "
+            "consolidated HF directory at any world size",
         ),
     ] = True
     save_optimizer: Annotated[

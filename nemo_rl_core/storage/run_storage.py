@@ -654,6 +654,25 @@ class RunStorage:
     def _stage_run_key(self, iteration: int, stage: str) -> str:
         return f"{STAGE_RUNS}/{_iter_dir(iteration)}.{validate_name('stage', stage)}.json"
 
+    def write_rendezvous_note(
+        self, iteration: int, stage: str, attempt: str, note: str, record: dict
+    ) -> None:
+        """A note of one attempt of a stage whose ranks span several machines (where node 0
+        hosts the rendezvous, which nodes joined); the nodes read each other's."""
+        self._put(
+            self._rendezvous_key(iteration, stage, attempt, note), json.dumps(record).encode()
+        )
+
+    def read_rendezvous_note(
+        self, iteration: int, stage: str, attempt: str, note: str
+    ) -> dict | None:
+        data = self._get_optional(self._rendezvous_key(iteration, stage, attempt, note))
+        return None if data is None else json.loads(data)
+
+    def _rendezvous_key(self, iteration: int, stage: str, attempt: str, note: str) -> str:
+        names = (validate_name("stage", stage), validate_name("attempt", attempt))
+        return f"{STAGE_RUNS}/{_iter_dir(iteration)}.{names[0]}.rdzv-{names[1]}.{validate_name('note', note)}.json"
+
     # ---- lease -----------------------------------------------------------------------
 
     def acquire_lease(

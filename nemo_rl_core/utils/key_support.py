@@ -23,6 +23,7 @@ every master config to carrying exactly one rule, so a key cannot be accepted an
 """
 
 import importlib
+import os
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -37,9 +38,10 @@ from nemo_rl_core.utils.cuda_devices import visible_cuda_devices
 
 @dataclass(frozen=True)
 class Machine:
-    """What this process can run on: its CUDA devices."""
+    """What this process can run on: its CUDA devices and CPU cores."""
 
     cuda_devices: int
+    cpu_cores: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     @staticmethod
     @cache
@@ -171,18 +173,6 @@ def read_while_enabled(section: Any, context: SupportContext) -> bool:
 def inert(why: str) -> Check:
     """The rule of a key whose value changes nothing here, at any value; ``why`` says so."""
     return Check(lambda value, context: None, why)
-
-
-def needs_gpus(count: Callable[[Any], int], what: str) -> Check:
-    """Refuse a value that asks for more CUDA devices than this machine has."""
-
-    def test(value: Any, context: SupportContext) -> str | None:
-        wanted = count(value)
-        if wanted <= max(context.machine.cuda_devices, 1):
-            return None
-        return f"{what} needs {wanted} GPUs, this machine has {context.machine.gpus_phrase()}"
-
-    return Check(test, f"{what}: as many GPUs as it asks for must be present")
 
 
 def gpu_memory_knob(off: Any, what: str) -> Check:

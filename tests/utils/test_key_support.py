@@ -13,12 +13,12 @@ from nemo_rl_core.utils.key_support import (
     Only,
     PartOf,
     ReadWhile,
+    SupportContext,
     UnsupportedConfigError,
     Wired,
     check_support,
     declared_keys,
     gpu_memory_knob,
-    needs_gpus,
     read_while_enabled,
     resolve_reader,
 )
@@ -29,9 +29,18 @@ class Inner(BaseModel):
     size: Annotated[int, PartOf("outer.inner.enabled")] = 3
 
 
+def _gpus_fit(value: int, context: SupportContext) -> str | None:
+    """A rule that reads the machine, as the cluster's GPU counts do."""
+    if value <= max(context.machine.cuda_devices, 1):
+        return None
+    return (
+        f"tensor parallelism needs {value} GPUs, this machine has {context.machine.gpus_phrase()}"
+    )
+
+
 class Outer(BaseModel):
     lr: Annotated[float, Wired("nemo_rl_core.utils.key_support:check_support")] = 1.0
-    tp: Annotated[int, needs_gpus(lambda v: v, "tensor parallelism")] = 1
+    tp: Annotated[int, Check(_gpus_fit, "as many GPUs as it asks for")] = 1
     inner: Inner = Inner()
     named: dict[str, Inner] = {}
 

@@ -191,10 +191,39 @@ def _dtensor_or_megatron(enabled: bool, context: SupportContext) -> str | None:
 
 
 _TP = "dtensor_cfg.tensor_parallel_size"
-_ONE_PROCESS = (
-    "the HF backend trains in one process on one device; "
-    "Megatron-core (megatron_cfg.enabled) has tensor parallelism"
+_ONE_PROCESS = (  # what the HF backend does across ranks
+    "the HF backend shards over FSDP2 x tensor parallelism only "
+    "(cluster.num_nodes x cluster.gpus_per_node ranks, dtensor_cfg.tensor_parallel_size)"
 )
+
+
+def training_ranks(context: SupportContext) -> int:
+    """The training stage's world size as the config's ``cluster:`` asks for it."""
+    nodes = context.value("cluster.num_nodes") or 1
+    return int(nodes) * max(int(context.value("cluster.gpus_per_node") or 0), 1)
+
+
+def _tp_divides_world(value: int, context: SupportContext) -> str | None:
+    """TP spans ranks of the training stage: it must divide their number."""
+    if value == 1:
+        return None
+    section = context.key.partition(".")[0]
+    if section not in ("policy", "value"):
+        return f"{section} runs in one process (only the training stage spans ranks); set it to 1"
+    world = training_ranks(context)
+    if world % value == 0:
+        return None
+    return (
+        f"tensor parallelism over {value} ranks needs a training world that is a multiple "
+        f"of {value}; cluster.num_nodes x cluster.gpus_per_node (processes per node on CPU) "
+        f"= {world}"
+    )
+
+
+def _sequence_parallel(value: bool, context: SupportContext) -> str | None:
+    if not value or (context.section_value(_TP) or 1) == 1:
+        return None  # NeMo RL ignores it without tensor parallelism too
+    return "sequence parallelism is not built: tensor parallelism runs without it; set it false"
 
 
 class DTensorConfig(StrictModel):
@@ -216,17 +245,23 @@ class DTensorConfig(StrictModel):
         ),
     ] = Field(True, alias="_v2")
     cpu_offload: Annotated[bool, gpu_memory_knob(False, "FSDP's CPU offload of parameters")] = False
-    sequence_parallel: Annotated[bool, PartOf(_TP)] = False
+    sequence_parallel: Annotated[
+        bool, Check(_sequence_parallel, "only false where tensor parallelism is on")
+    ] = False
     activation_checkpointing: Annotated[bool, Wired(f"{_TRAINER}.__init__")] = False
     tensor_parallel_size: Annotated[
-        int, Only(1, reason=f"tensor parallelism is not built here: {_ONE_PROCESS}")
+        int,
+        Check(
+            _tp_divides_world,
+            "the tp dim of the training ranks' mesh (sharding.shard_model); must divide them",
+        ),
     ] = Field(1, ge=1)
     context_parallel_size: Annotated[
         int, Only(1, reason=f"context parallelism is not built: {_ONE_PROCESS}")
     ] = Field(1, ge=1)
     custom_parallel_plan: Annotated[str | None, PartOf(_TP)] = None
     dp_replicate_size: Annotated[
-        int, Only(1, reason=f"HSDP's replicated shards need several ranks: {_ONE_PROCESS}")
+        int, Only(1, reason=f"HSDP (replicated FSDP shard groups) is not built: {_ONE_PROCESS}")
     ] = Field(1, ge=1)
     expert_parallel_size: Annotated[
         int,

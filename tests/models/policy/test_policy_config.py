@@ -139,7 +139,9 @@ def test_torch_classes_are_checked_after_the_schema(override: dict, named: str) 
         (
             ["policy.dtensor_cfg.tensor_parallel_size=2"],
             ONE_GPU,
-            "policy.dtensor_cfg.tensor_parallel_size=2: tensor parallelism is not built",
+            "policy.dtensor_cfg.tensor_parallel_size=2: tensor parallelism over 2 ranks needs "
+            "a training world that is a multiple of 2; cluster.num_nodes x "
+            "cluster.gpus_per_node (processes per node on CPU) = 1",
         ),
         (["policy.dtensor_cfg.context_parallel_size=2"], NO_GPU, "context parallelism"),
         (["policy.dtensor_cfg.enabled=false"], NO_GPU, "NeMo RL has no training backend"),
