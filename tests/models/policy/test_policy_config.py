@@ -148,7 +148,6 @@ def test_torch_classes_are_checked_after_the_schema(override: dict, named: str) 
         (["policy.megatron_cfg.enabled=true"], NO_GPU, "dtensor_cfg.enabled=True: Megatron-core"),
         (["policy.dtensor_cfg.cpu_offload=true"], ONE_GPU, "CPU offload of parameters is not"),
         (["policy.offload_optimizer_for_logprob=true"], ONE_GPU, "optimizer state to the CPU"),
-        (["+policy.dtensor_cfg.env_vars.NCCL_DEBUG=INFO"], NO_GPU, "dtensor_cfg.env_vars="),
         (
             ["policy.megatron_cfg.enabled=true", "policy.sequence_packing.enabled=true"],
             NO_GPU,
