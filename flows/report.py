@@ -18,6 +18,7 @@ from pathlib import Path
 from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
 from nemo_rl_core.pipeline.spec import split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.manifest import Manifest
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.logger import LoggerConfig, run_log_dir
 
@@ -44,13 +45,13 @@ NEMO_RL_NAMES = {"reward/mean_reward": "reward", "reward/mean_total_reward": "re
 PROCESSED_REWARD = "mean_total_reward"
 
 
-def manifest_metrics(stages: Mapping[str, Mapping]) -> dict[str, float]:
+def manifest_metrics(manifest: Manifest) -> dict[str, float]:
     """Flat ``stage/metric`` numbers and ``seconds/stage`` of a manifest's complete stage
     entries, in the order the stages finished (the manifest keeps them by name)."""
-    complete = [(s, e) for s, e in stages.items() if e.get("status", "complete") == "complete"]
+    complete = [(s, e) for s, e in manifest.stages.items() if e.complete]
     flat: dict[str, float] = {}
-    for stage, entry in sorted(complete, key=lambda item: item[1].get("finished_at", "")):
-        for key, value in (entry.get("metrics") or {}).items():
+    for stage, entry in sorted(complete, key=lambda item: item[1].finished_at):
+        for key, value in entry.metrics.items():
             if isinstance(value, int | float):
                 name = f"seconds/{stage}" if key == "seconds" else f"{stage}/{key}"
                 flat[name] = float(value)
@@ -59,7 +60,7 @@ def manifest_metrics(stages: Mapping[str, Mapping]) -> dict[str, float]:
 
 def iteration_metrics(run: RunRef, iteration: int) -> dict[str, float]:
     """Flat ``stage/metric`` numbers and ``seconds/stage`` from the iteration's manifest."""
-    return manifest_metrics(open_storage(run).read_manifest(iteration).get("stages", {}))
+    return manifest_metrics(open_storage(run).read_manifest(iteration))
 
 
 def _by_stage(metrics: Mapping[str, float]) -> Iterator[tuple[str, int, str, float]]:
@@ -362,9 +363,7 @@ def plot_curves(run_id: str, summaries: list[IterationSummary], path: Path) -> P
 def run_summaries(storage: RunStorage) -> list[IterationSummary]:
     """Every stored iteration's summary, in order."""
     return [
-        IterationSummary.from_metrics(
-            iteration, manifest_metrics(storage.read_manifest(iteration).get("stages", {}))
-        )
+        IterationSummary.from_metrics(iteration, manifest_metrics(storage.read_manifest(iteration)))
         for iteration in storage.iterations()
     ]
 

@@ -49,18 +49,15 @@ def first_iteration(pipeline: Pipeline, storage: RunStorage) -> int:
     latest = storage.latest_checkpoint() or 0
     iterations = storage.iterations()
     for iteration in iterations:
-        if iteration < latest:
-            stages = storage.read_manifest(iteration).get("stages", {})
-            if any(entry.get("status") == "stale" for entry in stages.values()):
-                return iteration
+        if iteration < latest and storage.read_manifest(iteration).stale_stages():
+            return iteration
     # Killed after the committing stage wrote checkpoint ``latest`` but before the iteration
     # finished: finish it (the committing stage recomputes from the checkpoint before,
     # bit-equal, and the stages after it run).
     previous = latest - 1
     if previous in iterations and (previous == 0 or storage.is_committed(previous)):
         final = pipeline.stages[-1].name
-        final_stage = storage.read_manifest(previous)["stages"].get(final, {})
-        if final_stage.get("status") != "complete":
+        if storage.read_manifest(previous).complete(final) is None:
             return previous
     return latest
 

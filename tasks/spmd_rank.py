@@ -11,12 +11,8 @@ for the same inputs is skipped by every rank).
 
 import argparse
 import json
-import os
-import signal
 from pathlib import Path
-from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -24,11 +20,11 @@ from nemo_rl_core.distributed.world import from_writer, init_rank, is_writer
 from nemo_rl_core.pipeline.context import StageContext, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.stage import injected_faults, run_stage, stage_inputs
+from tasks.faults import StageFaults
+from tasks.stage import run_stage, stage_inputs
 
 COLLECTIVE_TIMEOUT_S = 1800.0
 """How long a rank waits in one collective for its peers before the stage fails."""
-FAULT_NOTES = "injected-faults"  # the notes of faults that fired (once per run)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,24 +35,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--stage", required=True)
     parser.add_argument("--upstream", required=True, help="JSON file: the upstream StageRefs")
     return parser
-
-
-def _kill_mid_step_if_asked(run: RunRef, stage: str, iteration: int) -> None:
-    """``NEMO_RL_CORE_FAULT=<stage>@<iteration>:kill-rank<r>``: rank r SIGKILLs itself in
-    its first backward pass, while its peers wait for it in the step's collectives; once
-    per run (a note on storage says it fired), so that the retry runs undisturbed."""
-    fault = f"kill-rank{dist.get_rank()}"
-    if fault not in injected_faults(stage, iteration):
-        return
-    storage = open_storage(run)
-    if storage.read_rendezvous_note(iteration, stage, FAULT_NOTES, fault) is not None:
-        return
-    storage.write_rendezvous_note(iteration, stage, FAULT_NOTES, fault, {"pid": os.getpid()})
-
-    def die(*_: Any) -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    torch.nn.modules.module.register_module_full_backward_hook(die)
 
 
 @record
@@ -71,8 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     runtime = runtime_for(run)
     spec = runtime.pipeline.stage(args.stage)
     inputs = stage_inputs(runtime, spec, args.iteration, upstream)
-    _kill_mid_step_if_asked(run, args.stage, args.iteration)
     storage = open_storage(run)
+    StageFaults.asked(args.stage, args.iteration).in_rank_compute(storage, dist.get_rank())
     done = from_writer(storage.completed_stage(args.iteration, args.stage, inputs) is not None)
     if not done:
         context = StageContext(runtime, args.iteration, upstream, args.stage)

@@ -14,11 +14,9 @@ of the stage's pool calls once per node, with the same ``Rendezvous`` on every n
 attempt); rank 0 commits the stage as ``run_stage`` does.
 """
 
-import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import tempfile
 import time
@@ -27,7 +25,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-import psutil
 import torch
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -44,18 +41,14 @@ from nemo_rl_core.pipeline.context import BATCH, StageContext, StageRef, StageRe
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
 from nemo_rl_core.pipeline.spec import SHARD_PREFIX, Stage, shard_part, split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.manifest import RanOn
 from nemo_rl_core.storage.outage import StorageUnreachableError
-from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, RunStorage, StorageError
+from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, StorageError
 from nemo_rl_core.utils.config import ConfigError
+from tasks.faults import StageFaults
 
-FAULT_ENV = "NEMO_RL_CORE_FAULT"
-STALL_SECONDS = 600.0  # a stalled stage outlasts any timeout a test sets
 T = TypeVar("T")
 P = ParamSpec("P")
-
-
-class InjectedFault(RuntimeError):
-    """Raised where ``NEMO_RL_CORE_FAULT`` asks for a failure (fault-injection tests)."""
 
 
 def stage_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -92,66 +85,20 @@ looks for a stored result, ~8 ms per task run for nothing (bench/RESULTS.md, iss
 """
 
 
-def where_this_runs() -> dict[str, Any]:
+def where_this_runs() -> RanOn:
     """The work pool, worker, host and flow run executing this code (the manifest records
     them with each stage), and the number of ranks of a stage run across processes; pool
     and worker are None outside a worker's flow run."""
     context = FlowRunContext.get()
     flow_run = context.flow_run if context is not None else None
-    where: dict[str, Any] = {
-        "pool": flow_run.work_pool_name if flow_run is not None else None,
-        "worker": os.environ.get("PREFECT__WORKER_NAME"),
-        "host": socket.gethostname(),
-        "flow_run": str(flow_run.id) if flow_run is not None else None,
-    }
-    if is_distributed():  # rank 0 of a stage run across processes (tasks.spmd_rank)
-        where["ranks"] = torch.distributed.get_world_size()
-    return where
-
-
-def injected_faults(stage: str, iteration: int) -> set[str]:
-    """The modes ``NEMO_RL_CORE_FAULT=stage@iteration[:mode],...`` asks of this stage.
-
-    ``raise`` (the default) fails before the stage computes; ``kill`` SIGKILLs the process
-    (with its children) after it computed but before its outputs are committed, like a worker lost in the
-    middle of a stage; ``damage`` flips one byte of each committed output (once per run:
-    not again once the manifest records its repair), so the next stage reads an object that
-    no longer matches the manifest;
-    ``stall`` hangs in the stage's work for ``STALL_SECONDS``, as a stuck backend does.
-    """
-    spec = os.environ.get(FAULT_ENV, "")
-    modes = set()
-    for item in filter(None, spec.split(",")):
-        target, _, mode = item.partition(":")
-        if target == f"{stage}@{iteration}":
-            modes.add(mode or "raise")
-    return modes
-
-
-def kill_process_tree() -> None:
-    """SIGKILL this process and everything it started (forked reward workers), as a lost
-    machine takes them along: a surviving child would hold the worker's pipe to this
-    process open, and Prefect would see the crash only when that child exits."""
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _damage_once(
-    storage: RunStorage, stage: str, iteration: int, refs: Mapping[str, ObjectRef]
-) -> None:
-    """Overwrite each output with one byte flipped, size unchanged, behind the manifest's
-    back (what a bad disk or a partial overwrite does); the re-executed stage is spared: its
-    repair is on the manifest, which a stage on another work pool reads as well."""
-    repairs = storage.read_manifest(iteration).get("repairs", [])
-    if {repair["key"] for repair in repairs} & {ref.key for ref in refs.values()}:
-        return
-    for ref in refs.values():
-        data = bytearray(storage._get_optional(ref.key) or b"")
-        data[len(data) // 2] ^= 0xFF
-        storage._put(ref.key, bytes(data))
-    stage_logger().warning("fault injected: damaged %s", sorted(r.key for r in refs.values()))
+    return RanOn(
+        pool=flow_run.work_pool_name if flow_run is not None else None,
+        worker=os.environ.get("PREFECT__WORKER_NAME"),
+        host=socket.gethostname(),
+        flow_run=str(flow_run.id) if flow_run is not None else None,
+        # rank 0 of a stage run across processes (tasks.spmd_rank)
+        ranks=torch.distributed.get_world_size() if is_distributed() else None,
+    )
 
 
 def run_stage(
@@ -182,21 +129,15 @@ def run_stage(
             iteration,
             label,
         )
-        return StageRef.from_dict(entry["outputs"])
-    faults = injected_faults(label, iteration)
-    if "raise" in faults:
-        raise InjectedFault(f"fault injected into stage {label!r} of iteration {iteration}")
+        return StageRef(entry.outputs)
+    faults = StageFaults.asked(label, iteration)
     # One log line per stage, at its commit: every line is a row the API server writes, and
     # the task run's own state already says that the stage is running.
     started = time.perf_counter()
-    if "stall" in faults:  # short sleeps: a timeout raised into this thread lands between them
-        stall_until = time.monotonic() + STALL_SECONDS
-        while time.monotonic() < stall_until:
-            time.sleep(0.05)
+    faults.before_compute()
     result = compute()
     metrics = {**result.metrics, "seconds": time.perf_counter() - started}
-    if "kill" in faults:
-        kill_process_tree()
+    faults.after_compute()
     refs: dict[str, ObjectRef] = {}
     for name, value in result.outputs.items():
         stored = name if part is None else f"{part}.{name}"
@@ -217,8 +158,8 @@ def run_stage(
         sorted(refs),
         metrics["seconds"],
     )
-    if "damage" in faults:
-        _damage_once(storage, label, iteration, refs)
+    if damaged := faults.after_commit(storage, refs):
+        log.warning("fault injected: damaged %s", damaged)
     return StageRef(refs)
 
 
@@ -335,10 +276,10 @@ def spmd_stage(run: RunRef, iteration: int, name: str, upstream: dict[str, Stage
                 "this flow does not submit yet"
             )
         launch_stage_node(run, iteration, name, upstream, 0, rendezvous)
-        entry = storage.read_manifest(iteration)["stages"].get(name)
-        if entry is None or entry.get("status") != "complete":
+        entry = storage.read_manifest(iteration).complete(name)
+        if entry is None:
             raise RuntimeError(f"stage {name!r}: its ranks ended without committing it")
-    return StageRef.from_dict(entry["outputs"])
+    return StageRef(entry.outputs)
 
 
 def shards_in(upstream: Mapping[str, StageRef]) -> list[str]:

@@ -39,7 +39,7 @@ from nemo_rl_core.models.value.interfaces import ValueInterface
 from nemo_rl_core.pipeline.registry import pipeline_for_config
 from nemo_rl_core.pipeline.spec import Pipeline, Version, declared
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
+from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.checkpoint import (
     INITIAL_STEP,
     MODEL_DIRS,
@@ -150,13 +150,13 @@ class RunRuntime:
             return dict(self._initial_dataloader_state or {})
         if step in self._committed_infos or self.storage.is_committed(step):
             return self._committed_info(step).dataloader_state
-        entry = self.storage.read_manifest(step - 1)["stages"].get("prompts", {})
-        if entry.get("status") != "complete":
+        entry = self.storage.read_manifest(step - 1).complete("prompts")
+        if entry is None:
             raise FileNotFoundError(
                 f"run {self.run.run_id}: iteration {step} has no committed checkpoint and "
                 f"iteration {step - 1} no complete prompts stage to take its dataloader from"
             )
-        return self.storage.read_json(ObjectRef.from_dict(entry["outputs"]["dataloader_state"]))
+        return self.storage.read_json(entry.outputs["dataloader_state"])
 
     def _committed_info(self, step: int) -> TrainingInfo:
         """Checkpoint ``step``'s training info, read once: every stage's inputs name the

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from nemo_rl_core.distributed.node_launch import RanksLost, Rendezvous, RendezvousIncomplete
 from nemo_rl_core.pipeline.runtime import close_runtime
-from tasks.stage import FAULT_ENV, launch_stage_node, stage
+from tasks.faults import FAULT_ENV
+from tasks.stage import launch_stage_node, stage
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
 TWO_NODES = ("cluster.num_nodes=2", "cluster.gpus_per_node=1", "+cluster.placement.train=pool")

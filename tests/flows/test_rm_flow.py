@@ -18,7 +18,7 @@ from nemo_rl_core.environments.reward_model_environment import RewardModelEnviro
 from nemo_rl_core.pipeline.algorithms import RM
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import ObjectRef
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"

@@ -9,8 +9,7 @@ from flow_testing import stages_of
 
 from flows.sft import sft
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.spmd_rank import FAULT_NOTES
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV, FAULT_NOTES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "sft_tiny.yaml"

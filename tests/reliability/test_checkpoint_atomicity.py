@@ -24,14 +24,14 @@ WRITER = textwrap.dedent(
     root, source = sys.argv[1], Path(sys.argv[2])
     storage = RunStorage(root, "ckpt-run")
     storage.write_checkpoint(1, source, {"step": 1})
-    real_put = storage._put
+    real_put = storage.objects.put
 
     def put_then_die(key, data):
         if key.endswith(COMMITTED):
             os.kill(os.getpid(), signal.SIGKILL)
         return real_put(key, data)
 
-    storage._put = put_then_die
+    storage.objects.put = put_then_die
     storage.write_checkpoint(2, source, {"step": 2})
     """
 )
@@ -73,7 +73,7 @@ def test_killed_checkpoint_write_keeps_previous_as_newest_committed(
     options = None if env is None else request.getfixturevalue("s3_server").storage_options
     storage = RunStorage(root, "ckpt-run", storage_options=options)
     # The weights of step 2 reached storage, its marker did not.
-    assert storage._exists("checkpoints/step_000002/model.safetensors")
+    assert storage.objects.exists("checkpoints/step_000002/model.safetensors")
     assert storage.committed_checkpoints() == [1]
     assert storage.latest_checkpoint() == 1
     assert first_iteration(GRPO, storage) == 1, "resume must start after the last committed step"
@@ -133,7 +133,7 @@ def test_a_prune_cut_short_leaves_no_committed_checkpoint_with_files_missing(
         storage = RunStorage(f"s3://{bucket}/p", "ckpt-run", storage_options=options)
     for step in (1, 2):
         storage.write_checkpoint(step, _checkpoint_source(tmp_path / f"s{step}"), {"step": step})
-    optimizer = f"{storage._run_path}/checkpoints/step_000001/optimizer/optim.pt"
+    optimizer = f"{storage.objects.run_path}/checkpoints/step_000001/optimizer/optim.pt"
     delete = storage.fs.rm
 
     def die_after_the_optimizer(path: str | list[str], *args: object, **kwargs: object) -> None:

@@ -60,7 +60,7 @@ def test_a_damaged_stored_file_is_named_and_never_placed(
     storage: RunStorage, tmp_path: Path
 ) -> None:
     info = _commit(storage, tmp_path, 1, b"moments" * 1000)
-    key = f"{storage._run_path}/checkpoints/step_000001/{OPTIMIZER}"
+    key = f"{storage.objects.run_path}/checkpoints/step_000001/{OPTIMIZER}"
     storage.fs.pipe_file(key, b"moments" * 999 + b"MOMENTS")  # same size, other bytes
     target = tmp_path / "copies" / "step_1"
     with pytest.raises(IntegrityError, match=f"{OPTIMIZER} has sha256 .* recorded"):
