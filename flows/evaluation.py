@@ -32,7 +32,6 @@ from nemo_rl_core.pipeline.algorithms import EVAL
 from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.stage_keys import check_stage_names
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from nemo_rl_core.storage.run_storage import ObjectRef
 
 DEFAULT_STORAGE_ROOT = "results/eval"
 ITERATION = 0  # an eval run is one pass over its prompts
@@ -62,9 +61,9 @@ def write_results(config: EvalMasterConfig, run: RunRef, table: Any) -> Path | N
 
 def publish(config: EvalMasterConfig, run: RunRef) -> dict[str, Any]:
     """The scores and the samples of a finished eval run: artifacts, files, a line."""
-    stages = open_storage(run).read_manifest(ITERATION)["stages"]
-    scores = stages["score"]["metrics"]
-    batch = open_storage(run).read_batch(ObjectRef.from_dict(stages["reward"]["outputs"]["batch"]))
+    stages = open_storage(run).read_manifest(ITERATION).stages
+    scores = stages["score"].metrics
+    batch = open_storage(run).read_batch(stages["reward"].outputs["batch"])
     table = rollout_table(batch, run.run_id, ITERATION)
     shown = {name: value for name, value in scores.items() if name != "seconds"}
     described = f"{config.generation.model_name} on {config.data.dataset_name}"

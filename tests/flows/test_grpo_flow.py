@@ -16,7 +16,7 @@ from nemo_rl_core.pipeline.context import StageContext, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
 from nemo_rl_core.storage.codec import batch_to_bytes
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 # The stages of a training iteration (validation is off in these configs).
 TRAINING_STAGES = [name for name in GRPO.stage_names if name != "validate"]

@@ -8,7 +8,7 @@ import json
 import pytest
 from toy_runs import ToyRuns
 
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 STEPS = 3
 

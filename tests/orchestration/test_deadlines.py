@@ -15,7 +15,7 @@ from toy_runs import ToyRuns, toy_flow
 
 from flows.labels import flow_run_name
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 
 def test_a_run_stops_at_the_deadline_and_continues(toy: ToyRuns) -> None:

@@ -11,7 +11,7 @@ from toy_runs import ToyRuns
 
 from flows.rerun_stage import rerun_stage
 from nemo_rl_core.utils.config import ConfigError
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 SHARDS = 3
 SPLIT = (f"++orchestration.fan_out.score={SHARDS}",)

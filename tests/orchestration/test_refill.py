@@ -7,7 +7,7 @@ import pytest
 from toy_runs import ToyRuns
 
 from flows.rerun_stage import rerun_stage
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 REFILL = ("toy.refill=true",)
 STEPS = 3

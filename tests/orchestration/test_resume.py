@@ -9,7 +9,7 @@ from toy_pipeline import INITIAL_WEIGHTS
 from toy_runs import ToyRuns
 
 from nemo_rl_core.utils.config import ConfigError
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 STEPS = 3
 
