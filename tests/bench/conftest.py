@@ -1,6 +1,7 @@
 """TRL's own venv (bench/vs_trl.py's; `make bench-venvs` builds it by hand): the tests that
 compare with TRL use it where it is built, and build it under CI, where they always run."""
 
+import fcntl
 import os
 import sys
 from pathlib import Path
@@ -12,9 +13,19 @@ sys.path.insert(0, str(REPO / "bench"))
 import vs_trl  # noqa: E402
 
 
+def trl_venv_wanted() -> bool:
+    """Under CI always (a fresh clone: the fixture builds it); elsewhere where it is built."""
+    return bool(os.environ.get("CI")) or (vs_trl.TRL_VENV / "bin" / "python").exists()
+
+
 @pytest.fixture(scope="session")
 def trl_python() -> Path | None:
-    """The TRL venv's python, built if missing under CI; None where it is not built."""
-    if os.environ.get("CI") or (vs_trl.TRL_VENV / "bin" / "python").exists():
+    """The TRL venv's python, built (or repaired) where wanted; None where it is not built.
+    Each xdist worker asks: a lock beside the venv has the second wait for the first's build
+    instead of installing into the same folder at once."""
+    if not trl_venv_wanted():
+        return None
+    vs_trl.TRL_VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(vs_trl.TRL_VENV.with_name("trl.lock"), "w") as lock:  # closing it unlocks
+        fcntl.flock(lock, fcntl.LOCK_EX)
         return vs_trl.ensure_trl_venv()
-    return None
