@@ -18,11 +18,19 @@ def trl_venv_wanted() -> bool:
     return bool(os.environ.get("CI")) or (vs_trl.TRL_VENV / "bin" / "python").exists()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that ask for TRL's venv run in one xdist worker: under CI its build takes
+    minutes, and a second worker waiting on it would stand idle instead of running others."""
+    for item in items:
+        if "trl_python" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("trl"))
+
+
 @pytest.fixture(scope="session")
 def trl_python() -> Path | None:
     """The TRL venv's python, built (or repaired) where wanted; None where it is not built.
-    Each xdist worker asks: a lock beside the venv has the second wait for the first's build
-    instead of installing into the same folder at once."""
+    A lock beside the venv has a second process (another session, a second worker under
+    another ``--dist``) wait for the first's build instead of installing into it at once."""
     if not trl_venv_wanted():
         return None
     vs_trl.TRL_VENV.parent.mkdir(parents=True, exist_ok=True)
