@@ -25,16 +25,24 @@ REVERSE_TESTS = [{"input": "abc\n", "output": "cba"}, {"input": "hello\n", "outp
 ADD_TESTS = [{"assert": "assert add(2, 3) == 5"}, {"assert": "assert add(-1, 1) == 0"}]
 
 
+JUDGE = b"\0code_judge\0"  # how a judge's command line ends
+
+
 def sandbox_processes() -> list[int]:
     """Live processes of samples' sandboxes right now (the environment's judges live on)."""
     if os.geteuid() != 0:
         return []
     pids = [pid for uid in SANDBOX_UIDS for pid in live_processes(uid)]
-    return [
-        pid
-        for pid in pids
-        if not Path(f"/proc/{pid}/cmdline").read_bytes().endswith(b"\0code_judge\0")
-    ]
+    return [pid for pid in pids if (cmd := cmdline(pid)) is not None and not cmd.endswith(JUDGE)]
+
+
+def cmdline(pid: int) -> bytes | None:
+    """None where the process ended since it was listed (the machine is shared: its pids
+    come and go between the listing and the read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 def step(env, code: str, tests=None):
