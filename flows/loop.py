@@ -15,11 +15,12 @@ from flows.lease import hold_lease
 from flows.placement import run_placed_stage
 from flows.progress import IterationReports
 from flows.run_ahead import RolloutsAhead, rollouts_ahead
-from flows.run_setup import lease_owner, open_run, plan_iterations
+from flows.run_setup import build_models, lease_owner, open_run, plan_iterations
 from nemo_rl_core.pipeline.context import PREVIOUS, DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.spec import Pipeline, Stage, round_name
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.refusal import RunRefusedError
 from nemo_rl_core.utils.timer import TimeoutChecker
 from tasks.stage import stage_logger
 
@@ -133,6 +134,7 @@ def run_iterations(
     run, config = open_run(pipeline, config_path, overrides, run_id, storage_root, storage_block)
     resolved = {"run_id": run.run_id, "storage_root": run.storage_root}
     with labelled_run(pipeline.name, run, resolved=resolved), hold_lease(run, owner=lease_owner()):
+        build_models(pipeline, config)
         iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run)
         if not iterations:
             close_runtime(run)  # planning opened it; the next flow run may bring a new config
@@ -217,6 +219,15 @@ def nothing_to_do(pipeline: Pipeline, run: RunRef, final_step: int) -> Any:
     return Completed(message=message, data=summary)
 
 
+def refused(err: RunRefusedError) -> Any:
+    """The flow run's end when the run was refused (another run drives it): Failed, with the
+    reason as its message and one log line, not a traceback; a caller in this process gets
+    ``err`` itself."""
+    from prefect.states import Failed
+
+    return Failed(message=str(err), data=err)
+
+
 def training_flow(pipeline: Pipeline) -> Flow:
     """The Prefect flow of ``pipeline``: named after it, with the parameters every training
     deployment takes."""
@@ -232,9 +243,12 @@ def training_flow(pipeline: Pipeline) -> Flow:
     ) -> dict:
         if max_num_steps is not None:  # last, so it wins over the config and overrides
             overrides = [*(overrides or []), f"{pipeline.name}.max_num_steps={max_num_steps}"]
-        return run_iterations(
-            pipeline, config_path, overrides, run_id, storage_root, steps_per_run, storage_block
-        )
+        try:
+            return run_iterations(
+                pipeline, config_path, overrides, run_id, storage_root, steps_per_run, storage_block
+            )
+        except RunRefusedError as err:
+            return refused(err)
 
     train.__doc__ = (
         f"Train {pipeline.name.upper()} for ``steps_per_run`` iterations (default: up to "

@@ -69,20 +69,26 @@ def open_run(
     storage_root: str | None,
     storage_block: str | None = None,
 ) -> tuple[RunRef, Any]:
-    """Validate the config, build its built-in models (the warm-started one takes a minute
-    or two, which no stage's timeout should pay), run the pipeline's ``preflight`` checks of
-    them, and name the run; nothing of the run is written yet (no lease is held)."""
+    """Validate the config and name the run; nothing of the run is written yet and no model
+    is built (``build_models``, once the run's lease is held)."""
     setup = declared(pipeline, "data_setup")
     config = check_run_config(pipeline.config_class, config_path, overrides, setup)
     check_stage_names(config, pipeline)
     check_placement(config, pipeline)
+    root = storage_root or config.checkpointing.checkpoint_dir
+    load_storage_block(root, storage_block)
+    return RunRef(root, run_id or new_run_id(pipeline.name)), config
+
+
+def build_models(pipeline: Pipeline, config: Any) -> None:
+    """Under the lease: build the config's built-in models (the warm-started one takes a
+    minute or two, which no stage's timeout should pay) and run the pipeline's
+    ``preflight`` checks of them. After the lease, so that a second run of an experiment is
+    refused before it loads or builds anything."""
     for _, model in trained_models(config):
         resolve_model(model.model_name)
     if pipeline.preflight is not None:
         pipeline.preflight(config)
-    root = storage_root or config.checkpointing.checkpoint_dir
-    load_storage_block(root, storage_block)
-    return RunRef(root, run_id or new_run_id(pipeline.name)), config
 
 
 def plan_iterations(

@@ -70,9 +70,8 @@ class CheckpointStore:
             for stray in (COMMITTED, TRAINING_INFO):
                 (local_dir / stray).unlink(missing_ok=True)
             _give_default_modes(local_dir)
-            self.objects.call(
-                ckpt, lambda: local_dir.rename(self.objects.path(ckpt)), reading=False
-            )
+            rename = partial(local_dir.rename, self.objects.path(ckpt))
+            self.objects.call("rename into place", ckpt, rename, reading=False)
             self.objects.put(f"{ckpt}/{TRAINING_INFO}", record)
         else:
             relative = {
@@ -142,10 +141,14 @@ class CheckpointStore:
         target.mkdir(parents=True, exist_ok=True)
         source = self.objects.path(ckpt)
         fs = self.objects.fs
-        for remote in self.objects.call(ckpt, lambda: fs.find(source)):
+        for remote in self.objects.call("listing", ckpt, lambda: fs.find(source)):
             relative = posixpath.relpath(remote, source)
             (target / relative).parent.mkdir(parents=True, exist_ok=True)
-            self.objects.call(ckpt, partial(fs.get_file, remote, str(target / relative)))
+            self.objects.call(
+                "download",
+                f"{ckpt}/{relative}",
+                partial(fs.get_file, remote, str(target / relative)),
+            )
         return target
 
     def read_checkpoint_info(self, step: int) -> dict:

@@ -73,7 +73,9 @@ class ManifestStore:
         """The manifest's bytes and ETag from one GET (S3), remembered as the base of this
         process's next conditional update."""
         key = manifest_key(iteration)
-        seen = self.objects.call(key, S3Object(self.objects.fs, self.objects.path(key)).read)
+        seen = self.objects.call(
+            "read", key, S3Object(self.objects.fs, self.objects.path(key)).read
+        )
         self._remember_manifest(iteration, seen)
         return seen
 
@@ -250,12 +252,11 @@ class ManifestStore:
                 data = json_bytes(changed.to_dict())
                 try:
                     if base is None:
-                        version = self.objects.call(
-                            key, partial(target.create, data), reading=False
-                        )
+                        create = partial(target.create, data)
+                        version = self.objects.call("write", key, create, reading=False)
                     else:
                         write = partial(target.replace, data, base.version)
-                        version = self.objects.call(key, write, reading=False)
+                        version = self.objects.call("write", key, write, reading=False)
                 except VersionConflict:  # changed since this process saw it: read it again
                     self._manifest_seen.pop(iteration, None)
                     continue

@@ -45,7 +45,7 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.storage.checkpoint_store import CheckpointStore
 from nemo_rl_core.storage.containers import ARROW, BatchFormat
 from nemo_rl_core.storage.layout import COMMITTED, step_dir
-from nemo_rl_core.storage.lease import LEASE_KEY, ConditionalObject, Lease, LocalObject, S3Object
+from nemo_rl_core.storage.lease import ConditionalObject, Lease, lease_object
 from nemo_rl_core.storage.manifest import Manifest, RanOn, StageEntry, StageRun
 from nemo_rl_core.storage.manifest_store import ManifestStore
 from nemo_rl_core.storage.names import validate_name
@@ -253,15 +253,7 @@ class RunStorage:
 
     def lease_object(self) -> ConditionalObject:
         """``LEASE.json`` as an object written only if unchanged (the store's own CAS)."""
-        path = self.objects.path(LEASE_KEY)
-        if self.objects.local:
-            return LocalObject(path)
-        if self.fs.protocol in ("s3", ("s3", "s3a")) or "s3" in self.fs.protocol:
-            return S3Object(self.fs, path)
-        raise StorageError(
-            f"{self.root}: an exclusive run lease needs file:// or s3:// storage "
-            f"(the store's conditional writes), not {self.fs.protocol}"
-        )
+        return lease_object(self.objects.opened, self.run_id)
 
     def _check_lease(self) -> None:
         """Refuse a commit once this handle's lease was found taken by another run."""
