@@ -23,7 +23,7 @@ from nemo_rl_core.storage.layout import (
     numbered,
     step_dir,
 )
-from nemo_rl_core.storage.object_store import ObjectStore, json_bytes
+from nemo_rl_core.storage.object_store import ObjectRef, ObjectStore, json_bytes
 from nemo_rl_core.storage.outage import StorageError
 
 
@@ -157,6 +157,15 @@ class CheckpointStore:
         if data is None:
             raise StorageError(f"{self.objects.url(key)} does not exist")
         return json.loads(data)
+
+    def recorded_files(self, step: int) -> list[ObjectRef]:
+        """The files of checkpoint ``step`` as its training info recorded them (key, size,
+        sha256); ``StorageError`` if it has no training info."""
+        info = self.read_checkpoint_info(step)
+        return [
+            ObjectRef(f"{step_dir(step)}/{relative}", int(file["size"]), str(file["sha256"]))
+            for relative, file in sorted(info.get("files", {}).items())
+        ]
 
     def record_checkpoint_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """Add metrics measured after the commit (validation of these weights) to a committed

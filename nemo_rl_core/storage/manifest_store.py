@@ -9,6 +9,7 @@ committed meanwhile by another process is never lost.
 """
 
 import json
+import posixpath
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -209,6 +210,23 @@ class ManifestStore:
         and its producing stage re-made it."""
         repair = Repair(key, damage, datetime.now(UTC))
         self._update_manifest(iteration, lambda manifest: manifest.with_repair(repair))
+
+    def recorded_entries(self, iteration: int) -> list[tuple[str, StageEntry]]:
+        """Every entry recorded for the iteration, complete or stale, by label: its
+        manifest's stages (``reward``, a refill round ``reward.1``), then the parts recorded
+        beside them (``generate/shard-0-of-2``), found by one listing. ``IntegrityError``
+        names a manifest or part entry that cannot be read."""
+        entries = list(self.read_manifest(iteration).stages.items())
+        folder = self.objects.path(iter_dir(iteration))
+        for path in sorted(self.objects.find(iter_dir(iteration))):
+            if str(path).endswith(PART_SUFFIX):
+                relative = posixpath.relpath(str(path), folder)
+                key = f"{iter_dir(iteration)}/{relative}"
+                data = self.objects.get_optional(key)
+                if data is not None:  # gone since the listing: a stage re-made meanwhile
+                    entry = _parsed(StageEntry, data, self.objects.url(key))
+                    entries.append((relative.removesuffix(PART_SUFFIX), entry))
+        return entries
 
     def iterations(self) -> list[int]:
         """Iterations that have a directory (any stage output or manifest)."""

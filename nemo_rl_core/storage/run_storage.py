@@ -44,13 +44,14 @@ import yaml
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.storage.checkpoint_store import CheckpointStore
 from nemo_rl_core.storage.containers import ARROW, BatchFormat
-from nemo_rl_core.storage.layout import COMMITTED, step_dir
+from nemo_rl_core.storage.layout import COMMITTED
 from nemo_rl_core.storage.lease import ConditionalObject, Lease, lease_object
 from nemo_rl_core.storage.manifest import Manifest, RanOn, StageEntry, StageRun
 from nemo_rl_core.storage.manifest_store import ManifestStore
 from nemo_rl_core.storage.names import validate_name
 from nemo_rl_core.storage.object_store import IntegrityError, ObjectRef, ObjectStore
 from nemo_rl_core.storage.outage import StorageError
+from nemo_rl_core.storage.verification import RunCheck, check_run
 
 __all__ = [
     "COMMITTED",
@@ -269,22 +270,11 @@ class RunStorage:
         self.objects.recent.forget()
         self.manifests.forget()
 
-    def verify(self) -> list[str]:
-        """Every object the run recorded, checked against its recorded size and sha256: the
-        outputs of each complete stage and every file of each committed checkpoint. Returns
-        one line per damaged object (its URL, what was expected, what was found)."""
-        damaged = []
-        for iteration in self.iterations():
-            for entry in self.read_manifest(iteration).stages.values():
-                if entry.complete:
-                    refs = entry.outputs.values()
-                    damaged += [p for ref in refs if (p := self.objects.problem(ref)) is not None]
-        for step in self.committed_checkpoints():
-            info = self.read_checkpoint_info(step)
-            for relative, recorded in sorted(info.get("files", {}).items()):
-                ref = ObjectRef(f"{step_dir(step)}/{relative}", **recorded)
-                damaged += [p for p in [self.objects.problem(ref)] if p is not None]
-        return damaged
+    def verify(self) -> RunCheck:
+        """Every object the run recorded, read back and checked against its recorded size
+        and sha256: the outputs of every entry, stale ones too, and every file of each
+        committed checkpoint (``verification.check_run``)."""
+        return check_run(self.objects, self.manifests, self.checkpoints)
 
 
 def _diff_keys(old: Any, new: Any, prefix: str = "") -> Iterator[str]:
