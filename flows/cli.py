@@ -101,6 +101,11 @@ def run_cli(algorithm: str, argv: list[str]) -> None:
     parser.add_argument(
         "--steps-per-run", type=int, default=None, help="iterations this call may run"
     )
+    parser.add_argument(
+        "--start-over",
+        action="store_true",
+        help="delete what is stored of --run-id and train it from iteration 0",
+    )
     args = parser.parse_args(argv)
     declared = algorithm_config(algorithm)
 
@@ -117,7 +122,8 @@ def run_cli(algorithm: str, argv: list[str]) -> None:
         return training_flow_of(algorithm)
 
     shown = ("run_id", "storage_root", "iterations")
-    _run(args, check, load_flow, shown, steps_per_run=args.steps_per_run)
+    parameters = {"steps_per_run": args.steps_per_run, "start_over": args.start_over}
+    _run(args, check, load_flow, shown, **parameters)
 
 
 def refuse_if_leased(args: argparse.Namespace, config_class: type[Any]) -> None:

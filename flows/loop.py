@@ -127,15 +127,17 @@ def run_iterations(
     storage_root: str | None,
     steps_per_run: int | None,
     storage_block: str | None,
+    start_over: bool = False,
 ) -> dict:
     """Run the planned iterations of ``pipeline`` (fewer when ``checkpoint_must_save_by``
-    comes near); returns the run's id, root, the iterations run, per-iteration metrics and
-    the keys of damaged inputs that were re-made."""
+    comes near; from iteration 0, discarding what is stored, with ``start_over``); returns
+    the run's id, root, the iterations run, per-iteration metrics and the keys of damaged
+    inputs that were re-made."""
     run, config = open_run(pipeline, config_path, overrides, run_id, storage_root, storage_block)
     resolved = {"run_id": run.run_id, "storage_root": run.storage_root}
     with labelled_run(pipeline.name, run, resolved=resolved), hold_lease(run, owner=lease_owner()):
         build_models(pipeline, config)
-        iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run)
+        iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run, start_over)
         if not iterations:
             close_runtime(run)  # planning opened it; the next flow run may bring a new config
             return nothing_to_do(pipeline, run, final_step)
@@ -240,12 +242,20 @@ def training_flow(pipeline: Pipeline) -> Flow:
         steps_per_run: int | None = None,
         storage_block: str | None = None,
         max_num_steps: int | None = None,
+        start_over: bool = False,
     ) -> dict:
         if max_num_steps is not None:  # last, so it wins over the config and overrides
             overrides = [*(overrides or []), f"{pipeline.name}.max_num_steps={max_num_steps}"]
         try:
             return run_iterations(
-                pipeline, config_path, overrides, run_id, storage_root, steps_per_run, storage_block
+                pipeline,
+                config_path,
+                overrides,
+                run_id,
+                storage_root,
+                steps_per_run,
+                storage_block,
+                start_over,
             )
         except RunRefusedError as err:
             return refused(err)
@@ -256,6 +266,8 @@ def training_flow(pipeline: Pipeline) -> Flow:
         "otherwise); ``storage_root`` defaults to ``checkpointing.checkpoint_dir``; "
         "``storage_block`` names a prefect-aws ``AwsCredentials`` block for an ``s3://`` root "
         "(else ``AWS_*`` environment variables); ``max_num_steps`` sets "
-        f"``{pipeline.name}.max_num_steps``, to continue a finished run past it."
+        f"``{pipeline.name}.max_num_steps``, to continue a finished run past it; "
+        "``start_over`` deletes what is stored of run ``run_id`` and trains it from "
+        "iteration 0 (a run whose stored progress was lost is refused without it)."
     )
     return flow(name=pipeline.name, log_prints=True)(train)

@@ -26,7 +26,9 @@ NAMED_IN_STATE = 5  # damaged objects named in the flow run's state message; the
 
 
 @flow(name="verify-run", log_prints=True)
-def verify_run(run_id: str, storage_root: str = "results", storage_block: str | None = None) -> Any:
+def verify_run(
+    run_id: str, storage_root: str = "results", storage_block: str | None = None
+) -> RunCheck:
     """What a check of run ``run_id`` found (``RunCheck``); the flow run ends Failed, its
     caller gets ``DamagedRunError``, when an object is damaged."""
     load_storage_block(storage_root, storage_block)
@@ -49,7 +51,12 @@ def verify_run(run_id: str, storage_root: str = "results", storage_block: str | 
     more = len(found.damaged) - NAMED_IN_STATE
     if more > 0:
         named += f"; and {more} more (the flow run's log names each)"
-    message = f"{verdict}: {named}"
+    return damaged(f"{verdict}: {named}", found)
+
+
+def damaged(message: str, found: RunCheck) -> Any:
+    """The end of a verify flow run that found damage: Failed, with ``message``; a caller in
+    this process gets ``DamagedRunError`` holding every finding."""
     return Failed(message=message, data=DamagedRunError(message, found))
 
 
@@ -66,6 +73,7 @@ if __name__ == "__main__":
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--storage-root", default="results")
     args = parser.parse_args()
+    checked: RunCheck
     try:
         checked = verify_run(args.run_id, args.storage_root)
     except DamagedRunError as err:

@@ -227,6 +227,12 @@ class CheckpointStore:
             self._delete_checkpoint(step)
         return sorted(doomed | off_period)
 
+    def delete_all(self) -> None:
+        """Delete every checkpoint: each committed one marker first, then what is left."""
+        for step in reversed(self.committed_checkpoints()):
+            self._delete_checkpoint(step)
+        self.objects.delete_tree("checkpoints")
+
     def _delete_checkpoint(self, step: int) -> None:
         """Delete checkpoint ``step``, its ``COMMITTED`` marker before its other files: a
         delete cut short (a killed prune or re-save) leaves an uncommitted leftover, which

@@ -44,13 +44,14 @@ import yaml
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.storage.checkpoint_store import CheckpointStore
 from nemo_rl_core.storage.containers import ARROW, BatchFormat
-from nemo_rl_core.storage.layout import COMMITTED
+from nemo_rl_core.storage.layout import COMMITTED, MANIFEST, STAGE_RUNS, iter_dir
 from nemo_rl_core.storage.lease import ConditionalObject, Lease, lease_object
 from nemo_rl_core.storage.manifest import Manifest, RanOn, StageEntry, StageRun
 from nemo_rl_core.storage.manifest_store import ManifestStore
 from nemo_rl_core.storage.names import validate_name
 from nemo_rl_core.storage.object_store import IntegrityError, ObjectRef, ObjectStore
 from nemo_rl_core.storage.outage import StorageError
+from nemo_rl_core.storage.progress import StoredProgress, stored_progress
 from nemo_rl_core.storage.verification import RunCheck, check_run
 
 __all__ = [
@@ -260,6 +261,24 @@ class RunStorage:
         """Refuse a commit once this handle's lease was found taken by another run."""
         if self.lease is not None:
             self.lease.check()
+
+    # ---- progress --------------------------------------------------------------------
+
+    def stored_progress(self, committing_stage: str) -> StoredProgress:
+        return stored_progress(self.objects, self.manifests, self.checkpoints, committing_stage)
+
+    def discard_progress(self) -> tuple[list[int], list[int]]:
+        """Delete every iteration, checkpoint and stage-run record of the run (its config
+        and lease stay): a deliberate start over. Returns the iterations and the committed
+        checkpoints deleted."""
+        self._check_lease()
+        iterations, committed = self.iterations(), self.committed_checkpoints()
+        self.checkpoints.delete_all()
+        for iteration in reversed(iterations):
+            self.objects.delete_tree(iter_dir(iteration), first=MANIFEST)
+        self.objects.delete_tree(STAGE_RUNS)
+        self.forget_writes()
+        return iterations, committed
 
     # ---- reading what the store holds ------------------------------------------------
 

@@ -9,6 +9,7 @@ or a person reads, and a flipped byte there is damage like any other.
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 from nemo_rl_core.storage.checkpoint_store import CheckpointStore
@@ -64,11 +65,8 @@ def check_run(
         return len(refs)
 
     for iteration in manifests.iterations():
-        entries = _readable(
-            lambda i=iteration: manifests.recorded_entries(i),
-            objects.url(manifest_key(iteration)),
-            damaged,
-        )
+        url = objects.url(manifest_key(iteration))
+        entries = _readable(partial(manifests.recorded_entries, iteration), url, damaged)
         for label, entry in entries or []:
             where = f"iteration {iteration} stage {label}"
             if not entry.complete:
@@ -81,10 +79,9 @@ def check_run(
                 )
             checked += count
     for step in checkpoints.committed_checkpoints():
-        files = _readable(
-            lambda s=step: checkpoints.recorded_files(s), f"committed checkpoint {step}", damaged
-        )
-        checked += check(files or [], f"committed checkpoint {step}")
+        where = f"committed checkpoint {step}"
+        files = _readable(partial(checkpoints.recorded_files, step), where, damaged)
+        checked += check(files or [], where)
     return RunCheck(damaged, stale, checked)
 
 
