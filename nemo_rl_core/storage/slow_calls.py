@@ -32,10 +32,10 @@ log = logging.getLogger("nemo_rl_core.storage")
 
 @dataclass
 class _Call:
-    what: str  # "read of s3://bucket/runs/exp1/iter_000003/generate/batch.arrow"
+    operation: str  # "read"
+    url: str  # "s3://bucket/runs/exp1/iter_000003/generate/batch.arrow"
     started: float
     due: float  # when it is next said to be waiting
-    repeat_s: float
     warned: bool = False
 
 
@@ -63,9 +63,7 @@ class SlowCallMonitor:
             return
         self._local.inside = True
         now = time.monotonic()
-        slow_s = float(os.environ.get(SLOW_ENV, DEFAULT_SLOW_S))
-        repeat_s = float(os.environ.get(REPEAT_ENV, DEFAULT_REPEAT_S))
-        call = _Call(f"{operation} of {url}", now, now + slow_s, repeat_s)
+        call = _Call(operation, url, now, now + _slow_s())
         with self._condition:
             key = next(self._ids)
             self._calls[key] = call
@@ -74,7 +72,7 @@ class SlowCallMonitor:
                     target=self._watch, name="storage-slow-calls", daemon=True
                 )
                 self._thread.start()
-            if call.due < self._wake_at:
+            if call.due < self._wake_at:  # only when the threshold was just lowered
                 self._wake_at = call.due
                 self._condition.notify()
         error: BaseException | None = None
@@ -93,28 +91,38 @@ class SlowCallMonitor:
         if call.warned:
             waited = time.monotonic() - call.started
             outcome = "returned" if error is None else f"failed ({type(error).__name__})"
-            log.warning("storage: %s %s after %.1f s", call.what, outcome, waited)
+            log.warning(
+                "storage: %s of %s %s after %.1f s", call.operation, call.url, outcome, waited
+            )
 
     def _watch(self) -> None:
         while True:
             with self._condition:
                 now = time.monotonic()
                 overdue = [call for call in self._calls.values() if call.due <= now]
+                repeat_s = float(os.environ.get(REPEAT_ENV, DEFAULT_REPEAT_S)) if overdue else 0
                 for call in overdue:
                     call.warned = True
-                    call.due = now + call.repeat_s
-                self._wake_at = min((call.due for call in self._calls.values()), default=math.inf)
+                    call.due = now + repeat_s
+                # Idle, it still wakes once per threshold: a call registered meanwhile is due
+                # no sooner, so registering never has to wake it (no switch per call).
+                idle_until = now + _slow_s()
+                self._wake_at = min((call.due for call in self._calls.values()), default=idle_until)
                 if not overdue:
-                    timeout = None if self._wake_at == math.inf else self._wake_at - now
-                    self._condition.wait(timeout)
+                    self._condition.wait(self._wake_at - now)
                     continue
             for call in overdue:  # logged outside the lock: handlers may be slow
                 log.warning(
-                    "storage: %s has waited %.1f s for the store (still waiting; the store "
-                    "may be stalled or overloaded)",
-                    call.what,
+                    "storage: %s of %s has waited %.1f s for the store (still waiting; the "
+                    "store may be stalled or overloaded)",
+                    call.operation,
+                    call.url,
                     now - call.started,
                 )
+
+
+def _slow_s() -> float:
+    return float(os.environ.get(SLOW_ENV, DEFAULT_SLOW_S))
 
 
 MONITOR = SlowCallMonitor()

@@ -15,7 +15,6 @@ from switchable_proxy import SwitchableProxy
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
-from nemo_rl_core.storage.slow_calls import REPEAT_ENV, SLOW_ENV
 
 STALL_S = 4.0
 
@@ -24,8 +23,8 @@ STALL_S = 4.0
 def stalling_run(s3_server, s3_bucket, monkeypatch: pytest.MonkeyPatch):
     """A run on S3 reached through a proxy that can hold the traffic; slow after 1 s, said
     again every 1.2 s."""
-    monkeypatch.setenv(SLOW_ENV, "1")
-    monkeypatch.setenv(REPEAT_ENV, "1.2")
+    monkeypatch.setenv("NEMO_RL_CORE_STORAGE_SLOW_S", "1")  # the settings an operator has
+    monkeypatch.setenv("NEMO_RL_CORE_STORAGE_SLOW_REPEAT_S", "1.2")
     proxy = SwitchableProxy(urlparse(s3_server.endpoint_url).port)
     root = f"s3://{s3_bucket}/stall"
     use_storage_options(root, {**s3_server.storage_options, "endpoint_url": proxy.endpoint_url})
