@@ -15,7 +15,7 @@ from flows.lease import hold_lease
 from flows.placement import run_placed_stage
 from flows.progress import IterationReports
 from flows.run_ahead import RolloutsAhead, rollouts_ahead
-from flows.run_setup import build_models, lease_owner, open_run, plan_iterations
+from flows.run_setup import build_models, config_notes, lease_owner, open_run, plan_iterations
 from nemo_rl_core.pipeline.context import PREVIOUS, DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.spec import Pipeline, Stage, round_name
@@ -134,6 +134,8 @@ def run_iterations(
     the run's id, root, the iterations run, per-iteration metrics and the keys of damaged
     inputs that were re-made."""
     run, config = open_run(pipeline, config_path, overrides, run_id, storage_root, storage_block)
+    for note in config_notes(config):
+        stage_logger().warning("run %s: %s", run.run_id, note)
     resolved = {"run_id": run.run_id, "storage_root": run.storage_root}
     with labelled_run(pipeline.name, run, resolved=resolved), hold_lease(run, owner=lease_owner()):
         build_models(pipeline, config)

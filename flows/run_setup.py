@@ -11,6 +11,7 @@ from typing import Any
 from flows.config_check import check_run_config, trained_models
 from flows.lost_progress import START_OVER, check_progress_survives
 from flows.placement import check_placement
+from nemo_rl_core.data.datasets.builder import dataset_environments, games_from_environment
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, declared
@@ -91,6 +92,33 @@ def build_models(pipeline: Pipeline, config: Any) -> None:
         resolve_model(model.model_name)
     if pipeline.preflight is not None:
         pipeline.preflight(config)
+
+
+def config_notes(config: Any) -> list[str]:
+    """What the run does that a key of its config could lead one to expect otherwise, said
+    once in the flow run's log: keys NeMo RL would not read here."""
+    notes = []
+    if not config.checkpointing.enabled:
+        notes.append(
+            "checkpointing.enabled is false: each iteration still commits the weights the next "
+            "one starts from, and only the newest checkpoint is kept (what continuing the run "
+            "needs); keep_top_k, save_period and metric_name are not read"
+        )
+    env = getattr(config, "env", {})
+    unread = sorted(set(env) - dataset_environments(config.data, env))
+    if unread:
+        sections = ", ".join(f"env.{name}" for name in unread)
+        notes.append(
+            f"{sections}: not read, as in NeMo RL, which builds only the environments the "
+            "datasets name (their env_name)"
+        )
+    if games_from_environment(config.data, env):
+        notes.append(
+            "data.train and data.validation are not read: env.sliding_puzzle_game sets up the "
+            "games to train and validate on, as NeMo RL's puzzle runner does (a dataset whose "
+            "env_name is sliding_puzzle_game would be read instead)"
+        )
+    return notes
 
 
 def plan_iterations(

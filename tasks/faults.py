@@ -6,6 +6,9 @@ fault at one of the three points of ``run_stage``:
 
 - before compute: ``raise`` (the default) fails the stage; ``stall`` hangs in its work for
   ``STALL_SECONDS``, as a stuck backend does;
+- in compute, on one rank of a stage run across processes: ``kill-rank<r>`` has rank r
+  SIGKILL itself in its first backward pass, while its peers wait for it in the step's
+  collectives (once per run: a rendezvous note on storage says it fired);
 - after compute: ``kill`` SIGKILLs the process (with its children) before the outputs are
   committed, like a worker lost in the middle of a stage;
 - after commit: ``damage`` flips one byte of each committed output (once per run: not again
@@ -18,18 +21,23 @@ Only public storage calls: the damaged bytes are written by the run's object lay
 
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
+import torch
 
 from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
 
 FAULT_ENV = "NEMO_RL_CORE_FAULT"
 STALL_SECONDS = 600.0  # a stalled stage outlasts any timeout a test sets
-MODES = ("raise", "stall", "kill", "damage")
+MODES = ("raise", "stall", "kill", "damage", "kill-rank<r>")
+_MODE_RE = re.compile(r"raise|stall|kill|damage|kill-rank\d+")
+FAULT_NOTES = "injected-faults"  # the rendezvous notes of rank kills that fired
 
 
 class InjectedFault(RuntimeError):
@@ -49,7 +57,7 @@ class StageFaults:
         modes = set()
         for item in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
             target, _, mode = item.partition(":")
-            if mode and mode not in MODES:
+            if mode and not _MODE_RE.fullmatch(mode):
                 raise ValueError(f"{FAULT_ENV}: unknown mode {mode!r} in {item!r}; use {MODES}")
             if target == f"{label}@{iteration}":
                 modes.add(mode or "raise")
@@ -64,6 +72,22 @@ class StageFaults:
             stall_until = time.monotonic() + STALL_SECONDS
             while time.monotonic() < stall_until:
                 time.sleep(0.05)
+
+    def in_rank_compute(self, storage: RunStorage, rank: int) -> None:
+        """Have this rank SIGKILL itself in its first backward pass, if asked (and it did
+        not fire before in this run)."""
+        fault = f"kill-rank{rank}"
+        if fault not in self.modes:
+            return
+        if storage.read_rendezvous_note(self.iteration, self.label, FAULT_NOTES, fault) is not None:
+            return
+        record = {"pid": os.getpid()}
+        storage.write_rendezvous_note(self.iteration, self.label, FAULT_NOTES, fault, record)
+
+        def die(*_: Any) -> None:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        torch.nn.modules.module.register_module_full_backward_hook(die)
 
     def after_compute(self) -> None:
         if "kill" in self.modes:

@@ -7,15 +7,25 @@ dataloader versions it depends on) and goes through ``run_stage``: if the manife
 holds a complete entry for the same inputs, its stored outputs are returned and nothing is
 recomputed (a failed flow run, run again with the same run_id, continues at the failed
 stage); otherwise the stage computes, writes each output atomically and records it.
+
+The training stage of a world above one rank runs SPMD instead (``spmd_stage``): every rank
+runs ``tasks.spmd_rank``, started per node by torchrun (``launch_stage_node``: what a worker
+of the stage's pool calls once per node, with the same ``Rendezvous`` on every node of an
+attempt); rank 0 commits the stage as ``run_stage`` does.
 """
 
+import json
 import logging
 import os
 import socket
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
+import torch
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
@@ -24,6 +34,9 @@ from prefect.futures import wait
 from prefect.task_engine import TaskRunTimeoutError
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.distributed.node_launch import Rendezvous, RendezvousNotes, launch_node
+from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks
+from nemo_rl_core.distributed.world import is_distributed
 from nemo_rl_core.pipeline.context import BATCH, StageContext, StageRef, StageResult
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
 from nemo_rl_core.pipeline.spec import SHARD_PREFIX, Stage, shard_part, split_round
@@ -31,6 +44,7 @@ from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.manifest import RanOn
 from nemo_rl_core.storage.outage import StorageUnreachableError
 from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, StorageError
+from nemo_rl_core.utils.config import ConfigError
 from tasks.faults import StageFaults
 
 T = TypeVar("T")
@@ -73,7 +87,8 @@ looks for a stored result, ~8 ms per task run for nothing (bench/RESULTS.md, iss
 
 def where_this_runs() -> RanOn:
     """The work pool, worker, host and flow run executing this code (the manifest records
-    them with each stage); pool and worker are None outside a worker's flow run."""
+    them with each stage), and the number of ranks of a stage run across processes; pool
+    and worker are None outside a worker's flow run."""
     context = FlowRunContext.get()
     flow_run = context.flow_run if context is not None else None
     return RanOn(
@@ -81,6 +96,8 @@ def where_this_runs() -> RanOn:
         worker=os.environ.get("PREFECT__WORKER_NAME"),
         host=socket.gethostname(),
         flow_run=str(flow_run.id) if flow_run is not None else None,
+        # rank 0 of a stage run across processes (tasks.spmd_rank)
+        ranks=torch.distributed.get_world_size() if is_distributed() else None,
     )
 
 
@@ -207,6 +224,64 @@ def stage_shard(
     )
 
 
+# ---- a stage across processes: its ranks run tasks.spmd_rank ----------------------------
+
+
+def launch_stage_node(
+    run: RunRef,
+    iteration: int,
+    stage: str,
+    upstream: Mapping[str, StageRef],
+    node_rank: int,
+    rendezvous: Rendezvous,
+    log_path: Path | None = None,
+) -> None:
+    """Node ``node_rank``'s ranks of stage ``stage`` of ``iteration``, from ``upstream``'s
+    stored outputs; returns once they finished (rank 0 committed the stage), raises
+    ``RanksLost``/``RanksFailed``/``RendezvousIncomplete`` naming the ranks otherwise."""
+    with tempfile.TemporaryDirectory(prefix="spmd-stage-") as scratch:
+        upstream_file = Path(scratch) / "upstream.json"
+        upstream_file.write_text(
+            json.dumps({name: ref.to_dict() for name, ref in upstream.items()})
+        )
+        program = [
+            "-m",
+            "tasks.spmd_rank",
+            f"--run-id={run.run_id}",
+            f"--storage-root={run.storage_root}",
+            f"--iteration={iteration}",
+            f"--stage={stage}",
+            f"--upstream={upstream_file}",
+        ]
+        notes = RendezvousNotes(open_storage(run), iteration, stage, rendezvous.attempt)
+        launch_node(program, node_rank, rendezvous, notes, log_path=log_path)
+
+
+@task(name="stage", task_run_name="{name}-it{iteration}", **STAGE_TASK_OPTIONS)
+def spmd_stage(run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]) -> StageRef:
+    """Stage ``name`` on this machine's ``cluster.gpus_per_node`` ranks (torchrun
+    ``--standalone``). A lost rank fails the attempt; Prefect's retry starts a new one,
+    which restarts every rank."""
+    runtime = runtime_for(run)
+    inputs = stage_inputs(runtime, runtime.pipeline.stage(name), iteration, upstream)
+    storage = open_storage(run)
+    if (entry := storage.completed_stage(iteration, name, inputs)) is None:
+        attempt = f"{run.run_id}-it{iteration}-{name}-{uuid.uuid4().hex[:12]}"
+        rendezvous = Rendezvous.for_cluster(runtime.config, attempt)
+        if rendezvous.nnodes > 1:
+            raise ConfigError(
+                f"cluster.num_nodes={rendezvous.nnodes}: stage {name!r} spans "
+                f"{rendezvous.nnodes} machines; each worker of its pool "
+                f"(cluster.placement.{name}) launches one node (launch_stage_node), which "
+                "this flow does not submit yet"
+            )
+        launch_stage_node(run, iteration, name, upstream, 0, rendezvous)
+        entry = storage.read_manifest(iteration).complete(name)
+        if entry is None:
+            raise RuntimeError(f"stage {name!r}: its ranks ended without committing it")
+    return StageRef(entry.outputs)
+
+
 def shards_in(upstream: Mapping[str, StageRef]) -> list[str]:
     return [name for name in upstream if name.startswith(SHARD_PREFIX)]
 
@@ -224,7 +299,10 @@ def run_stage_tasks(
 ) -> StageRef:
     """Stage ``name`` as task runs: where ``orchestration.fan_out`` splits it, its shards
     first, concurrently (all of them finish, or fail, before the merge; a run continued
-    after a failed shard computes that shard alone), then the stage that merges them."""
+    after a failed shard computes that shard alone), then the stage that merges them. The
+    training stage of a world above one rank runs on this machine's ranks (``spmd_stage``)."""
+    if runs_across_ranks(config, runtime_for(run).pipeline.stage(name).commits):
+        return stage_task_for(config, name, spmd_stage)(run, iteration, name, upstream)
     count = config.orchestration.fan_out.get(split_round(name)[0], 1)
     if count > 1:
         shard_task = stage_task_for(config, name, stage_shard)

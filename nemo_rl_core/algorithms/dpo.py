@@ -27,6 +27,7 @@ from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import build_dataset
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
+from nemo_rl_core.utils.config import ConfigError
 
 VALIDATION_METRICS = (
     "loss",
@@ -95,6 +96,25 @@ def validation_batches(config: Any, tokenizer: Any) -> Iterator[BatchedDataDict]
         yield loader.next_batch()
 
 
+class NothingToTrainError(ConfigError):
+    """A step's batch holds no pair to train on: every pair is longer than the policy takes."""
+
+
+def require_pairs_to_train(batch: BatchedDataDict, config: Any, step: int) -> None:
+    """Refuse a step whose every pair was too long to train on (their ``sample_mask`` is 0,
+    as NeMo RL ignores them): it would change no weight, and a run of such steps would end
+    green with an untrained model (a reward model's head all zeros)."""
+    if float(batch["sample_mask"].sum()) > 0:
+        return
+    limit = config.policy.max_total_sequence_length
+    raise NothingToTrainError(
+        f"step {step}: none of the {batch.size // 2} pairs of the batch fits "
+        f"policy.max_total_sequence_length={limit} (a pair longer than that is ignored, as "
+        "NeMo RL ignores it), so the step would train nothing; raise "
+        "policy.max_total_sequence_length or shorten the pairs"
+    )
+
+
 def with_reference_logprobs(
     policy: PolicyInterface, batch: BatchedDataDict, micro_batch_size: int
 ) -> BatchedDataDict:
@@ -140,7 +160,7 @@ def validation_metrics(
     if pairs == 0:
         raise ValueError(
             "validation has no pair to score: the validation pairs are empty or all longer "
-            "than policy.max_total_sequence_length"
+            f"than policy.max_total_sequence_length={config.policy.max_total_sequence_length}"
         )
     metrics = {f"{PREFERENCE_VALIDATION_PREFIX}{name}": weighted[name] / pairs for name in weighted}
     return metrics | {f"{PREFERENCE_VALIDATION_PREFIX}num_valid_samples": pairs}

@@ -134,7 +134,9 @@ def process_rewards(
     batch = scale_rewards(batch, loop.reward_scaling)
     if loop.reward_shaping.enabled:
         batch = apply_reward_shaping(batch, loop.reward_shaping)
-        metrics["mean_shaped_reward"] = float(batch["total_reward"].mean())
+    if loop.reward_scaling.enabled or loop.reward_shaping.enabled:
+        # the stored total_reward the advantages use (``mean_reward``: the environments')
+        metrics["mean_total_reward"] = float(batch["total_reward"].mean())
     if loop.overlong_filtering:
         multiplier = torch.as_tensor(batch["loss_multiplier"], dtype=torch.float32)
         batch["loss_multiplier"] = apply_overlong_filtering(multiplier, batch["truncated"])

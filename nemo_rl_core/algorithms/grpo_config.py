@@ -4,7 +4,7 @@ re-exports these names by NeMo RL's paths): the config check imports it without 
 """
 
 from abc import abstractmethod
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -29,6 +29,7 @@ from nemo_rl_core.data.datasets.builder import (
     SPLITS,
     DataSetup,
     dataset_environments,
+    games_from_environment,
     processor_name,
 )
 from nemo_rl_core.environments.utils import (
@@ -42,7 +43,16 @@ from nemo_rl_core.environments.utils import (
 )
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.utils.config import load_config_file
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, TypedSections, Wired
+from nemo_rl_core.utils.key_support import (
+    Check,
+    Only,
+    PartOf,
+    ReadWhile,
+    SupportContext,
+    TypedSections,
+    Wired,
+    read_while_enabled,
+)
 
 _GRPO = "nemo_rl_core.algorithms.grpo"
 _GENERATION = "nemo_rl_core.algorithms.rollout_generation"
@@ -151,6 +161,8 @@ class AsyncGRPOConfig(StrictConfig):
     trajectory's age, reached by every batch here, so the schedule does not depend on
     timing)."""
 
+    read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
+
     enabled: Annotated[bool, Wired(f"{_SCHEDULE}:async_depth")] = False
     max_trajectory_age_steps: Annotated[int, PartOf("grpo.async_grpo.enabled")] = 1
     in_flight_weight_updates: Annotated[bool, Only(False, reason=_ONE_VERSION_PER_BATCH)] = False
@@ -214,6 +226,14 @@ class DataPlaneConfig(StrictConfig):
     observability: Annotated[dict[str, Any] | None, PartOf(_DATA_PLANE)] = None
 
 
+def _named_environments_not_built(env: dict[str, Any], context: SupportContext) -> str | None:
+    """:func:`environments_not_built` of the sections a dataset of the run names: NeMo RL
+    builds only those, so a section no dataset names is never read (its DAPO recipes keep an
+    ``env.dapo``)."""
+    named = dataset_environments(context.value("data"), env)
+    return environments_not_built({name: env[name] for name in env if name in named})
+
+
 NEMO_GYM_SWITCHES = ("should_use_nemo_gym", "should_log_nemo_gym_responses")
 """NeMo RL's two switches beside the environment sections of ``env:``."""
 
@@ -227,7 +247,7 @@ class RolloutMasterConfig(StrictConfig):
     data: DataConfig
     env: Annotated[
         dict[str, dict[str, Any]],
-        Check(environments_not_built, ENVIRONMENTS_BUILT),
+        Check(_named_environments_not_built, f"{ENVIRONMENTS_BUILT} (those a dataset names)"),
         TypedSections(registered_env_section),
     ] = Field(default_factory=dict)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
@@ -261,7 +281,9 @@ class RolloutMasterConfig(StrictConfig):
     @model_validator(mode="after")
     def _datasets_are_prompts(self) -> Self:
         """SFT conversations (``sft_processor``, ``addition_sft``) hold their answers: there
-        is nothing left to generate and score."""
+        is nothing left to generate and score. (A puzzle run reads no dataset of ``data:``.)"""
+        if games_from_environment(self.data, self.env):
+            return self
         for split in SPLITS:
             for index, dataset in enumerate(self.data.datasets(split)):
                 if dataset.dataset_name in SFT_DATASETS or processor_name(dataset) == SFT_PROCESSOR:
@@ -278,8 +300,7 @@ class RolloutMasterConfig(StrictConfig):
         """Each ``env.<name>`` section validates into its environment's own config now,
         not when the first rollout reaches the environment. NeMo RL builds only the
         environments its datasets name, so a section of an unknown environment that no
-        dataset names loads (NeMo RL's DAPO recipes keep an ``env.dapo``), and the env
-        key's rule refuses it before any work."""
+        dataset names loads (NeMo RL's DAPO recipes keep an ``env.dapo``) and is not read."""
         named = dataset_environments(self.data, self.env)
         for name, settings in self.env.items():
             if name in NOT_BUILT_ENVIRONMENTS or (

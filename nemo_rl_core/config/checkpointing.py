@@ -5,12 +5,12 @@
 committed checkpoint holds is :mod:`nemo_rl_core.utils.checkpoint`'s.
 """
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import Field, field_validator
 
 from nemo_rl_core.config.base import StrictConfig
-from nemo_rl_core.utils.key_support import Only, Wired, inert
+from nemo_rl_core.utils.key_support import Only, ReadWhile, Wired, inert, read_while_enabled
 from nemo_rl_core.utils.timer import convert_to_seconds
 
 _RETENTION = Wired("nemo_rl_core.pipeline.runtime:RunRuntime.prune_checkpoints")
@@ -18,16 +18,18 @@ _RETENTION = Wired("nemo_rl_core.pipeline.runtime:RunRuntime.prune_checkpoints")
 
 class CheckpointingConfig(StrictConfig):
     """NeMo RL's ``checkpointing:``. Every iteration commits a checkpoint (the next one
-    starts from it); ``save_period``, ``keep_top_k`` and ``metric_name`` decide which stay."""
+    starts from it); ``save_period``, ``keep_top_k`` and ``metric_name`` decide which stay.
 
-    enabled: Annotated[
-        bool,
-        Only(
-            True,
-            reason="stages hand weights to the next iteration through checkpoints, so a "
-            "staged run needs checkpointing enabled",
-        ),
-    ] = True
+    ``enabled: false`` (NeMo RL keeps no checkpoint) still commits each iteration's weights,
+    which the next stages load, but keeps only what continuing the run needs: the newest
+    (and those rollouts in flight read). NeMo RL reads none of the other keys then, and no
+    rule of theirs applies; ``checkpoint_dir`` stays the run's storage root."""
+
+    read_while: ClassVar[ReadWhile] = ReadWhile(
+        read_while_enabled, still_read=("enabled", "checkpoint_dir")
+    )
+
+    enabled: Annotated[bool, _RETENTION] = True
     checkpoint_dir: Annotated[str, Wired("flows.run_setup:open_run")] = "results"
     metric_name: Annotated[str | None, _RETENTION] = None
     higher_is_better: Annotated[bool, _RETENTION] = True
@@ -49,8 +51,8 @@ class CheckpointingConfig(StrictConfig):
     save_consolidated: Annotated[
         bool,
         inert(
-            "consolidated or sharded across NeMo RL's DTensor ranks: the one training process "
-            "here writes one consolidated HF directory either way",
+            "consolidated or sharded across NeMo RL's DTensor ranks: rank 0 here writes one "
+            "consolidated HF directory at any world size",
         ),
     ] = True
     save_optimizer: Annotated[

@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import Field
 
 from nemo_rl_core.config.base import StrictConfig
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired, inert
 
 _LOGGER = "nemo_rl_core.utils.logger"
 
@@ -64,9 +64,15 @@ class SwanlabConfig(StrictConfig):
 
 
 class TensorboardConfig(StrictConfig):
-    """``logger.tensorboard``: ``log_dir`` moves the event files (``<log_dir>/<run_id>``)."""
+    """``logger.tensorboard``: NeMo RL's configs name a ``log_dir`` (``tb_logs-dpo-dev``)."""
 
-    log_dir: Annotated[str | None, PartOf("logger.tensorboard_enabled")] = None
+    log_dir: Annotated[
+        str | None,
+        inert(
+            "NeMo RL v0.7 reads it nowhere: its TensorBoard writer logs to "
+            "<logger.log_dir>/tensorboard, as the one here does (in the run's log folder)",
+        ),
+    ] = None
 
 
 class MLflowConfig(StrictConfig):

@@ -66,7 +66,7 @@ ROLLOUT = (
         "reward",
         stages.rollout_reward,
         reads=("generate",),
-        reported=("mean_reward",),
+        reported=("mean_reward", "mean_total_reward"),
         fan_out=FanOut(stages.rollout_reward_shard, stages.rollout_reward_merge),
     ),
     Stage("logprob", stages.rollout_logprob, reads=("reward",), versions=("policy",)),

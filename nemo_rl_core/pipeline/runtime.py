@@ -31,6 +31,7 @@ from nemo_rl_core.models.generation import configure_generation_config, make_gen
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy import make_policy
+from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import make_value_model
@@ -51,11 +52,21 @@ from nemo_rl_core.utils.checkpoint import (
     weights_version,
 )
 from nemo_rl_core.utils.checkpoint_copy import checkpoint_copy, copy_name
+from nemo_rl_core.utils.worker_env import WorkerEnvironment
 
 
 def digest_json(value: Any) -> str:
     """A stable digest of JSON-able data (configs, dataloader states)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def training_env_vars(model: TrainedModelConfig, section: str) -> tuple[dict | None, str]:
+    """The ``env_vars`` of the backend that trains ``model`` (NeMo RL's worker reads those of
+    the section in use), and their key."""
+    if model.training_backend == "megatron":
+        megatron = model.megatron_cfg
+        return (megatron.env_vars if megatron else None), f"{section}.megatron_cfg.env_vars"
+    return model.dtensor_cfg.env_vars, f"{section}.dtensor_cfg.env_vars"
 
 
 class RefitSource(Protocol):
@@ -86,6 +97,8 @@ class RunRuntime:
     _initial_dataloader_state: dict | None = None
     _committed_infos: dict[int, TrainingInfo] = field(default_factory=dict)
     _scratch: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
+    # The models' env_vars, set in this process while the run's warm objects live.
+    _environment: WorkerEnvironment = field(default_factory=WorkerEnvironment)
     # Under async GRPO the rollouts of later iterations run in a thread beside training:
     # one stage at a time drives the engine, and one fetch at a time fills the scratch dir
     # (retention waits for it).
@@ -175,11 +188,12 @@ class RunRuntime:
         """Retention of the run's checkpoints (``checkpointing:``; ``RunStorage.
         prune_checkpoints``), never while this process copies one: the rollout thread's
         fetch never has its source deleted under it. The newest ``ahead_depth + 1`` stay:
-        the rollouts still ahead generate from them."""
+        the rollouts still ahead generate from them; with ``checkpointing.enabled: false``
+        only they do (NeMo RL keeps no checkpoint; a continued run starts from the newest)."""
         settings = self.config.checkpointing
         with self._fetch_lock:
             return self.storage.prune_checkpoints(
-                settings.keep_top_k,
+                settings.keep_top_k if settings.enabled else 0,
                 metric_name=settings.metric_name,
                 higher_is_better=settings.higher_is_better,
                 save_period=settings.save_period,
@@ -196,6 +210,7 @@ class RunRuntime:
         optimizer_dir = source / OPTIMIZER_DIR
         # model_name -> the resolved local directory: the reference model is its weights.
         policy_config = self.config.policy.model_copy(update={"model_name": str(self.model_dir)})
+        self._environment.apply(*training_env_vars(policy_config, "policy"))
         self._policy = make_policy(
             policy_config,
             tokenizer=self.tokenizer,
@@ -235,6 +250,7 @@ class RunRuntime:
         value_config = self.config.value.model_copy(
             update={"model_name": str(self.value_model_dir)}
         )
+        self._environment.apply(*training_env_vars(value_config, "value"))
         self._value = make_value_model(
             value_config,
             tokenizer=self.tokenizer,
@@ -256,6 +272,7 @@ class RunRuntime:
         if self._teacher is None:
             teacher = self.config.teacher
             resolved = str(resolve_model(teacher.model_name))
+            self._environment.apply(*training_env_vars(teacher, "teacher"))
             self._teacher = make_policy(
                 teacher.model_copy(update={"model_name": resolved}),
                 tokenizer=self.tokenizer,
@@ -291,6 +308,8 @@ class RunRuntime:
                 settings = configure_generation_config(
                     self.config.policy.generation, self.tokenizer
                 )
+                if settings.backend == "vllm":
+                    self._environment.apply(settings.vllm_cfg.env_vars, "vllm_cfg.env_vars")
                 self._generation = make_generation(
                     settings, str(self.weights_dir(step)), seed=self.config.algorithm.seed
                 )
@@ -344,6 +363,7 @@ class RunRuntime:
         for engine in (self._generation, self._policy, self._value, self._teacher):
             if engine is not None:
                 engine.shutdown()
+        self._environment.restore()
         self._scratch.cleanup()
         self.storage.forget_writes()
 

@@ -207,7 +207,9 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
     the committing stage wrote the new one; this decides about the older ones. Validation
     metrics of this iteration's weights join their checkpoint's training info first, as
     ``val:<name>``, so that ``metric_name: val:accuracy`` ranks by them. Under async GRPO
-    the checkpoints that rollouts still in flight generate from stay too."""
+    the checkpoints that rollouts still in flight generate from stay too. With
+    ``checkpointing.enabled: false`` only those stay (the newest: what a continued run
+    starts from)."""
     storage = ctx.runtime.storage
     if "validate" in ctx.upstream and ctx.iteration > 0:
         validation = ctx.json("validate", "metrics")
@@ -339,8 +341,10 @@ def rm_train(ctx: StageContext) -> StageResult:
 
 def _preference_step(ctx: StageContext, batch: BatchedDataDict, loss_fn: Any) -> StageResult:
     """One optimizer step on all the pairs, each pair's two sequences in one microbatch
-    (NeMo RL doubles gbs and mbs), committed."""
+    (NeMo RL doubles gbs and mbs), committed; a batch with no pair short enough to train
+    on fails the stage, naming the key to change."""
     step, config = ctx.iteration, ctx.config
+    dpo.require_pairs_to_train(batch, config, step)
     policy = ctx.runtime.policy_for_update(step)
     mbs = 2 * config.policy.train_micro_batch_size
     metrics = training.train_policy(policy, batch, loss_fn, config, step, gbs=batch.size, mbs=mbs)

@@ -25,30 +25,40 @@ Status = Literal["complete", "stale"]
 COMPLETE: Status = "complete"
 STALE: Status = "stale"
 _STATUSES = (COMPLETE, STALE)
+_RAN_ON = ("pool", "worker", "host", "flow_run")
 
 
 @dataclass(frozen=True)
 class RanOn:
     """Where a stage ran: the work pool, worker, host and flow run (pool, worker and flow
-    run are None outside a worker's flow run)."""
+    run are None outside a worker's flow run), and over how many ranks when it ran across
+    processes (None: in one)."""
 
     pool: str | None
     worker: str | None
     host: str | None
     flow_run: str | None
+    ranks: int | None = None
 
-    def to_dict(self) -> dict[str, str | None]:
-        return {
+    def to_dict(self) -> dict[str, Any]:
+        where: dict[str, Any] = {
             "pool": self.pool,
             "worker": self.worker,
             "host": self.host,
             "flow_run": self.flow_run,
         }
+        if self.ranks is not None:
+            where["ranks"] = self.ranks
+        return where
 
     @classmethod
     def from_dict(cls, data: Any) -> Self:
-        fields = _fields(data, "ran_on", ("pool", "worker", "host", "flow_run"))
-        return cls(**{name: _optional_str(value, name) for name, value in fields.items()})
+        fields = _fields(data, "ran_on", _RAN_ON, optional=("ranks",))
+        ranks = fields.get("ranks")
+        if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool)):
+            raise ValueError(f"ranks is {ranks!r}, not an int")
+        pool, worker, host, flow_run = (_optional_str(fields[name], name) for name in _RAN_ON)
+        return cls(pool, worker, host, flow_run, ranks)
 
 
 @dataclass(frozen=True)
@@ -209,11 +219,13 @@ class StageRun:
 
     @classmethod
     def from_dict(cls, data: Any) -> Self:
-        names = ("pool", "worker", "host", "flow_run", "pid", "ttl_s", "beat")
-        fields = _fields(data, "stage run", names, optional=("damaged",))
+        fields = _fields(
+            data, "stage run", (*_RAN_ON, "pid", "ttl_s", "beat"), optional=("ranks", "damaged")
+        )
         damaged = fields.get("damaged")
+        where = (*_RAN_ON, "ranks")
         return cls(
-            ran_on=RanOn.from_dict({name: fields[name] for name in names[:4]}),
+            ran_on=RanOn.from_dict({name: fields[name] for name in where if name in fields}),
             pid=int(fields["pid"]),
             ttl_s=float(fields["ttl_s"]),
             beat=int(fields["beat"]),

@@ -1,6 +1,7 @@
 """The manifests of a run: which stages of an iteration are done, with which inputs and
-outputs, and the records of parts and of stages running elsewhere; read and written as the
-typed records of ``manifest.py``, stored as the JSON they have always been.
+outputs, and the records of parts and of stages running elsewhere (their heartbeats, the
+rendezvous notes of stages across machines); read and written as the typed records of
+``manifest.py``, stored as the JSON they have always been.
 
 A stage is done only when its entry is in ``iter_<n>/MANIFEST.json`` (written whole, after
 its outputs). Inside one process manifest updates are serialised by a lock; on S3 each is
@@ -300,6 +301,25 @@ class ManifestStore:
 
     def _stage_run_key(self, iteration: int, stage: str) -> str:
         return f"{STAGE_RUNS}/{iter_dir(iteration)}.{validate_name('stage', stage)}.json"
+
+    def write_rendezvous_note(
+        self, iteration: int, stage: str, attempt: str, note: str, record: dict
+    ) -> None:
+        """A note of one attempt of a stage whose ranks span several machines (where node 0
+        hosts the rendezvous, which nodes joined); the nodes read each other's."""
+        key = self._rendezvous_key(iteration, stage, attempt, note)
+        self.objects.put(key, json.dumps(record).encode())
+
+    def read_rendezvous_note(
+        self, iteration: int, stage: str, attempt: str, note: str
+    ) -> dict | None:
+        data = self.objects.get_optional(self._rendezvous_key(iteration, stage, attempt, note))
+        return None if data is None else json.loads(data)
+
+    def _rendezvous_key(self, iteration: int, stage: str, attempt: str, note: str) -> str:
+        names = (validate_name("stage", stage), validate_name("attempt", attempt))
+        note = validate_name("note", note)
+        return f"{STAGE_RUNS}/{iter_dir(iteration)}.{names[0]}.rdzv-{names[1]}.{note}.json"
 
 
 def _part_bytes(entry: StageEntry) -> bytes:

@@ -241,6 +241,16 @@ class RunStorage:
     def read_stage_run(self, iteration: int, stage: str) -> StageRun | None:
         return self.manifests.read_stage_run(iteration, stage)
 
+    def write_rendezvous_note(
+        self, iteration: int, stage: str, attempt: str, note: str, record: dict
+    ) -> None:
+        self.manifests.write_rendezvous_note(iteration, stage, attempt, note, record)
+
+    def read_rendezvous_note(
+        self, iteration: int, stage: str, attempt: str, note: str
+    ) -> dict | None:
+        return self.manifests.read_rendezvous_note(iteration, stage, attempt, note)
+
     # ---- lease -----------------------------------------------------------------------
 
     def acquire_lease(

@@ -12,6 +12,7 @@ digest of every model's weights, the dataloader position and the step's metrics 
 
 import hashlib
 import json
+import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -101,13 +102,37 @@ def commit_trained_checkpoint(
 ) -> tuple[str, TrainingInfo]:
     """Save every trained model of ``models`` (keys of :data:`MODEL_DIRS`) with its optimizer
     state into checkpoint ``step``, record its training info and commit it; returns its URL
-    and the info as a reader of ``training_info.json`` gets it."""
+    and the info as a reader of ``training_info.json`` gets it.
+
+    Across the ranks of a training stage every rank calls it: the models gather their full
+    state to rank 0 (collectives), which writes and commits; the others get its result."""
+    from nemo_rl_core.distributed.world import from_writer, is_writer
+
+    if is_writer():
+        result = _commit(storage, step, models, dataloader_state, train_metrics)
+    else:
+        with tempfile.TemporaryDirectory(prefix="rank-ckpt-") as scratch:
+            _save_models(Path(scratch), models)  # collectives; nothing is written here
+        result = ("", {})
+    url, record = from_writer(result)
+    return url, TrainingInfo.model_validate(json.loads(json.dumps(record)))
+
+
+def _save_models(local: Path, models: Mapping[str, Checkpointable]) -> None:
+    for role, model in models.items():
+        folder = local / MODEL_DIRS[role]
+        model.save_checkpoint(weights_path=str(folder), optimizer_path=str(folder / OPTIMIZER_DIR))
+
+
+def _commit(
+    storage: "RunStorage",
+    step: int,
+    models: Mapping[str, Checkpointable],
+    dataloader_state: dict[str, Any],
+    train_metrics: Mapping[str, Any],
+) -> tuple[str, dict[str, Any]]:
     with storage.staged_checkpoint(step) as local:
-        for role, model in models.items():
-            folder = local / MODEL_DIRS[role]
-            model.save_checkpoint(
-                weights_path=str(folder), optimizer_path=str(folder / OPTIMIZER_DIR)
-            )
+        _save_models(local, models)
         files = recorded_files(local)
         info = TrainingInfo(
             current_step=step,
@@ -125,8 +150,7 @@ def commit_trained_checkpoint(
             },
         )
         record = info.model_dump(mode="json")
-        url = storage.write_checkpoint(step, local, record)
-    return url, TrainingInfo.model_validate(json.loads(json.dumps(record)))
+        return storage.write_checkpoint(step, local, record), record
 
 
 def recorded_files(folder: Path) -> dict[str, RecordedFile]:

@@ -1,14 +1,18 @@
 """The metrics logger of a run (NeMo RL's ``logger:`` section is
 :mod:`nemo_rl_core.config.logger`'s, importable here by NeMo RL's paths).
 
-Each run logs into one folder of its own, ``<log_dir>/<run_id>/``, and never to the network:
+Each run logs into one folder of its own, ``<log_dir>/<run_id>/`` (NeMo RL's runners log
+into ``<log_dir>/exp_<n>/``), and never to the network; the backends' folders inside it
+are NeMo RL's:
 
     metrics.jsonl     always: one record per ``log_metrics`` call, with the run id and step
     tensorboard/      TensorBoard event files (``tensorboard_enabled``)
-    mlflow.db         MLflow's local SQLite store (``mlflow_enabled``; MLflow 3 keeps its
-                      plain-file store in maintenance mode, ``tracking_uri: file:...`` still
+    mlflow/           the artifacts of an MLflow experiment created here (``mlflow_enabled``)
+    mlflow.db         MLflow's local SQLite store unless ``tracking_uri`` names one (MLflow 3
+                      keeps its plain-file store in maintenance mode, ``file:...`` still
                       selects it)
-    wandb/            a W&B offline run (``wandb_enabled``), for ``wandb sync`` later
+    wandb/wandb/      a W&B offline run (``wandb_enabled``, W&B's ``dir`` is ``wandb/``), for
+                      ``wandb sync`` later
 
 Metric names are NeMo RL's: ``prefix/name`` (``train/loss``, ``validation/accuracy``).
 """
@@ -117,7 +121,8 @@ class MLflowBackend:
         experiment_id = "0"  # MLflow's default experiment, as NeMo RL uses without a name
         if config.experiment_name is not None:
             found = self.client.get_experiment_by_name(config.experiment_name)
-            location = config.artifact_location or str(run_dir.resolve() / "mlflow-artifacts")
+            # NeMo RL's: the experiment's artifacts default to <log folder>/mlflow
+            location = config.artifact_location or str(run_dir.resolve() / "mlflow")
             experiment_id = (
                 found.experiment_id
                 if found
@@ -179,7 +184,7 @@ class WandbBackend:
             name=config.name or run_id,
             id=run_id,
             resume="allow",
-            dir=str(run_dir),
+            dir=str(_made(run_dir / "wandb")),  # NeMo RL's: W&B's own wandb/ goes inside
             mode="offline",
             # No system-metrics sampler beside the training on a few cores.
             settings=wandb.Settings(
@@ -201,6 +206,11 @@ class WandbBackend:
         # finish() may return before W&B's service has written the run file (seen on
         # wandb 0.31 offline); shutting the service down waits for it.
         self._wandb.teardown()
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -229,9 +239,7 @@ class Logger:
         self._lock = threading.Lock()
         self.backends: list[Backend] = [JsonlBackend(self.run_dir / "metrics.jsonl", run_id)]
         if config.tensorboard_enabled:
-            board = config.tensorboard.log_dir
-            where = Path(board) / run_id if board else self.run_dir / "tensorboard"
-            self.backends.append(TensorBoardBackend(where))
+            self.backends.append(TensorBoardBackend(self.run_dir / "tensorboard"))
         if config.mlflow_enabled:
             self.backends.append(MLflowBackend(config.mlflow, self.run_dir, run_id))
         if config.wandb_enabled:

@@ -179,3 +179,10 @@ def test_a_stage_run_record_round_trips(tmp_path: Path) -> None:
     storage.write_stage_run(1, "train", damaged)
     assert storage.read_stage_run(1, "train") == damaged
     assert storage.read_stage_run(1, "reward") is None
+
+
+def test_a_stage_run_across_ranks_records_how_many() -> None:
+    stored = '{"pool": null, "worker": null, "host": "h", "flow_run": "fr", "ranks": 2}'
+    ran_on = RanOn.from_dict(json.loads(stored))
+    assert ran_on.ranks == 2 and json.dumps(ran_on.to_dict()) == stored
+    assert "ranks" not in RanOn(None, None, "h", "fr").to_dict()  # one process: no key

@@ -16,9 +16,12 @@ from tasks.faults import FAULT_ENV, InjectedFault, StageFaults
 
 
 def test_faults_are_asked_per_stage_and_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FAULT_ENV, "reward@1,train@1:kill,reward/shard-0-of-2@1:damage")
+    monkeypatch.setenv(
+        FAULT_ENV, "reward@1,train@1:kill,reward/shard-0-of-2@1:damage,train@0:kill-rank1"
+    )
     assert StageFaults.asked("reward", 1).modes == {"raise"}
     assert StageFaults.asked("train", 1).modes == {"kill"}
+    assert StageFaults.asked("train", 0).modes == {"kill-rank1"}
     assert StageFaults.asked("reward/shard-0-of-2", 1).modes == {"damage"}
     assert StageFaults.asked("reward", 2).modes == set()
     with pytest.raises(InjectedFault, match="'reward' of iteration 1"):
