@@ -364,22 +364,20 @@ def test_nemo_gym_recipes_are_refused_in_one_line(
 
 @pytest.mark.e2e
 def test_nemo_rl_grpo_math_1b_trains_here(
-    nemo_rl_configs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prefect_api: None, nemo_rl_configs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """NeMo RL's own GRPO config, run from its own folder, with the CPU overrides only:
-    every stage runs and validation is measured at the end."""
-    from prefect.testing.utilities import prefect_test_harness
-
+    every stage runs and validation is measured at the end (on the session's Prefect API:
+    tests/conftest.py says why one)."""
     from flows.grpo import grpo
 
     monkeypatch.chdir(nemo_rl_configs.parents[1])  # its prompt_file paths are relative
     overrides = [*CPU_OVERRIDES["grpo_math_1B"], "grpo.max_num_steps=1", "grpo.val_at_end=true"]
-    with prefect_test_harness(server_startup_timeout=120):
-        summary = grpo(
-            config_path=str(nemo_rl_configs / "grpo_math_1B.yaml"),
-            overrides=overrides,
-            run_id="nemo-rl-1b",
-            storage_root=str(tmp_path / "store"),
-        )
+    summary = grpo(
+        config_path=str(nemo_rl_configs / "grpo_math_1B.yaml"),
+        overrides=overrides,
+        run_id="nemo-rl-1b",
+        storage_root=str(tmp_path / "store"),
+    )
     assert summary["iterations"] == [0, 1]
     assert "accuracy" in json.dumps(summary["metrics"][-1])
