@@ -152,16 +152,20 @@ def format_table(label: str, results: dict[str, dict]) -> str:
             f"ratio {variant}/plain = {total / plain_total:.2f}  (the flow's own cost "
             f"{median([own_cost(t) for t in timings]):.3f} s per iteration, the checkpoint "
             f"commit {median([checkpoint_commit(t) for t in timings]):.3f} s more; client CPU "
-            f"{client - plain_cpu:+.3f} s per iteration over the loop's)"
+            f"{client - plain_cpu:+.3f} s per iteration over the loop's, ratio "
+            f"{client / plain_cpu:.2f})"
         )
     rewards = {v: [round(r, 3) for r in results[v]["rewards"]] for v in VARIANTS}
     lines.append(f"mean reward per iteration (last repeat): {rewards}")
     return "\n".join(lines)
 
 
-def profile_flow(prompts: int, generations: int, iterations: int, root: str, top: int) -> str:
+def profile_flow(
+    prompts: int, generations: int, iterations: int, root: str, top: int, out_path: str | None
+) -> str:
     """cProfile of one flow run (this process only: the servers' work shows up as the time
-    its callers wait on them), the ``top`` entries by cumulative time."""
+    its callers wait on them), the ``top`` entries by cumulative time; the whole profile
+    goes to ``out_path`` (for ``pstats``) when given."""
     import cProfile
     import io
     import pstats
@@ -170,6 +174,8 @@ def profile_flow(prompts: int, generations: int, iterations: int, root: str, top
     profiler.enable()
     flow_run(TINY_CONFIG, batch_overrides(prompts, generations, iterations), iterations, root)
     profiler.disable()
+    if out_path:
+        profiler.dump_stats(out_path)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
     return out.getvalue()
@@ -205,6 +211,7 @@ def main() -> None:
         metavar="TOP",
         help="instead: cProfile one flow-file run of the last batch, print TOP entries",
     )
+    parser.add_argument("--profile-out", help="with --profile: write the whole profile here")
     args = parser.parse_args()
     if args.smoke:
         args.batches, args.iterations, args.repeats = ["2x2"], 2, 1
@@ -219,7 +226,12 @@ def main() -> None:
             if args.profile:
                 prompts, generations = (int(n) for n in args.batches[-1].split("x"))
                 profile = profile_flow(
-                    prompts, generations, args.iterations, roots["flow-file"], args.profile
+                    prompts,
+                    generations,
+                    args.iterations,
+                    roots["flow-file"],
+                    args.profile,
+                    args.profile_out,
                 )
                 print(profile)
                 return
