@@ -244,9 +244,9 @@ def main() -> None:
 def flush_prefect_logs() -> None:
     """Send the log lines Prefect still holds while its API server is up (the stack stops
     next; at exit they would fail to reach it)."""
-    from prefect.logging.handlers import APILogHandler
+    from prefect.logging.handlers import APILogWorker
 
-    APILogHandler.flush()
+    APILogWorker.drain_all(timeout=5)  # what APILogHandler.flush does, without a handler
 
 
 def run(args: argparse.Namespace, pinned: bool, roots: dict[str, str], clock: CpuClock) -> None:
