@@ -121,7 +121,8 @@ def local_s3_bucket(log_dir: Path) -> Iterator[str]:
 
 def flow_iteration_times(manifests: "list[Manifest]") -> list[dict]:
     """Per iteration after the first, from each iteration's manifest: ``{"total": s,
-    stage: wall s, stage + "_compute": s, "update": s}``.
+    stage: wall s, stage + "_compute": s, "update": s, "start"/"end": its first and last
+    moment (``time.time()``)}``.
 
     A stage's wall time runs from the previous commit (the previous stage, or the previous
     iteration's ``checkpoint``) to its own; the first iteration has no start and is left
@@ -131,7 +132,8 @@ def flow_iteration_times(manifests: "list[Manifest]") -> list[dict]:
     for previous, manifest in zip(manifests, manifests[1:], strict=False):
         stages = manifest.stages
         last = _committed_at(previous.stages["checkpoint"])
-        timing = {"total": _committed_at(stages["checkpoint"]) - last}
+        end = _committed_at(stages["checkpoint"])
+        timing = {"total": end - last, "start": last, "end": end}
         for stage in every_iteration_stages():
             committed = _committed_at(stages[stage])
             timing[stage] = committed - last
@@ -180,8 +182,9 @@ def _timed(timing: dict[str, float], stage: str):
 def plain_loop(
     config_path: str, overrides: list[str], iterations: int
 ) -> tuple[list[dict], list[float]]:
-    """Per-iteration stage seconds (after the first) and mean rewards of GRPO as a plain
-    loop over the core step functions: batches in memory, the policy warm, the generation
+    """Per-iteration stage seconds (after the first; with ``start``/``end`` moments as
+    ``flow_iteration_times``) and mean rewards of GRPO as a plain loop over the core step
+    functions: batches in memory, the policy warm, the generation
     engine refit from the policy's state dict. The warm objects are built by the flow's
     own ``RunRuntime``, so both paths load the same models the same way."""
     from nemo_rl_core.algorithms import grpo as core
@@ -204,7 +207,7 @@ def plain_loop(
         policy = runtime.policy(0)
         state = runtime.dataloader_state(0)
         for iteration in range(iterations):
-            timing: dict[str, float] = {}
+            timing: dict[str, float] = {"start": time.time()}
             start = time.perf_counter()
             with _timed(timing, "prompts"):
                 batch, state = take_prompts(runtime.dataloader, config, state)
@@ -222,6 +225,7 @@ def plain_loop(
                 train_policy(policy, train_data, core.build_loss_fn(config), config, iteration)
             timing["checkpoint"] = 0.0
             timing["total"] = time.perf_counter() - start
+            timing["end"] = time.time()
             rewards.append(metrics["mean_reward"])
             if iteration:
                 timings.append(timing)

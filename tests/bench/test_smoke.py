@@ -52,7 +52,10 @@ def test_learning_smoke() -> None:
 
 def test_scale_model_smoke() -> None:
     out = run_smoke("scale_model.py")
-    assert re.search(r"floor \(unbounded workers and GPUs\): \d+\.\d\d s", out)
+    assert re.search(
+        r"floor \(unbounded workers, ranks where they pay; using [a-z -]+\): \d+\.\d\d s", out
+    )
+    assert re.search(r"train on 2 / 8 ranks pays from (\d+|inf) / (\d+|inf) sequences", out)
 
 
 def test_roofline_smoke() -> None:
