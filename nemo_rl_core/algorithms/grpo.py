@@ -61,6 +61,7 @@ from nemo_rl_core.environments.utils import create_env
 from nemo_rl_core.experience.rollouts import (
     calculate_rewards,
     generate_responses,
+    response_length_metrics,
     run_multi_turn_rollout,
 )
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
@@ -181,11 +182,16 @@ def generate_rollouts(
     config: RLMasterConfig,
     iteration: int,
     round_index: int = 0,
+    rows: tuple[int, int] | None = None,
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
-    """Responses for every prompt; multi-turn tasks play the whole episode here. Each
-    dynamic-sampling round of an iteration samples with seeds of its own."""
+    """Responses for every prompt, or for the prompts ``rows`` ``[start, end)`` of the batch
+    (a shard of the stage), each sampled with its own seed, which its place in the whole
+    batch decides; multi-turn tasks play the whole episode here. Each dynamic-sampling round
+    of an iteration samples with seeds of its own."""
     stream = TRAIN_SEEDS + 2 * round_index  # odd streams are validation's
     seeds = sampling_seeds(config.algorithm.seed, iteration, batch.size, stream)
+    if rows is not None:
+        batch, seeds = batch.slice(*rows), seeds[rows[0] : rows[1]]
     generation.prepare_for_generation()
     try:
         return play_rollouts(generation, batch, tokenizer, task_to_env, config, seeds)
@@ -247,12 +253,21 @@ def generate_one_turn(
     generation_input: BatchedDataDict[Any] = BatchedDataDict(
         {"input_ids": flat["token_ids"], "input_lengths": input_lengths, "sample_seeds": seeds}
     )
-    batch, _, metrics = generate_responses(
+    batch, _, _ = generate_responses(
         generation, generation_input, batch, tokenizer, input_lengths, greedy=greedy
+    )
+    return batch, one_turn_metrics(batch)
+
+
+def one_turn_metrics(rollouts: BatchedDataDict) -> dict[str, Any]:
+    """Generation metrics of one-turn rollouts, from each sample's response (the last message
+    of its log): the same for the batch generated whole or in slices joined again."""
+    metrics: dict[str, Any] = response_length_metrics(
+        [len(log[-1]["token_ids"]) for log in rollouts["message_log"]]
     )
     # NeMo RL's one-turn rollouts go through its multi-turn loop, which reports this name.
     metrics["mean_gen_tokens_per_sample"] = metrics["mean_generation_length"]
-    return batch, metrics
+    return metrics
 
 
 def score_rollouts(
@@ -433,13 +448,16 @@ def response_lengths(batch: BatchedDataDict) -> torch.Tensor:
 def compute_logprobs(
     policy: PolicyInterface, batch: BatchedDataDict, tokenizer: Any, config: RLMasterConfig
 ) -> BatchedDataDict:
-    """Flat training inputs of the rollouts with the policy's and reference's logprobs.
+    """Flat training inputs of the rollouts with the policy's and reference's logprobs."""
+    train_data = logprob_inputs(batch, tokenizer, config)
+    train_data.update(policy_logprobs(policy, train_data, config))
+    return train_data
 
-    As in NeMo RL, each forward is skipped when its output is unused, and stored as zeros
-    so the stage's columns stay the same: ``prev_logprobs`` with
-    ``loss_fn.force_on_policy_ratio`` (the loss takes the current logprobs, detached),
-    the reference's with ``skip_reference_policy_logprobs_calculation`` (KL penalty 0);
-    the config validation refuses the combinations that would read them."""
+
+def logprob_inputs(
+    batch: BatchedDataDict, tokenizer: Any, config: RLMasterConfig
+) -> BatchedDataDict:
+    """The flat training inputs of the scored rollouts (padded to the batch's longest)."""
     train_data = message_logs_to_train_data(
         batch["message_log"],
         pad_token_id=tokenizer.pad_token_id,
@@ -448,18 +466,32 @@ def compute_logprobs(
     train_data["sample_mask"] = torch.as_tensor(batch["loss_multiplier"], dtype=torch.float32)
     train_data["total_reward"] = batch["total_reward"]
     train_data["prompt_index"] = batch["prompt_index"]
+    return train_data
+
+
+def policy_logprobs(
+    policy: PolicyInterface, train_data: BatchedDataDict, config: RLMasterConfig
+) -> BatchedDataDict:
+    """``prev_logprobs`` and ``reference_policy_logprobs`` of the training inputs.
+
+    As in NeMo RL, each forward is skipped when its output is unused, and stored as zeros
+    so the stage's columns stay the same: ``prev_logprobs`` with
+    ``loss_fn.force_on_policy_ratio`` (the loss takes the current logprobs, detached),
+    the reference's with ``skip_reference_policy_logprobs_calculation`` (KL penalty 0);
+    the config validation refuses the combinations that would read them."""
     skipped = torch.zeros_like(train_data["generation_logprobs"])
+    logprobs: BatchedDataDict = BatchedDataDict()
     if config.loss_fn.force_on_policy_ratio:
-        train_data["prev_logprobs"] = skipped
+        logprobs["prev_logprobs"] = skipped
     else:
-        train_data["prev_logprobs"] = policy.get_logprobs(train_data)["logprobs"]
+        logprobs["prev_logprobs"] = policy.get_logprobs(train_data)["logprobs"]
     if config.algorithm.skip_reference_policy_logprobs_calculation:
-        train_data["reference_policy_logprobs"] = skipped.clone()
+        logprobs["reference_policy_logprobs"] = skipped.clone()
     else:
-        train_data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(train_data)[
+        logprobs["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(train_data)[
             "reference_logprobs"
         ]
-    return train_data
+    return logprobs
 
 
 def compute_advantages(

@@ -60,15 +60,22 @@ ROLLOUT = (
         reads=("prompts",),
         versions=("policy",),
         reported=("mean_gen_tokens_per_sample",),
+        fan_out=FanOut(stages.generate_shard, stages.generate_merge, stages.generate_widest),
     ),
     Stage(
         "reward",
         stages.reward,
         reads=("generate",),
         reported=("mean_reward",),
-        fan_out=FanOut(stages.reward_shard, stages.reward_merge),
+        fan_out=FanOut(stages.reward_shard, stages.reward_merge, stages.reward_widest),
     ),
-    Stage("logprob", stages.logprob, reads=("reward",), versions=("policy",)),
+    Stage(
+        "logprob",
+        stages.logprob,
+        reads=("reward",),
+        versions=("policy",),
+        fan_out=FanOut(stages.logprob_shard, stages.logprob_merge, stages.logprob_widest),
+    ),
 )
 POLICY_METRICS = ("loss", "kl_penalty", "probs_ratio_clamped_fraction", "grad_norm")
 # DAPO's dynamic sampling: generate and score more prompts until a step's batch is full.
@@ -284,7 +291,7 @@ DISTILLATION = register_pipeline(
                 stages.score,
                 reads=("generate",),
                 reported=("mean_reward",),
-                fan_out=FanOut(stages.reward_shard, stages.scored_merge),
+                fan_out=FanOut(stages.reward_shard, stages.scored_merge, stages.reward_widest),
             ),
             Stage("teacher", stages.teacher_topk, reads=("reward",)),
             Stage(

@@ -25,9 +25,11 @@ class OrchestrationConfig(StrictConfig):
     by default). A stage past it fails like any failed stage: the flow run fails, and the
     run continues at that stage when it is run again.
 
-    ``fan_out``: into how many shards a stage whose work splits by sample (``reward``) is
-    cut, each its own concurrent task run; merged, the output is the unsplit one bit for
-    bit, and a failed shard is computed alone when the run continues (default: unsplit)."""
+    ``fan_out``: into how many shards a stage whose work splits by sample (``generate``,
+    ``reward``, ``logprob``) is cut, each its own concurrent task run (on a pool of stage
+    workers, each on a worker of its own); merged, the output is the unsplit one bit for bit,
+    and a failed shard is computed alone (default: unsplit). A fan-out wider than the stage's
+    batch is refused before any work."""
 
     stage_timeout_seconds: Annotated[
         dict[str, PositiveFloat], Wired("tasks.stage:stage_task_for")
@@ -39,7 +41,7 @@ class OrchestrationConfig(StrictConfig):
 
 def check_stage_names(config: Any, pipeline: "Pipeline") -> None:
     """Refuse a timeout for a stage the algorithm does not declare, and a fan-out of a stage
-    whose work does not split, by its dotted key."""
+    whose work does not split or wider than its batch, by its dotted key."""
     names = list(pipeline.stage_names)
     for name in config.orchestration.stage_timeout_seconds:
         if name not in names:
@@ -47,10 +49,16 @@ def check_stage_names(config: Any, pipeline: "Pipeline") -> None:
                 f"{SECTION}.stage_timeout_seconds.{name}: {pipeline.name} has no stage "
                 f"{name!r}; its stages are {names}"
             )
-    splittable = [stage.name for stage in pipeline.stages if stage.fan_out is not None]
-    for name in config.orchestration.fan_out:
+    splittable = {stage.name: stage.fan_out for stage in pipeline.stages if stage.fan_out}
+    for name, count in config.orchestration.fan_out.items():
         if name not in splittable:
             raise ConfigError(
                 f"{SECTION}.fan_out.{name}: {pipeline.name}'s stage {name!r} does not split "
-                f"into shards; stages that do: {splittable}"
+                f"into shards; stages that do: {sorted(splittable)}"
+            )
+        widest, why = splittable[name].widest(config)
+        if count > widest:
+            raise ConfigError(
+                f"{SECTION}.fan_out.{name}={count}: wider than the stage's batch, which "
+                f"splits into at most {widest} shard(s): {why}"
             )

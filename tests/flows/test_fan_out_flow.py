@@ -107,3 +107,43 @@ def test_a_stage_that_does_not_split_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"orchestration\.fan_out\.train: .* does not split"):
         run(tmp_path, "refused", ["++orchestration.fan_out.train=2"])
     assert not (tmp_path / "runs" / "refused").exists()
+
+
+# generate and logprob split too: shards hold whole engine batches (HF generates
+# policy.generation_batch_size prompts per call) and logprob microbatches
+CHUNKED = ["policy.generation_batch_size=2", "policy.logprob_batch_size=2"]
+ROLLOUT_SPLIT = [
+    *CHUNKED,
+    "++orchestration.fan_out.generate=2",
+    "++orchestration.fan_out.logprob=2",
+]
+
+
+def test_split_generate_and_logprob_are_the_unsplit_stages_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each sample is sampled with its own seed and each shard computes whole batches, so
+    the joined shards are the stage computed whole; a shard that failed is computed alone
+    when the run continues."""
+    run(tmp_path, "whole", CHUNKED)
+    monkeypatch.setenv(FAULT_ENV, "generate/shard-1-of-2@1")
+    with pytest.raises(Exception, match="fault injected"):
+        run(tmp_path, "split", ROLLOUT_SPLIT)
+    folder = iteration_dir(tmp_path, "split", 1) / "generate"
+    before = {p.name: p.read_text() for p in folder.glob("*.entry.json")}
+    assert sorted(before) == ["shard-0-of-2.entry.json"]
+    monkeypatch.delenv(FAULT_ENV)
+    run(tmp_path, "split", ROLLOUT_SPLIT)
+    assert (folder / "shard-0-of-2.entry.json").read_text() == before["shard-0-of-2.entry.json"]
+    for iteration in (0, 1):
+        whole, split = (
+            manifest(tmp_path, run_id, iteration)["stages"] for run_id in ("whole", "split")
+        )
+        for stage in ("generate", "logprob"):
+            assert split[stage]["outputs"] == whole[stage]["outputs"], (iteration, stage)
+        assert (
+            split["generate"]["metrics"]["mean_gen_tokens_per_sample"]
+            == (whole["generate"]["metrics"]["mean_gen_tokens_per_sample"])
+        )
+    expected, got = final_weights(tmp_path, "whole"), final_weights(tmp_path, "split")
+    assert all(expected[name].equal(got[name]) for name in expected)
