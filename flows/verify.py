@@ -12,7 +12,7 @@ import sys
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.run_setup import load_storage_block
+from flows.storage_block import load_storage_block
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from tasks.stage import stage_logger
 

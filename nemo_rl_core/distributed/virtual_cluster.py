@@ -2,11 +2,12 @@
 (Megatron's ranks under ``torchrun --standalone``); a cluster that asks for more GPUs or
 nodes than the machine has is refused before any work.
 
-Two keys of ours place stages on Prefect work pools instead (``placement``, and how long a
-placed stage may wait for a worker, ``placement_wait_seconds``): a placed stage runs as a
-flow run of the ``stage`` deployment of its pool, on whatever machine serves that pool
-(``flows.placement``). Where a stage runs never changes what it computes, so these keys are
-left out of the config digest that decides whether a stored output still holds.
+Two keys of ours place stages on pools of stage workers instead (``placement``, and how long
+a placed stage may wait for a worker, ``placement_wait_seconds``): a placed stage runs as a
+task run of the iteration flow run that a long-lived stage worker of its pool runs, on
+whatever machine serves that pool (``flows.placement``). Where a stage runs never changes
+what it computes, so these keys are left out of the config digest that decides whether a
+stored output still holds.
 """
 
 from typing import TYPE_CHECKING, Annotated, Any
@@ -47,9 +48,9 @@ class ClusterConfig(BaseModel):
     placement: Annotated[dict[str, str], Wired("flows.placement:run_placed_stage")] = Field(
         default_factory=dict
     )
-    placement_wait_seconds: Annotated[
-        PositiveFloat, Wired("flows.placement:wait_for_stage_run")
-    ] = 600.0
+    placement_wait_seconds: Annotated[PositiveFloat, Wired("flows.placement:PlacedRun.poll")] = (
+        600.0
+    )
 
 
 def check_placed_stages(config: Any, pipeline: "Pipeline") -> None:
@@ -63,4 +64,6 @@ def check_placed_stages(config: Any, pipeline: "Pipeline") -> None:
                 f"stages are {names}"
             )
         if not pool.strip():
-            raise ConfigError(f"cluster.placement.{stage}: name a Prefect work pool, not {pool!r}")
+            raise ConfigError(
+                f"cluster.placement.{stage}: name a pool of stage workers, not {pool!r}"
+            )
