@@ -31,6 +31,7 @@ processes (the ranks of one torch.distributed job) is such a job too.
 """
 
 import contextvars
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,10 +42,12 @@ from uuid import UUID
 
 from prefect import Task
 from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.objects import State
 from prefect.context import FlowRunContext
-from prefect.futures import PrefectDistributedFuture
 from prefect.settings import get_current_settings
-from prefect.states import Cancelled, Crashed, Running
+from prefect.states import Cancelled, Crashed, Pending, Running
+from prefect.task_runs import TaskRunWaiter
+from prefect.utilities.asyncutils import run_coro_as_sync
 
 from flows.heartbeat import Heartbeat, damage_reported
 from flows.pool_tasks import heartbeat_name, pool_tasks
@@ -213,72 +216,89 @@ def run_job(
 ) -> list[StageRef]:
     """Run a job's tasks on ``pool``, a task run each, and wait for all of them; their stored
     outputs in order. A lost one is run again alone. ``PlacementError`` naming the pool, or
-    the stage's own damage report (``DamagedInputError``)."""
+    the stage's own damage report (``DamagedInputError``).
+
+    A task run's end comes as Prefect's event (``TaskRunWaiter``), as it happens; once a
+    second (``POLL_S``) the waiter also reads the runs' states and heartbeats, and asks
+    whether the pool has a live worker."""
     wait_s = config.cluster.placement_wait_seconds
-    watch = PoolWatch(pool)
+    watch = PoolWatch.of(pool)
+    ended = threading.Event()  # set by Prefect's event loop when one of the runs ends
     # Submitted side by side (a submission is a few requests), each in a copy of this flow
     # run's context, taken here: a task run of this flow run, queued before any is taken.
     contexts = [contextvars.copy_context() for _ in job]
     with ThreadPoolExecutor(max_workers=len(job) or 1, thread_name_prefix="submit") as submitter:
         submitted = submitter.map(
-            lambda context, placed: context.run(PlacedRun, placed, run, iteration, pool, wait_s),
+            lambda context, placed: context.run(
+                PlacedRun, placed, run, iteration, pool, wait_s, ended
+            ),
             contexts,
             job,
         )
         waiting = dict(enumerate(submitted))
     done: dict[int, StageRef] = {}
+    checked_at = time.monotonic()
     try:
         while waiting:
-            watch.check()
+            check = time.monotonic() - checked_at >= POLL_S
+            if check:
+                watch.check()
+                checked_at = time.monotonic()
+            ended.clear()
             for index, placed_run in list(waiting.items()):
-                if (ref := placed_run.poll(watch)) is not None:
+                if (ref := placed_run.poll(watch, check)) is not None:
                     done[index] = ref
                     del waiting[index]
             if waiting:
-                wait_for_final_state(next(iter(waiting.values())).future)
+                ended.wait(timeout=max(0.0, checked_at + POLL_S - time.monotonic()))
     finally:
-        watch.close()
+        watch.settle()
     return [done[index] for index in range(len(job))]
-
-
-def wait_for_final_state(future: PrefectDistributedFuture[StageRef]) -> None:
-    """Up to ``POLL_S`` for the task run's final state (the event comes as it happens)."""
-    try:
-        future.wait(timeout=POLL_S)
-    except RuntimeError as err:
-        # The server records a new task run's first state from its event, up to a second
-        # late (prefect.toml batches them): until then there is nothing to wait on.
-        if "has no state" not in str(err):
-            raise
-        time.sleep(POLL_S)
 
 
 class PlacedRun:
     """One placed task and its current task run: submitted now, and again when lost."""
 
     def __init__(
-        self, placed: PlacedTask, run: RunRef, iteration: int, pool: str, wait_s: float
+        self,
+        placed: PlacedTask,
+        run: RunRef,
+        iteration: int,
+        pool: str,
+        wait_s: float,
+        ended: threading.Event,
     ) -> None:
         self.placed, self.run, self.iteration, self.pool = placed, run, iteration, pool
-        self.wait_s = wait_s
+        self.wait_s, self.ended = wait_s, ended
         self.retries_left = int(STAGE_TASK_OPTIONS["retries"])
         self.submit()
 
     def submit(self) -> None:
-        self.future: PrefectDistributedFuture[StageRef] = self.placed.task.apply_async(
-            kwargs=self.placed.parameters
-        )
-        self.task_run_id = str(self.future.task_run_id)
+        TaskRunWaiter.instance()  # listening before the run can end
+        self.task_run_id = self.placed.task.apply_async(kwargs=self.placed.parameters).task_run_id
+        TaskRunWaiter.add_done_callback(self.task_run_id, self.ended.set)
         self.heartbeat = Heartbeat(
-            self.run, self.iteration, self.placed.heartbeat, self.task_run_id, self.wait_s
+            self.run, self.iteration, self.placed.heartbeat, str(self.task_run_id), self.wait_s
         )
         self.progress_at = time.monotonic()  # when it last made progress (or was submitted)
 
-    def poll(self, watch: "PoolWatch") -> StageRef | None:
-        """Its stored outputs once its task run completed, else None (still waiting);
-        submits it again when lost, raises when it failed or waited too long."""
+    def state(self, check: bool) -> State | None:
+        """Its final state, as Prefect's event told it; with ``check``, else its state as
+        the server holds it (up to a second behind: prefect.toml batches task-run states)."""
+        final = run_coro_as_sync(TaskRunWaiter.wait_for_task_run(self.task_run_id, timeout=0))
+        if final is not None or not check:
+            return final
+        with get_client(sync_client=True) as client:
+            return client.read_task_run(self.task_run_id).state or Pending()
+
+    def poll(self, watch: "PoolWatch", check: bool) -> StageRef | None:
+        """Its stored outputs once its task run completed, else None (still waiting); with
+        ``check``, its liveness: it is submitted again when lost, and the job fails when no
+        worker ran it for ``placement_wait_seconds``."""
         label = f"{self.placed.label} on pool {self.pool!r}"
-        state = self.future.state
+        state = self.state(check)
+        if state is None:
+            return None
         if state.is_completed():
             ref = self.placed.stored()
             if ref is None:
@@ -288,7 +308,7 @@ class PlacedRun:
             self.run_again(f"task run {self.task_run_id} crashed: {state.message}")
         elif state.is_final():
             damage = damage_reported(
-                self.run, self.iteration, self.placed.heartbeat, self.task_run_id
+                self.run, self.iteration, self.placed.heartbeat, str(self.task_run_id)
             )
             if damage is not None:
                 raise damage
@@ -311,9 +331,7 @@ class PlacedRun:
                     f"(live workers: {live_workers(client, self.pool) or 'none'}); start one: "
                     f"{START_WORKER.format(pool=self.pool)}"
                 )
-                client.set_task_run_state(
-                    UUID(self.task_run_id), Cancelled(message=message), force=True
-                )
+                client.set_task_run_state(self.task_run_id, Cancelled(message=message), force=True)
             raise PlacementError(message)
         return None
 
@@ -328,25 +346,36 @@ class PlacedRun:
         self.submit()
 
 
-def mark_task_run_crashed(task_run_id: str, why: str) -> None:
+def mark_task_run_crashed(task_run_id: UUID, why: str) -> None:
     """Mark a task run whose process is gone ``Crashed``; should that process still live (a
     stalled machine), its next heartbeat finds this and ends it."""
     with get_client(sync_client=True) as client:
         client.set_task_run_state(
-            UUID(task_run_id), Crashed(message=f"its process is gone: {why}"), force=True
+            task_run_id, Crashed(message=f"its process is gone: {why}"), force=True
         )
 
 
 class PoolWatch:
     """What the iteration flow run tells about a pool's workers while it waits on the pool:
     whether the server holds a live one (asked every ``WORKERS_CHECK_S``); when none, a
-    warning in its log and its state message, and a line again when one is back."""
+    warning in its log and its state message, and a line again when one is back. One per
+    pool and flow run, across its jobs."""
+
+    _watches: dict[tuple[str, str | None], "PoolWatch"] = {}
+    _lock = threading.Lock()
 
     def __init__(self, pool: str) -> None:
         self.pool = pool
         self.live = True
         self.asked_at = -WORKERS_CHECK_S
         self.told = False
+
+    @classmethod
+    def of(cls, pool: str) -> "PoolWatch":
+        context = FlowRunContext.get()
+        flow_run = str(context.flow_run.id) if context is not None and context.flow_run else None
+        with cls._lock:
+            return cls._watches.setdefault((pool, flow_run), cls(pool))
 
     def check(self) -> None:
         if time.monotonic() - self.asked_at < WORKERS_CHECK_S:
@@ -365,8 +394,8 @@ class PoolWatch:
             elif self.live and self.told:
                 self.all_clear(client)
 
-    def close(self) -> None:
-        """The job is done (a worker ran it): clear a warning still shown."""
+    def settle(self) -> None:
+        """A job on the pool is done (a worker ran it): clear a warning still shown."""
         if self.told:
             with get_client(sync_client=True) as client:
                 self.all_clear(client)

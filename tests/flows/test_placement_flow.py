@@ -21,6 +21,7 @@ The two-pool stack (PostgreSQL, S3, process worker) is tests/reliability/test_pl
 import contextvars
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -295,6 +296,44 @@ def test_a_killed_worker_is_said_and_its_stage_runs_again_on_a_restarted_one(
     train = manifest(tmp_path, "killed", 1)["train"]["ran_on"]
     assert train["pid"] == str(restarted.pid), train
     assert any("has a live stage worker again" in line for line in logs_of(flow_run.id))
+
+
+def test_a_stalled_worker_is_declared_lost_and_its_stage_runs_on_another(
+    tmp_path: Path, whole: Path
+) -> None:
+    """A worker that stops in the middle of train@1 (SIGSTOP: its connection to the server
+    stays open, so Prefect gives nothing back) stops beating; the waiter marks its task run
+    Crashed and submits the stage again, which the pool's other worker runs; woken up, the
+    stalled worker finds its run ended at its next beat and ends itself, without a commit."""
+    pool, ttl = "stall-pool", "3"
+    finished: dict[str, Any] = {}
+
+    def placed_run() -> None:
+        try:
+            finished["result"] = run(tmp_path, "stalled", placed_on(pool, ("train",)))
+        except BaseException as err:  # noqa: BLE001 - the test reports it
+            finished["error"] = err
+
+    storage = open_storage(RunRef(str(tmp_path), "stalled"))
+    stalling = {"NEMO_RL_CORE_FAULT": "train@1:stall", "NEMO_RL_CORE_LEASE_TTL_S": ttl}
+    with stage_workers(pool, tmp_path, env=stalling) as [stalled]:
+        runner = threading.Thread(target=contextvars.copy_context().run, args=(placed_run,))
+        runner.start()
+        deadline = time.monotonic() + 900
+        while (record := storage.read_stage_run(1, "train")) is None:
+            assert "error" not in finished and time.monotonic() < deadline, finished
+            time.sleep(0.2)
+        assert record["pid"] == str(stalled.pid), record
+        with stage_workers(pool, tmp_path, env={"NEMO_RL_CORE_LEASE_TTL_S": ttl}) as [other]:
+            os.kill(stalled.pid, signal.SIGSTOP)
+            runner.join(timeout=900)
+            os.kill(stalled.pid, signal.SIGCONT)
+            assert stalled.wait(timeout=60) == -9, "the stalled worker outlived its lost run"
+    assert "error" not in finished, finished.get("error")
+    assert_same_weights(final_weights(whole, "whole"), final_weights(tmp_path, "stalled"))
+    assert manifest(tmp_path, "stalled", 1)["train"]["ran_on"]["pid"] == str(other.pid)
+    logs = logs_of(flow_run_of("grpo-stalled").id)
+    assert any("is lost: its heartbeat on storage stopped" in line for line in logs), logs
 
 
 @task
