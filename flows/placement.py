@@ -51,10 +51,10 @@ from prefect.utilities.asyncutils import run_coro_as_sync
 
 from flows.heartbeat import Heartbeat, damage_reported
 from flows.pool_tasks import heartbeat_name, pool_tasks
-from nemo_rl_core.distributed.virtual_cluster import check_placed_stages
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, shard_part, split_round
+from nemo_rl_core.pipeline.stage_keys import check_placed_stages
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
@@ -154,7 +154,7 @@ def run_placed_stage(
             label = f"shard {index} of {count} of stage {name!r} of iteration {iteration}"
             if (entry := storage.completed_part(iteration, name, part, inputs)) is not None:
                 skipped(run, label, pool)
-                shards[part] = StageRef.from_dict(entry["outputs"])
+                shards[part] = StageRef(entry.outputs)
                 continue
             missing[part] = PlacedTask(
                 tasks.shard,
@@ -169,7 +169,7 @@ def run_placed_stage(
     label = f"stage {name!r} of iteration {iteration}"
     if (entry := storage.completed_stage(iteration, name, inputs)) is not None:
         skipped(run, label, pool)
-        return StageRef.from_dict(entry["outputs"])
+        return StageRef(entry.outputs)
     merged = PlacedTask(
         tasks.stage,
         {**given, "upstream": upstream},
@@ -192,17 +192,15 @@ def stored_stage(
 ) -> StageRef | None:
     """The outputs a placed stage committed for ``inputs``, from the manifest as stored now
     (another process wrote it); the next stage checks the bytes as it reads them."""
-    entry = storage.read_manifest(iteration)["stages"].get(name) or {}
-    if entry.get("status") != "complete" or entry.get("inputs") != inputs:
-        return None
-    return StageRef.from_dict(entry["outputs"])
+    entry = storage.read_manifest(iteration).complete(name)
+    return None if entry is None or entry.inputs != inputs else StageRef(entry.outputs)
 
 
 def stored_part(
     storage: RunStorage, iteration: int, name: str, part: str, inputs: dict[str, str]
 ) -> StageRef | None:
     entry = storage.completed_part(iteration, name, part, inputs)
-    return None if entry is None else StageRef.from_dict(entry["outputs"])
+    return None if entry is None else StageRef(entry.outputs)
 
 
 def flow_run_block() -> str | None:

@@ -11,10 +11,11 @@ from typing import Any
 from flows.config_check import check_run_config, trained_models
 from flows.placement import check_placement
 from flows.storage_block import load_storage_block
+from nemo_rl_core.data.datasets.builder import dataset_environments, games_from_environment
 from nemo_rl_core.models.local_models import resolve_model
-from nemo_rl_core.pipeline.orchestration import check_stage_names
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, declared
+from nemo_rl_core.pipeline.stage_keys import check_stage_names
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
@@ -49,18 +50,15 @@ def first_iteration(pipeline: Pipeline, storage: RunStorage) -> int:
     latest = storage.latest_checkpoint() or 0
     iterations = storage.iterations()
     for iteration in iterations:
-        if iteration < latest:
-            stages = storage.read_manifest(iteration).get("stages", {})
-            if any(entry.get("status") == "stale" for entry in stages.values()):
-                return iteration
+        if iteration < latest and storage.read_manifest(iteration).stale_stages():
+            return iteration
     # Killed after the committing stage wrote checkpoint ``latest`` but before the iteration
     # finished: finish it (the committing stage recomputes from the checkpoint before,
     # bit-equal, and the stages after it run).
     previous = latest - 1
     if previous in iterations and (previous == 0 or storage.is_committed(previous)):
         final = pipeline.stages[-1].name
-        final_stage = storage.read_manifest(previous)["stages"].get(final, {})
-        if final_stage.get("status") != "complete":
+        if storage.read_manifest(previous).complete(final) is None:
             return previous
     return latest
 
@@ -87,6 +85,33 @@ def open_run(
     root = storage_root or config.checkpointing.checkpoint_dir
     load_storage_block(root, storage_block)
     return RunRef(root, run_id or new_run_id(pipeline.name)), config
+
+
+def config_notes(config: Any) -> list[str]:
+    """What the run does that a key of its config could lead one to expect otherwise, said
+    once in the flow run's log: keys NeMo RL would not read here."""
+    notes = []
+    if not config.checkpointing.enabled:
+        notes.append(
+            "checkpointing.enabled is false: each iteration still commits the weights the next "
+            "one starts from, and only the newest checkpoint is kept (what continuing the run "
+            "needs); keep_top_k, save_period and metric_name are not read"
+        )
+    env = getattr(config, "env", {})
+    unread = sorted(set(env) - dataset_environments(config.data, env))
+    if unread:
+        sections = ", ".join(f"env.{name}" for name in unread)
+        notes.append(
+            f"{sections}: not read, as in NeMo RL, which builds only the environments the "
+            "datasets name (their env_name)"
+        )
+    if games_from_environment(config.data, env):
+        notes.append(
+            "data.train and data.validation are not read: env.sliding_puzzle_game sets up the "
+            "games to train and validate on, as NeMo RL's puzzle runner does (a dataset whose "
+            "env_name is sliding_puzzle_game would be read instead)"
+        )
+    return notes
 
 
 def plan_iterations(

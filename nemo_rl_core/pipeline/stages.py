@@ -2,13 +2,29 @@
 
 Each function is what a declaration (:mod:`nemo_rl_core.pipeline.algorithms`) names as a
 stage's ``compute``; it holds no orchestration and no algorithm branches: where GRPO and
-PPO differ, they declare different functions.
+PPO differ, they declare different functions. Each name says whose stage it is: ``grpo_``,
+``ppo_``, ``sft_``, ``dpo_``, ``rm_``, ``distillation_``, ``eval_``; ``rollout_`` stages are
+shared by the algorithms that generate (GRPO and PPO all of them, distillation its prompts,
+generation and validation), ``preference_`` ones by DPO and RM, and every trainer retains
+its checkpoints with ``retain_checkpoints``.
 """
 
 import time
 from typing import Any
 
-from nemo_rl_core.algorithms import distillation, dpo, grpo, ppo, rm, sft
+from nemo_rl_core.algorithms import (
+    distillation,
+    dpo,
+    grpo,
+    ppo,
+    prompt_batches,
+    rm,
+    rollout_generation,
+    scoring,
+    sft,
+    training,
+    validation,
+)
 from nemo_rl_core.algorithms.loss import DPOLossFn, NLLLossFn, PreferenceLossFn
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.evals import eval as evaluation
@@ -16,12 +32,12 @@ from nemo_rl_core.pipeline.context import PREVIOUS, StageContext, StageResult
 from nemo_rl_core.pipeline.spec import shard_bounds
 
 
-def validate(ctx: StageContext) -> StageResult:
+def rollout_validation(ctx: StageContext) -> StageResult:
     """Accuracy, pass@k and greedy accuracy of the weights this iteration starts from, on the
     held-out prompts; every sample's result is kept."""
     rt = ctx.runtime
     with rt.generation(ctx.iteration) as engine:
-        results, metrics = grpo.validate_batches(
+        results, metrics = validation.validate_batches(
             engine,
             rt.validation_batches(),
             rt.tokenizer,
@@ -32,27 +48,27 @@ def validate(ctx: StageContext) -> StageResult:
     return StageResult({"batch": results, "metrics": metrics}, metrics)
 
 
-def prompts(ctx: StageContext) -> StageResult:
+def rollout_prompts(ctx: StageContext) -> StageResult:
     """The dataloader's next batch, each prompt repeated per generation (a refill round
     continues where its previous round left the dataloader)."""
     if PREVIOUS in ctx.upstream:
         start = ctx.json(PREVIOUS, "dataloader_state")
     else:
         start = ctx.runtime.dataloader_state(ctx.iteration)
-    first = ctx.round_index * grpo.prompts_per_batch(ctx.config.algorithm)
-    batch, state = grpo.take_prompts(ctx.runtime.dataloader, ctx.config, start, first)
+    first = ctx.round_index * prompt_batches.prompts_per_batch(ctx.config.algorithm)
+    batch, state = prompt_batches.take_prompts(ctx.runtime.dataloader, ctx.config, start, first)
     return StageResult({"batch": batch, "dataloader_state": state}, {"num_samples": batch.size})
 
 
-def generate(ctx: StageContext) -> StageResult:
+def rollout_generate(ctx: StageContext) -> StageResult:
     """Responses (multi-turn tasks: whole episodes) from the engine at this iteration's
     weights, or under async GRPO at the weights ``max_trajectory_age_steps`` older. Unsplit
     (one-turn rollouts): one shard, merged; multi-turn episodes are played whole."""
     if ctx.config.algorithm.max_rollout_turns == 1:
-        return generate_merge(ctx, [generate_shard(ctx, 0, 1)])
+        return rollout_generate_merge(ctx, [rollout_generate_shard(ctx, 0, 1)])
     rt = ctx.runtime
     with rt.generation(ctx.weights_step) as engine:
-        rollouts, metrics = grpo.generate_rollouts(
+        rollouts, metrics = rollout_generation.generate_rollouts(
             engine,
             ctx.batch("prompts"),
             rt.tokenizer,
@@ -64,14 +80,14 @@ def generate(ctx: StageContext) -> StageResult:
     return StageResult({"batch": rollouts}, {**metrics, "weights_step": ctx.weights_step})
 
 
-def generate_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
+def rollout_generate_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
     """One-turn responses of one slice of the prompts, each sampled with its own seed; the
     slice holds whole batches of what the engine generates together (``generation_unit``)."""
     rt = ctx.runtime
     prompts = ctx.batch("prompts")
     rows = shard_bounds(prompts.size, index, count, generation_unit(ctx.config, prompts.size))
     with rt.generation(ctx.weights_step) as engine:
-        rollouts, _ = grpo.generate_rollouts(
+        rollouts, _ = rollout_generation.generate_rollouts(
             engine,
             prompts,
             rt.tokenizer,
@@ -84,10 +100,10 @@ def generate_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict
     return rollouts
 
 
-def generate_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
+def rollout_generate_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
     """The slices' responses joined in order, with the batch's generation metrics."""
     rollouts: BatchedDataDict[Any] = BatchedDataDict.from_batches(shards)
-    metrics = grpo.one_turn_metrics(rollouts)
+    metrics = rollout_generation.one_turn_metrics(rollouts)
     return StageResult({"batch": rollouts}, {**metrics, "weights_step": ctx.weights_step})
 
 
@@ -103,10 +119,11 @@ def generation_unit(config: Any, size: int) -> int:
 
 def rollout_samples(config: Any) -> int:
     """Samples per generation batch (a refill round's too)."""
-    return grpo.prompts_per_batch(config.algorithm) * config.algorithm.num_generations_per_prompt
+    prompts = prompt_batches.prompts_per_batch(config.algorithm)
+    return prompts * config.algorithm.num_generations_per_prompt
 
 
-def generate_widest(config: Any) -> tuple[int, str]:
+def rollout_generate_widest(config: Any) -> tuple[int, str]:
     samples = rollout_samples(config)
     if config.algorithm.max_rollout_turns > 1:
         return 1, (
@@ -119,35 +136,34 @@ def generate_widest(config: Any) -> tuple[int, str]:
             f"transformers generates its {samples} samples as one batch; set "
             "policy.generation_batch_size (a shard holds whole batches of it)"
         )
-    widest = -(-samples // unit)
-    return widest, f"{samples} samples, generated {unit} at a time"
+    return -(-samples // unit), f"{samples} samples, generated {unit} at a time"
 
 
-def reward_widest(config: Any) -> tuple[int, str]:
+def rollout_reward_widest(config: Any) -> tuple[int, str]:
     samples = rollout_samples(config)
     return samples, f"{samples} samples"
 
 
-def reward(ctx: StageContext) -> StageResult:
+def rollout_reward(ctx: StageContext) -> StageResult:
     """The environments score each rollout; the rewards are scaled and shaped, truncated
     responses filtered, and under dynamic sampling the informative groups kept (with
     those of earlier rounds) until a step's batch is complete. Unsplit: one shard, merged."""
-    return reward_merge(ctx, [reward_shard(ctx, 0, 1)])
+    return rollout_reward_merge(ctx, [rollout_reward_shard(ctx, 0, 1)])
 
 
-def reward_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
+def rollout_reward_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
     """The environments' rewards of one slice of the rollouts."""
     rollouts = ctx.batch("generate")
     rows = shard_bounds(rollouts.size, index, count)
-    return grpo.score_samples(rollouts.slice(*rows), ctx.runtime.task_to_env, ctx.config)
+    return scoring.score_samples(rollouts.slice(*rows), ctx.runtime.task_to_env, ctx.config)
 
 
-def reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
+def rollout_reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
     """The scored slices joined in order; then what needs the whole batch: the metrics,
     scaling and shaping, filtering, dynamic sampling's selection."""
     config = ctx.config
     scored: BatchedDataDict[Any] = BatchedDataDict.from_batches(shards)
-    metrics = grpo.reward_metrics(scored, config)
+    metrics = scoring.reward_metrics(scored, config)
     scored, processing = grpo.process_rewards(scored, config)
     metrics |= processing
     if not config.algorithm.use_dynamic_sampling:
@@ -161,13 +177,13 @@ def reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResul
     )
 
 
-def logprob(ctx: StageContext) -> StageResult:
+def rollout_logprob(ctx: StageContext) -> StageResult:
     """The policy's and the reference policy's logprobs of the rollouts. Unsplit: one shard,
     merged."""
-    return logprob_merge(ctx, [logprob_shard(ctx, 0, 1)])
+    return rollout_logprob_merge(ctx, [rollout_logprob_shard(ctx, 0, 1)])
 
 
-def logprob_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
+def rollout_logprob_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
     """The logprobs of one slice of the rollouts' training inputs, padded as the whole
     batch's, in whole microbatches (``policy.logprob_batch_size``): the forward passes are
     the unsplit stage's."""
@@ -179,14 +195,14 @@ def logprob_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
         return grpo.policy_logprobs(policy, train_data.slice(*rows), ctx.config)
 
 
-def logprob_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
+def rollout_logprob_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
     """The rollouts' training inputs with the slices' logprobs joined in order."""
     train_data = grpo.logprob_inputs(ctx.batch("reward"), ctx.runtime.tokenizer, ctx.config)
     train_data.update(BatchedDataDict.from_batches(shards))
     return StageResult({"batch": train_data})
 
 
-def logprob_widest(config: Any) -> tuple[int, str]:
+def rollout_logprob_widest(config: Any) -> tuple[int, str]:
     samples = config.algorithm.num_prompts_per_step * config.algorithm.num_generations_per_prompt
     policy = config.policy
     if policy.dynamic_batching.enabled or policy.sequence_packing.enabled:
@@ -199,7 +215,7 @@ def logprob_widest(config: Any) -> tuple[int, str]:
     )
 
 
-def value(ctx: StageContext) -> StageResult:
+def ppo_value(ctx: StageContext) -> StageResult:
     """The value model's estimates V_t of every rollout token (PPO)."""
     with_values = ppo.compute_values(ctx.runtime.value(ctx.iteration), ctx.batch("logprob"))
     return StageResult({"batch": with_values})
@@ -211,18 +227,18 @@ def grpo_advantage(ctx: StageContext) -> StageResult:
     return StageResult({"batch": with_advantages}, metrics)
 
 
-def gae_advantage(ctx: StageContext) -> StageResult:
+def ppo_advantage(ctx: StageContext) -> StageResult:
     """GAE advantages and value targets from the value model's estimates (PPO)."""
     with_advantages, metrics = ppo.compute_advantages(ctx.batch("value"), ctx.config)
     return StageResult({"batch": with_advantages}, metrics)
 
 
-def train(ctx: StageContext) -> StageResult:
+def grpo_train(ctx: StageContext) -> StageResult:
     """One policy update, committed as the checkpoint the next iteration starts from."""
     rt, step = ctx.runtime, ctx.iteration
     policy = rt.policy_for_update(step)
     started = time.perf_counter()
-    metrics = grpo.train_policy(
+    metrics = training.train_policy(
         policy, ctx.batch("advantage"), grpo.build_loss_fn(ctx.config), ctx.config, step
     )
     # The stage's own seconds also hold the checkpoint commit: keep the two apart.
@@ -230,7 +246,7 @@ def train(ctx: StageContext) -> StageResult:
     return _committed(ctx, {"policy": policy}, metrics)
 
 
-def train_policy_and_value(ctx: StageContext) -> StageResult:
+def ppo_train(ctx: StageContext) -> StageResult:
     """The policy update and the value model's update toward the GAE returns (PPO), both in
     one checkpoint."""
     rt, step = ctx.runtime, ctx.iteration
@@ -248,7 +264,7 @@ def train_policy_and_value(ctx: StageContext) -> StageResult:
     return _committed(ctx, {"policy": policy, "value": value_model}, metrics)
 
 
-def validation_loss(ctx: StageContext) -> StageResult:
+def sft_validation(ctx: StageContext) -> StageResult:
     """SFT's ``val_loss`` of the weights this iteration starts from, on the held-out
     conversations (eval mode: no update)."""
     rt = ctx.runtime
@@ -270,7 +286,7 @@ def sft_train(ctx: StageContext) -> StageResult:
     checkpoint the next iteration starts from."""
     step = ctx.iteration
     policy = ctx.runtime.policy_for_update(step)
-    metrics = grpo.train_policy(policy, ctx.batch("batch"), NLLLossFn(), ctx.config, step)
+    metrics = training.train_policy(policy, ctx.batch("batch"), NLLLossFn(), ctx.config, step)
     return _committed(ctx, {"policy": policy}, metrics, data_stage="batch")
 
 
@@ -287,21 +303,16 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
     the committing stage wrote the new one; this decides about the older ones. Validation
     metrics of this iteration's weights join their checkpoint's training info first, as
     ``val:<name>``, so that ``metric_name: val:accuracy`` ranks by them. Under async GRPO
-    the checkpoints that rollouts still in flight generate from stay too."""
-    settings = ctx.config.checkpointing
+    the checkpoints that rollouts still in flight generate from stay too. With
+    ``checkpointing.enabled: false`` only those stay (the newest: what a continued run
+    starts from)."""
     storage = ctx.runtime.storage
     if "validate" in ctx.upstream and ctx.iteration > 0:
         validation = ctx.json("validate", "metrics")
         storage.record_checkpoint_metrics(
             ctx.iteration, {f"val:{name}": value for name, value in validation.items()}
         )
-    deleted = storage.prune_checkpoints(
-        settings.keep_top_k,
-        metric_name=settings.metric_name,
-        higher_is_better=settings.higher_is_better,
-        save_period=settings.save_period,
-        keep_newest=ctx.runtime.pipeline.ahead_depth(ctx.config) + 1,
-    )
+    deleted = ctx.runtime.prune_checkpoints()
     kept = storage.committed_checkpoints()
     return StageResult(
         {"retention": {"kept": kept, "deleted": deleted}}, {"checkpoints_kept": len(kept)}
@@ -341,19 +352,19 @@ def eval_score(ctx: StageContext) -> StageResult:
     return StageResult({"scores": scores}, scores)
 
 
-def score(ctx: StageContext) -> StageResult:
+def distillation_reward(ctx: StageContext) -> StageResult:
     """The environments score each rollout, for the metrics only (on-policy distillation
     trains on the teacher's logits, not on rewards). Unsplit: one shard, merged."""
-    return scored_merge(ctx, [reward_shard(ctx, 0, 1)])
+    return distillation_reward_merge(ctx, [rollout_reward_shard(ctx, 0, 1)])
 
 
-def scored_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
+def distillation_reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
     """The scored slices joined in order, with their reward metrics."""
     scored: BatchedDataDict[Any] = BatchedDataDict.from_batches(shards)
-    return StageResult({"batch": scored}, grpo.reward_metrics(scored, ctx.config))
+    return StageResult({"batch": scored}, scoring.reward_metrics(scored, ctx.config))
 
 
-def teacher_topk(ctx: StageContext) -> StageResult:
+def distillation_teacher(ctx: StageContext) -> StageResult:
     """The teacher's top-k logits on the student's rollouts (``distillation.topk_logits_k``),
     stored with the training inputs the student trains on."""
     rt = ctx.runtime
@@ -369,11 +380,11 @@ def distillation_train(ctx: StageContext) -> StageResult:
     step = ctx.iteration
     policy = ctx.runtime.policy_for_update(step)
     loss_fn = distillation.build_loss_fn(ctx.config)
-    metrics = grpo.train_policy(policy, ctx.batch("teacher"), loss_fn, ctx.config, step)
+    metrics = training.train_policy(policy, ctx.batch("teacher"), loss_fn, ctx.config, step)
     return _committed(ctx, {"policy": policy}, metrics)
 
 
-def preference_validation(ctx: StageContext) -> StageResult:
+def dpo_validation(ctx: StageContext) -> StageResult:
     """DPO's validation of the weights this iteration starts from on the held-out pairs
     (eval mode: no update): loss, preference accuracy, chosen and rejected rewards."""
     rt, config = ctx.runtime, ctx.config
@@ -394,7 +405,7 @@ def preference_batch(ctx: StageContext) -> StageResult:
     return StageResult({"batch": batch, "dataloader_state": state}, {"num_samples": batch.size})
 
 
-def reference_logprobs(ctx: StageContext) -> StageResult:
+def dpo_reference(ctx: StageContext) -> StageResult:
     """The frozen reference policy's logprobs of the stored pairs: stored, so a rerun of
     ``train`` reads the same tensors."""
     rt = ctx.runtime
@@ -409,7 +420,7 @@ def dpo_train(ctx: StageContext) -> StageResult:
     return _preference_step(ctx, ctx.batch("reference"), DPOLossFn(ctx.config.algorithm))
 
 
-def reward_model_validation(ctx: StageContext) -> StageResult:
+def rm_validation(ctx: StageContext) -> StageResult:
     """The reward model's Bradley-Terry loss, accuracy and rewards on the held-out pairs, at
     the weights this iteration starts from (eval mode: no update)."""
     rt, config = ctx.runtime, ctx.config
@@ -418,7 +429,7 @@ def reward_model_validation(ctx: StageContext) -> StageResult:
     return StageResult({"metrics": metrics}, metrics)
 
 
-def reward_model_train(ctx: StageContext) -> StageResult:
+def rm_train(ctx: StageContext) -> StageResult:
     """One optimizer step of the Bradley-Terry loss (``PreferenceLossFn``) on the stored
     pairs, committed as the checkpoint the next iteration starts from."""
     return _preference_step(ctx, ctx.batch("batch"), PreferenceLossFn())
@@ -426,9 +437,11 @@ def reward_model_train(ctx: StageContext) -> StageResult:
 
 def _preference_step(ctx: StageContext, batch: BatchedDataDict, loss_fn: Any) -> StageResult:
     """One optimizer step on all the pairs, each pair's two sequences in one microbatch
-    (NeMo RL doubles gbs and mbs), committed."""
+    (NeMo RL doubles gbs and mbs), committed; a batch with no pair short enough to train
+    on fails the stage, naming the key to change."""
     step, config = ctx.iteration, ctx.config
+    dpo.require_pairs_to_train(batch, config, step)
     policy = ctx.runtime.policy_for_update(step)
     mbs = 2 * config.policy.train_micro_batch_size
-    metrics = grpo.train_policy(policy, batch, loss_fn, config, step, gbs=batch.size, mbs=mbs)
+    metrics = training.train_policy(policy, batch, loss_fn, config, step, gbs=batch.size, mbs=mbs)
     return _committed(ctx, {"policy": policy}, metrics, data_stage="batch")

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from flows.grpo import grpo
 from flows.rerun_stage import rerun_stage
 from nemo_rl_core.pipeline.algorithms import GRPO
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 # The stages of a training iteration (validation is off in these configs).
 TRAINING_STAGES = [name for name in GRPO.stage_names if name != "validate"]

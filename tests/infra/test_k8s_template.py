@@ -83,8 +83,12 @@ def test_the_image_copies_what_exists_and_points_prefect_at_it() -> None:
         for source in line.split()[1:-1]
     ]
     assert copied and all((REPO / source).exists() for source in copied), copied
-    lock = re.search(r"ARG LOCK=(\S+)", containerfile)[1]
-    assert (REPO / lock).is_file()
+    # Each flavor's stage names its lock, and the image is built from one of the stages.
+    flavors = dict(re.findall(r"AS base-(\w+)\n(?:.*\n)*?ENV LOCK=(\S+)", containerfile))
+    assert flavors == {"cpu": "requirements/lock.txt", "cuda": "requirements/lock-cuda.txt"}
+    assert all((REPO / lock).is_file() for lock in flavors.values())
+    assert re.search(r"^ARG FLAVOR=cpu$", containerfile, re.MULTILINE)
+    assert re.search(r"^FROM base-\$\{FLAVOR\}$", containerfile, re.MULTILINE)
     # prefect.yaml's pull step changes into $NEMO_RL_PROJECT_ROOT: the image must set it.
     assert "NEMO_RL_PROJECT_ROOT" in (REPO / "prefect.yaml").read_text()
     assert "NEMO_RL_PROJECT_ROOT=/srv/nemo-rl-core" in containerfile

@@ -8,15 +8,9 @@ import pytest
 from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.pipeline.algorithms import GRPO, PPO
 from nemo_rl_core.pipeline.context import StageResult
-from nemo_rl_core.pipeline.orchestration import check_stage_names
-from nemo_rl_core.pipeline.spec import (
-    Pipeline,
-    RunAhead,
-    Stage,
-    pipeline_for_config,
-    pipeline_named,
-    shard_bounds,
-)
+from nemo_rl_core.pipeline.registry import pipeline_for_config, pipeline_named
+from nemo_rl_core.pipeline.spec import Pipeline, RunAhead, Stage, shard_bounds
+from nemo_rl_core.pipeline.stage_keys import check_stage_names
 from nemo_rl_core.utils.config import ConfigError
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_math_tiny.yaml")

@@ -11,7 +11,7 @@ from reliability_helpers import CONFIG
 from flows.grpo import grpo
 from flows.lease import hold_lease
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from nemo_rl_core.storage.lease import LeaseHeldError
+from nemo_rl_core.storage.lease import LeaseHeldError, read_lease
 
 
 def test_second_run_of_one_experiment_is_refused(prefect_api, tmp_path: Path) -> None:
@@ -37,9 +37,9 @@ def test_stale_lease_of_a_killed_run_expires_and_is_taken_over(
     time.sleep(1.2)
     monkeypatch.setenv("NEMO_RL_CORE_LEASE_TTL_S", "30")
     with hold_lease(run, owner="next night") as lease:
-        assert open_storage(run)._read_lease()["owner"] == "next night"
+        assert read_lease(open_storage(run))["owner"] == "next night"
         assert lease.expires_at > time.time() + 20
-    assert open_storage(run)._read_lease() is None, "released at the end of the run"
+    assert read_lease(open_storage(run)) is None, "released at the end of the run"
 
 
 def test_a_failed_release_never_replaces_the_runs_own_error(

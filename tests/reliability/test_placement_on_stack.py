@@ -102,7 +102,7 @@ def test_two_pools_survive_damage_and_a_killed_worker_to_the_one_process_weights
         assert time.monotonic() < deadline, local_stack.log_tail("worker@train-pool")
         time.sleep(0.5)
     died = time.monotonic()
-    assert "train" not in storage.read_manifest(1)["stages"], "train finished before the kill"
+    assert "train" not in storage.read_manifest(1).stages, "train finished before the kill"
     said = "pool 'train-pool' has no live stage worker"
     while said not in (
         local_stack.api("GET", f"/flow_runs/{flow_run_id}")["state"]["message"] or ""
@@ -116,28 +116,28 @@ def test_two_pools_survive_damage_and_a_killed_worker_to_the_one_process_weights
     logs = local_stack.flow_run_logs(flow_run_id)
     assert final["state_type"] == "COMPLETED", logs[-30:]
     assert any("re-executing stage 'generate' of iteration 1" in line for line in logs), logs
-    [repair] = storage.read_manifest(1)["repairs"]
-    assert repair["key"].startswith("iter_000001/generate/"), repair
+    [repair] = storage.read_manifest(1).repairs
+    assert repair.key.startswith("iter_000001/generate/"), repair
     assert any("has a live stage worker again" in line for line in logs), logs[-30:]
     workers = {pool: {worker_name(local_stack, pool)} for pool in ("train-pool",)}
     workers["rollout-pool"] = {worker_name(local_stack, name) for name in ROLLOUT_WORKERS}
     for iteration in (0, 1):
-        for stage, entry in storage.read_manifest(iteration)["stages"].items():
-            ran_on = entry["ran_on"]
-            assert ran_on["host"] == socket.gethostname()
-            assert ran_on["flow_run"] == flow_run_id, "a stage ran outside the iteration flow run"
+        for stage, entry in storage.read_manifest(iteration).stages.items():
+            ran_on = entry.ran_on
+            assert ran_on is not None and ran_on.host == socket.gethostname(), (stage, ran_on)
+            assert ran_on.flow_run == flow_run_id, "a stage ran outside the iteration flow run"
             if stage in PLACED:
-                assert ran_on["pool"] == PLACED[stage], (iteration, stage)
-                assert ran_on["worker"] in workers[PLACED[stage]], (iteration, stage, ran_on)
+                assert ran_on.pool == PLACED[stage], (iteration, stage)
+                assert ran_on.worker in workers[PLACED[stage]], (iteration, stage, ran_on)
             else:
-                assert ran_on["worker"] == f"local-worker-{local_stack.ports['api']}"
-        folder = f"{storage._run_path}/iter_{iteration:06d}/generate"
+                assert ran_on.worker == f"local-worker-{local_stack.ports['api']}"
+        folder = f"{storage.objects.run_path}/iter_{iteration:06d}/generate"
         shards = [
             json.loads(storage.fs.cat_file(f"{folder}/shard-{i}-of-2.entry.json")) for i in (0, 1)
         ]
         assert {shard["ran_on"]["worker"] for shard in shards} == workers["rollout-pool"], shards
-    train = storage.read_manifest(1)["stages"]["train"]["ran_on"]
-    assert train["pid"] == str(local_stack.worker_pid("train-pool")), train
+    train = storage.read_manifest(1).stages["train"].ran_on
+    assert train is not None and train.pid == local_stack.worker_pid("train-pool"), train
     assert_no_half_written_objects(storage)
     assert_same_weights(
         final_weights(RunStorage(str(clean_split_run), "clean")), final_weights(storage)
