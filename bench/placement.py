@@ -51,12 +51,12 @@ def measure_run(
             f"{run_id}: {final['state_name']}: {stack.flow_run_logs(flow_run_id)[-5:]}"
         )
     storage = RunStorage(f"s3://{stack.bucket}", run_id, storage_options=stack.storage_options)
-    manifests = [storage.read_manifest(i)["stages"] for i in storage.iterations()]
+    manifests = [storage.read_manifest(i) for i in storage.iterations()]
     timings = flow_iteration_times(manifests)
     started, ended = (
         datetime.fromisoformat(final[key]).timestamp() for key in ("start_time", "end_time")
     )
-    first_commit = datetime.fromisoformat(manifests[0]["checkpoint"]["finished_at"]).timestamp()
+    first_commit = manifests[0].stages["checkpoint"].finished_at.timestamp()
     return {
         "flow_run_s": ended - started,
         "first_s": first_commit - started,
