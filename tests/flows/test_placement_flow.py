@@ -53,6 +53,7 @@ from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.pipeline.algorithms import GRPO
 from nemo_rl_core.pipeline.context import DamagedInputError
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.manifest import StageEntry
 from nemo_rl_core.utils.config import ConfigError
 
 pytestmark = pytest.mark.e2e
@@ -60,6 +61,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples/configs/grpo_math_tiny_fast.yaml"
 WARM_POOL = "warm-pool"
 PLACED = ("generate", "logprob", "train")
+CHAINED = ("generate", "reward", "logprob", "train")  # advantage, between them, stays here
 # Shards hold whole engine batches and logprob microbatches of 2 samples (4 per iteration),
 # long enough for the two shards of a stage to overlap.
 CHUNKED = [
@@ -78,8 +80,8 @@ def placed_on(pool: str, stages: tuple[str, ...] = PLACED) -> list[str]:
     return [f"++cluster.placement.{stage}={pool}" for stage in stages]
 
 
-def manifest(root: Path, run_id: str, iteration: int) -> dict[str, Any]:
-    return open_storage(RunRef(str(root), run_id)).read_manifest(iteration)["stages"]
+def manifest(root: Path, run_id: str, iteration: int) -> dict[str, StageEntry]:
+    return open_storage(RunRef(str(root), run_id)).read_manifest(iteration).stages
 
 
 def final_weights(root: Path, run_id: str) -> dict:
@@ -192,8 +194,9 @@ def test_a_pool_without_a_worker_is_said_and_fails_after_the_wait(tmp_path: Path
     # The stage before it ran here, and says where: this host, in no worker.
     stages = manifest(tmp_path, "idle", 0)
     assert sorted(stages) == ["prompts"]
-    ran_on = stages["prompts"]["ran_on"]
-    assert (ran_on["host"], ran_on["pool"], ran_on["worker"]) == (socket.gethostname(), None, None)
+    ran_on = stages["prompts"].ran_on
+    assert ran_on is not None
+    assert (ran_on.host, ran_on.pool, ran_on.worker) == (socket.gethostname(), None, None)
     flow_run = flow_run_of("grpo-idle")
     said = [m for m in flow_run_messages(flow_run.id) if "has no live stage worker" in m]
     assert said and "pool 'idle-pool'" in said[0], flow_run_messages(flow_run.id)
@@ -206,26 +209,29 @@ def test_a_pool_without_a_worker_is_said_and_fails_after_the_wait(tmp_path: Path
 
 
 def test_placed_stages_run_warm_in_the_iteration_flow_run(tmp_path: Path, whole: Path) -> None:
-    """One worker runs generate, logprob and train of both iterations in one process: it
-    loads the policy and starts the engine once and refits the engine in place; each stage
-    is a task run of the iteration flow run; the weights are the one-process run's."""
+    """One worker runs generate, reward, logprob and train of both iterations in one
+    process: it loads the policy and starts the engine once and refits the engine in place;
+    the consecutive generate, reward and logprob are one task run of the iteration flow run,
+    train (after advantage, in the flow) another; the weights are the one-process run's."""
     with stage_workers(WARM_POOL, tmp_path) as [worker]:
-        run(tmp_path, "placed", placed_on(WARM_POOL))
+        run(tmp_path, "placed", placed_on(WARM_POOL, CHAINED))
     assert_same_weights(final_weights(whole, "whole"), final_weights(tmp_path, "placed"))
     flow_run = flow_run_of("grpo-placed")
     with get_client(sync_client=True) as client:
         for iteration in (0, 1):
             for stage, entry in manifest(tmp_path, "placed", iteration).items():
-                ran_on = entry["ran_on"]
-                assert ran_on["flow_run"] == str(flow_run.id), (stage, ran_on)
-                task_run = client.read_task_run(uuid.UUID(ran_on["task_run"]))
+                ran_on = entry.ran_on
+                assert ran_on is not None and ran_on.task_run is not None, stage
+                assert ran_on.flow_run == str(flow_run.id), (stage, ran_on)
+                task_run = client.read_task_run(uuid.UUID(ran_on.task_run))
                 assert task_run.flow_run_id == flow_run.id, (stage, task_run)
-                assert task_run.name == f"{stage}-it{iteration}"
-                if stage in PLACED:
-                    assert (ran_on["pool"], ran_on["worker"]) == (WARM_POOL, f"{WARM_POOL}-0")
-                    assert ran_on["pid"] == str(worker.pid), (stage, ran_on)
+                chain = "generate+reward+logprob" if stage in CHAINED[:3] else stage
+                assert task_run.name == f"{chain}-it{iteration}", (stage, task_run.name)
+                if stage in CHAINED:
+                    assert (ran_on.pool, ran_on.worker) == (WARM_POOL, f"{WARM_POOL}-0")
+                    assert ran_on.pid == worker.pid, (stage, ran_on)
                 else:
-                    assert ran_on["pool"] is None and ran_on["pid"] == str(os.getpid())
+                    assert ran_on.pool is None and ran_on.pid == os.getpid(), (stage, ran_on)
     logs = logs_of(flow_run.id)
     assert sum("generation engine started" in line for line in logs) == 1, logs
     assert sum("policy loaded" in line for line in logs) == 1, logs
@@ -246,8 +252,8 @@ def test_generate_and_logprob_fan_out_over_two_workers_bit_for_bit(
             manifest(whole, "chunked", iteration),
         )
         for stage in ("generate", "logprob"):
-            outputs = split[stage]["outputs"]["batch"]
-            assert outputs["sha256"] == unsplit[stage]["outputs"]["batch"]["sha256"], stage
+            outputs = split[stage].outputs["batch"]
+            assert outputs.sha256 == unsplit[stage].outputs["batch"].sha256, stage
             folder = tmp_path / "runs" / "split" / f"iter_{iteration:06d}" / stage
             for index in (0, 1):
                 entry = json.loads((folder / f"shard-{index}-of-2.entry.json").read_text())
@@ -293,8 +299,8 @@ def test_a_killed_worker_is_said_and_its_stage_runs_again_on_a_restarted_one(
             runner.join(timeout=900)
     assert "error" not in finished, finished.get("error")
     assert_same_weights(final_weights(whole, "whole"), final_weights(tmp_path, "killed"))
-    train = manifest(tmp_path, "killed", 1)["train"]["ran_on"]
-    assert train["pid"] == str(restarted.pid), train
+    train = manifest(tmp_path, "killed", 1)["train"].ran_on
+    assert train is not None and train.pid == restarted.pid, train
     assert any("has a live stage worker again" in line for line in logs_of(flow_run.id))
 
 
@@ -323,7 +329,7 @@ def test_a_stalled_worker_is_declared_lost_and_its_stage_runs_on_another(
         while (record := storage.read_stage_run(1, "train")) is None:
             assert "error" not in finished and time.monotonic() < deadline, finished
             time.sleep(0.2)
-        assert record["pid"] == str(stalled.pid), record
+        assert record.pid == stalled.pid, record
         with stage_workers(pool, tmp_path, env={"NEMO_RL_CORE_LEASE_TTL_S": ttl}) as [other]:
             os.kill(stalled.pid, signal.SIGSTOP)
             runner.join(timeout=900)
@@ -331,7 +337,8 @@ def test_a_stalled_worker_is_declared_lost_and_its_stage_runs_on_another(
             assert stalled.wait(timeout=60) == -9, "the stalled worker outlived its lost run"
     assert "error" not in finished, finished.get("error")
     assert_same_weights(final_weights(whole, "whole"), final_weights(tmp_path, "stalled"))
-    assert manifest(tmp_path, "stalled", 1)["train"]["ran_on"]["pid"] == str(other.pid)
+    train = manifest(tmp_path, "stalled", 1)["train"].ran_on
+    assert train is not None and train.pid == other.pid, train
     logs = logs_of(flow_run_of("grpo-stalled").id)
     assert any("is lost: its heartbeat on storage stopped" in line for line in logs), logs
 
