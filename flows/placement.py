@@ -37,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from prefect import Task
@@ -50,9 +50,9 @@ from prefect.task_runs import TaskRunWaiter
 from prefect.utilities.asyncutils import run_coro_as_sync
 
 from flows.heartbeat import Heartbeat, damage_reported
-from flows.pool_tasks import heartbeat_name, pool_tasks
+from flows.pool_tasks import chain_name, heartbeat_name, pool_tasks
 from nemo_rl_core.pipeline.context import StageRef
-from nemo_rl_core.pipeline.runtime import runtime_for
+from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, shard_part, split_round
 from nemo_rl_core.pipeline.stage_keys import check_placed_stages
 from nemo_rl_core.storage.handles import RunRef, open_storage
@@ -62,6 +62,7 @@ from tasks.stage import STAGE_TASK_OPTIONS, run_stage_tasks, stage_inputs, stage
 
 POLL_S = 1.0  # longest wait for a task run's final state before the liveness checks run
 WORKERS_CHECK_S = 5.0  # how often the server is asked for the pool's live workers
+R = TypeVar("R")  # what a placed task run gives back: a stage's outputs, or a chain's
 START_WORKER = (
     "python -m flows.stage_worker --pool {pool} (on the stack: infra/stack.sh start worker@{pool})"
 )
@@ -120,15 +121,15 @@ def live_workers(client: SyncPrefectClient, pool: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class PlacedTask:
+class PlacedTask(Generic[R]):
     """One task run of a placed job: the pool task and its parameters, the name its heartbeat
     is recorded under, how messages name it, and how its committed outputs are read."""
 
-    task: Task[..., StageRef]
+    task: Task[..., R]
     parameters: dict[str, Any]
     heartbeat: str
     label: str
-    stored: Callable[[], StageRef | None]
+    stored: Callable[[], R | None]
 
 
 def run_placed_stage(
@@ -148,7 +149,7 @@ def run_placed_stage(
     if count > 1:
         inputs = stage_inputs(runtime, spec, iteration, upstream)
         shards: dict[str, StageRef] = {}
-        missing: dict[str, PlacedTask] = {}
+        missing: dict[str, PlacedTask[StageRef]] = {}
         for index in range(count):
             part = shard_part(index, count)
             label = f"shard {index} of {count} of stage {name!r} of iteration {iteration}"
@@ -181,6 +182,54 @@ def run_placed_stage(
     return ref
 
 
+def run_placed_chain(
+    config: Any, run: RunRef, iteration: int, names: list[str], upstream: dict[str, StageRef]
+) -> dict[str, StageRef]:
+    """Consecutive stages ``names`` that ``cluster.placement`` puts on one pool (none fans
+    out), as one task run of its stage workers; their outputs by stage. Skipped without a
+    task run when the manifest holds all of them complete for the same inputs."""
+    pool = placed_pool(config, names[0])
+    assert pool is not None and all(placed_pool(config, n) == pool for n in names), names
+    runtime, storage = runtime_for(run), open_storage(run)
+    name = chain_name(names)
+    label = f"stages {names} of iteration {iteration}"
+    stored = partial(stored_chain, runtime, storage, iteration, names, upstream)
+    if (refs := stored()) is not None:
+        skipped(run, label, pool)
+        return refs
+    given = {"run": run, "iteration": iteration, "name": name, "upstream": upstream}
+    chain = PlacedTask(
+        pool_tasks(pool).chain,
+        {**given, "storage_block": flow_run_block()},
+        heartbeat_name(name),
+        label,
+        stored,
+    )
+    [refs] = run_job(config, run, iteration, pool, [chain])
+    return refs
+
+
+def stored_chain(
+    runtime: RunRuntime,
+    storage: RunStorage,
+    iteration: int,
+    names: list[str],
+    upstream: dict[str, StageRef],
+) -> dict[str, StageRef] | None:
+    """The outputs a chain of placed stages committed, each for the inputs the stages before
+    it make, from the manifest as stored now; None unless all are complete."""
+    manifest = storage.read_manifest(iteration)
+    done, refs = dict(upstream), {}
+    for name in names:
+        spec = runtime.pipeline.stage(name)
+        reads = {r: done[r] for r in spec.all_reads if r in done}
+        entry = manifest.complete(name)
+        if entry is None or entry.inputs != stage_inputs(runtime, spec, iteration, reads):
+            return None
+        done[name] = refs[name] = StageRef(entry.outputs)
+    return refs
+
+
 def skipped(run: RunRef, label: str, pool: str) -> None:
     stage_logger().info(
         "run %s: %s is complete with these inputs, skipped (placed on %s)", run.run_id, label, pool
@@ -210,8 +259,8 @@ def flow_run_block() -> str | None:
 
 
 def run_job(
-    config: Any, run: RunRef, iteration: int, pool: str, job: list[PlacedTask]
-) -> list[StageRef]:
+    config: Any, run: RunRef, iteration: int, pool: str, job: list[PlacedTask[R]]
+) -> list[R]:
     """Run a job's tasks on ``pool``, a task run each, and wait for all of them; their stored
     outputs in order. A lost one is run again alone. ``PlacementError`` naming the pool, or
     the stage's own damage report (``DamagedInputError``).
@@ -234,7 +283,7 @@ def run_job(
             job,
         )
         waiting = dict(enumerate(submitted))
-    done: dict[int, StageRef] = {}
+    done: dict[int, R] = {}
     checked_at = time.monotonic()
     try:
         while waiting:
@@ -254,12 +303,12 @@ def run_job(
     return [done[index] for index in range(len(job))]
 
 
-class PlacedRun:
+class PlacedRun(Generic[R]):
     """One placed task and its current task run: submitted now, and again when lost."""
 
     def __init__(
         self,
-        placed: PlacedTask,
+        placed: PlacedTask[R],
         run: RunRef,
         iteration: int,
         pool: str,
@@ -289,7 +338,7 @@ class PlacedRun:
         with get_client(sync_client=True) as client:
             return client.read_task_run(self.task_run_id).state or Pending()
 
-    def poll(self, watch: "PoolWatch", check: bool) -> StageRef | None:
+    def poll(self, watch: "PoolWatch", check: bool) -> R | None:
         """Its stored outputs once its task run completed, else None (still waiting); with
         ``check``, its liveness: it is submitted again when lost, and the job fails when no
         worker ran it for ``placement_wait_seconds``."""

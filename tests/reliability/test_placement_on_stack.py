@@ -1,7 +1,7 @@
 """Stages on two pools of stage workers, on the real local stack (PostgreSQL, Prefect server,
 moto S3, the process worker that runs the iteration flow): generate and reward on
-``rollout-pool``, which has two workers and splits generate over them, logprob and train on
-``train-pool`` (``examples/configs/grpo_math_tiny_pools.yaml``), each stage a task run of the
+``rollout-pool``, which has two workers and splits generate over them, logprob, advantage and
+train on ``train-pool`` (``examples/configs/grpo_math_tiny_pools.yaml``), as one task run of the
 iteration flow run, its parameters in the stack's S3 task-scheduling block.
 
 The weights such a run ends with are the one-process run's bit for bit, each stage's manifest
@@ -34,6 +34,7 @@ PLACED = {
     "generate": "rollout-pool",
     "reward": "rollout-pool",
     "logprob": "train-pool",
+    "advantage": "train-pool",
     "train": "train-pool",
 }
 # generate in two shards of whole engine batches, one per rollout worker
