@@ -14,10 +14,16 @@ manifests; iteration 0 pays the model loads on both sides and is shown apart. Th
 alternate (one process, two pools, one process, ...) so that the machine's load falls on
 both alike.
 
-Run:   .venv/bin/python bench/placement.py                       (6 steps, 2 rounds)
+Two sizes, on the same stack: the config as it is ("tiny": 4 sequences of 8 new tokens, an
+iteration of about a second, where a placed task run's fixed cost dominates), and "64 seq"
+(8 prompts x 8 generations of up to 64 new tokens, one train step of 64: an iteration of
+several seconds, still far below what a real model takes).
+
+Run:   .venv/bin/python bench/placement.py                       (6 steps, 2 rounds, both sizes)
        .venv/bin/python bench/placement.py --config examples/configs/grpo_math_tiny.yaml \\
            --place generate=rollout-pool --place reward=rollout-pool \\
            --place logprob=train-pool --place train=train-pool
+       .venv/bin/python bench/placement.py --size tiny           (one size)
 Smoke: .venv/bin/python bench/placement.py --smoke               (2 steps, 1 round, not recorded)
 """
 
@@ -34,6 +40,17 @@ from common import flow_iteration_times, record
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "examples/configs/grpo_math_tiny_pools.yaml"
 STAGES = ("generate", "reward", "logprob", "train")
+SIZES = {
+    "tiny": [],
+    "64 seq": [
+        "grpo.num_prompts_per_step=8",
+        "grpo.num_generations_per_prompt=8",
+        "policy.generation.max_new_tokens=64",
+        "policy.train_global_batch_size=64",
+        "policy.train_micro_batch_size=16",
+        "policy.logprob_batch_size=16",
+    ],
+}
 
 
 def measure_run(
@@ -73,8 +90,12 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=None, help="default 6 (smoke 2)")
     parser.add_argument("--rounds", type=int, default=None, help="default 2 (smoke 1)")
+    parser.add_argument(
+        "--size", action="append", choices=sorted(SIZES), help="default: every size"
+    )
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
+    sizes = args.size or (["tiny"] if args.smoke else list(SIZES))
     steps = args.steps or (2 if args.smoke else 6)
     rounds = args.rounds or (1 if args.smoke else 2)
     common = [f"grpo.max_num_steps={steps}"]
@@ -82,46 +103,52 @@ def main() -> None:
     pools = sorted({item.split("=", 1)[1] for item in args.place}) or ["rollout-pool", "train-pool"]
     # Without --place the config places its stages itself: the one-process run drops that.
     unplaced = [] if placed else ["~cluster.placement"]
-    variants = {"one process": [*common, *unplaced], "two pools": [*common, *placed]}
+    variants = {
+        (size, side): [*common, *SIZES[size], *overrides]
+        for size in sizes
+        for side, overrides in (("one process", unplaced), ("two pools", placed))
+    }
 
     sys.path.insert(0, str(ROOT / "infra"))
     from local_stack import running_stack
 
-    results: dict[str, list[dict]] = {name: [] for name in variants}
+    results: dict[tuple[str, str], list[dict]] = {variant: [] for variant in variants}
     with running_stack() as stack:
         deployment_id = stack.deploy_all()["grpo/manual"]
         for pool in pools:
             stack.restart_worker(pool)
         for round_index in range(rounds):
-            for name, overrides in variants.items():
-                run_id = f"placement-{name.replace(' ', '-')}-{round_index}-{uuid.uuid4().hex[:6]}"
+            for (size, side), overrides in variants.items():
+                tag = f"{size}-{side}".replace(" ", "-")
+                run_id = f"placement-{tag}-{round_index}-{uuid.uuid4().hex[:6]}"
                 measured = measure_run(stack, deployment_id, args.config, run_id, overrides)
-                results[name].append(measured)
-                print(name, round_index, measured["iteration_s"], flush=True)
+                results[size, side].append(measured)
+                print(size, side, round_index, measured["iteration_s"], flush=True)
 
-    def pooled(name: str, key: str) -> list[float]:
-        return [value for result in results[name] for value in result[key]]
+    def pooled(variant: tuple[str, str], key: str) -> list[float]:
+        return [value for result in results[variant] for value in result[key]]
 
-    base = statistics.median(pooled("one process", "iteration_s"))
     lines = [
-        f"{'variant':12} {'iter s (median)':>15} {'vs one process':>14} {'iteration 0 s':>13} "
-        f"{'flow run s':>10}  " + " ".join(f"{s + ' s':>10}" for s in STAGES)
+        f"{'size':7} {'variant':12} {'iter s (median)':>15} {'vs one process':>14} "
+        f"{'iteration 0 s':>13} {'flow run s':>10}  " + " ".join(f"{s + ' s':>10}" for s in STAGES)
     ]
-    for name in variants:
-        median = statistics.median(pooled(name, "iteration_s"))
-        first = statistics.median(r["first_s"] for r in results[name])
-        wall = statistics.median(r["flow_run_s"] for r in results[name])
+    for size, side in variants:
+        base = statistics.median(pooled((size, "one process"), "iteration_s"))
+        runs = results[size, side]
+        median = statistics.median(pooled((size, side), "iteration_s"))
+        first = statistics.median(r["first_s"] for r in runs)
+        wall = statistics.median(r["flow_run_s"] for r in runs)
         stages = " ".join(
-            f"{statistics.median(v for r in results[name] for v in r['stage_s'][s]):10.2f}"
-            for s in STAGES
+            f"{statistics.median(v for r in runs for v in r['stage_s'][s]):10.2f}" for s in STAGES
         )
         lines.append(
-            f"{name:12} {median:15.2f} {median / base:13.2f}x {first:13.1f} {wall:10.1f}  {stages}"
+            f"{size:7} {side:12} {median:15.2f} {median / base:13.2f}x {first:13.1f} "
+            f"{wall:10.1f}  {stages}"
         )
     table = "\n".join(lines)
     print(table)
     reading = (
-        f"{args.config}, {steps} steps, {rounds} round(s) of the two variants alternating, on one "
+        f"{args.config}, {steps} steps, {rounds} round(s) of the variants alternating, on one "
         "fresh local stack (moto S3; the Prefect server, PostgreSQL and the workers share the "
         "machine's cores with the stages). 'iter s': median wall seconds from one iteration's "
         "checkpoint commit to the next's, iterations 1.. of every round; 'iteration 0 s' holds "
@@ -129,7 +156,8 @@ def main() -> None:
         "'flow run s': submitted to completed. Stage columns: median wall seconds of each stage "
         "from the previous commit to its own (for a placed stage: submitting its task run, a "
         "worker taking it, reading its inputs from S3, computing, committing, the waiter "
-        "seeing it complete)."
+        "seeing it complete; consecutive stages of one pool are one task run, so its "
+        "stages' columns split that task run's time). '64 seq' adds: " + " ".join(SIZES["64 seq"])
     )
     record(
         "Warm stage workers: two-pool iteration vs one process, same config (issue 30)",
