@@ -50,8 +50,11 @@ class StageTimeoutError(RuntimeError):
 
 
 def heartbeat_name(name: str, index: int | None = None, count: int | None = None) -> str:
-    """The name a placed task's heartbeat is recorded under: the stage, or stage and shard."""
-    return name if index is None or count is None else f"{name}.{shard_part(index, count)}"
+    """The name a placed task's heartbeat is recorded under: the stage, a chain's stages
+    joined by ``_`` (a storage name takes no ``+``), or stage and shard."""
+    if index is None or count is None:
+        return name.replace(CHAIN_JOIN, "_")
+    return f"{name}.{shard_part(index, count)}"
 
 
 _held: list[tuple[RunRef, str | None]] = []  # the run and flow run whose runtime is warm here
