@@ -16,8 +16,8 @@ the engine's start-up) to the end of the last one, read from the manifests' comm
 (``infra/``: PostgreSQL, Prefect server, moto S3, process workers): each a flow run of
 ``grpo/manual`` on the stack's worker, with generate and reward placed on ``rollout-pool``
 and logprob and train on ``train-pool`` (``cluster.placement``), so that under async the
-rollouts ahead and the training run in separate processes, each a flow run of its pool's
-``stage`` deployment, reading and writing the run on S3.
+rollouts ahead and the training run in separate processes, each pool's warm stage worker,
+reading and writing the run on S3.
 
 Run:   .venv/bin/python bench/async.py               (20 steps per variant)
        .venv/bin/python bench/async.py --stack       (two-pool stack, 8 steps per variant)

@@ -93,8 +93,9 @@ if __name__ != "__main__":
 
     from flows.evaluation import evaluate
     from flows.grpo import grpo
-    from flows.run_setup import load_storage_block, new_run_id
+    from flows.run_setup import new_run_id
     from flows.sft import sft
+    from flows.storage_block import load_storage_block
 
     @flow(name="chain", log_prints=True)
     def sft_grpo_eval(

@@ -24,7 +24,8 @@ from flows.lease import hold_lease
 from flows.loop import run_iteration, run_pipeline_iteration
 from flows.placement import check_placement
 from flows.progress import artifact_key, shown_row
-from flows.run_setup import lease_owner, load_storage_block, new_run_id, store_run_config
+from flows.run_setup import lease_owner, new_run_id, store_run_config
+from flows.storage_block import load_storage_block
 from nemo_rl_core.evals.config import EvalMasterConfig
 from nemo_rl_core.evals.config_check import check_eval_config
 from nemo_rl_core.experience.rollout_table import rollout_table, write_parquet

@@ -12,7 +12,7 @@ from prefect import Flow, flow
 
 from flows.labels import labelled_run
 from flows.lease import hold_lease
-from flows.placement import run_placed_stage
+from flows.placement import placed_pool, run_placed_chain, run_placed_stage
 from flows.progress import IterationReports
 from flows.run_ahead import RolloutsAhead, rollouts_ahead
 from flows.run_setup import build_models, config_notes, lease_owner, open_run, plan_iterations
@@ -35,14 +35,55 @@ def run_pipeline_iteration(
 ) -> None:
     """The iteration's due stages in declared order, each fed the outputs it reads; the
     refill stages run again, round after round, until their batch is complete. With
-    ``ahead`` (async GRPO), the run-ahead stages' outputs come from its background rollouts."""
+    ``ahead`` (async GRPO), the run-ahead stages' outputs come from its background rollouts.
+    Consecutive due stages placed on one pool run as one task run there (``chain_pool``)."""
     done: dict[str, StageRef] = {}
+    chain: list[Stage] = []
     for spec in pipeline.stages:
-        if ahead is not None and spec.name in ahead.stages:
-            if spec.name == ahead.stages[0] and spec.is_due(config, iteration, final_step):
+        ahead_stage = ahead is not None and spec.name in ahead.stages
+        due = spec.is_due(config, iteration, final_step)
+        pool = None if ahead_stage else chain_pool(pipeline, config, spec)
+        if chain and (ahead_stage or due) and pool != chain_pool(pipeline, config, chain[0]):
+            run_chain(pipeline, config, run, iteration, final_step, chain, done)
+            chain = []
+        if ahead is not None and ahead_stage:
+            if spec.name == ahead.stages[0] and due:
                 done |= ahead.take(iteration)
-            continue
-        run_due_stage(pipeline, config, run, iteration, final_step, spec, done)
+        elif due and pool is not None:
+            chain.append(spec)
+        else:
+            run_due_stage(pipeline, config, run, iteration, final_step, spec, done)
+    run_chain(pipeline, config, run, iteration, final_step, chain, done)
+
+
+def chain_pool(pipeline: Pipeline, config: Any, spec: Stage) -> str | None:
+    """The pool ``spec`` runs on as part of a chain of consecutive stages placed there, or
+    None: it runs alone (not placed, fanned out, or refilled round after round)."""
+    refill = pipeline.refill
+    if refill is not None and refill.enabled(config) and spec.name in refill.stages:
+        return None
+    if config.orchestration.fan_out.get(spec.name, 1) > 1:
+        return None
+    return placed_pool(config, spec.name)
+
+
+def run_chain(
+    pipeline: Pipeline,
+    config: Any,
+    run: RunRef,
+    iteration: int,
+    final_step: int,
+    chain: list[Stage],
+    done: dict[str, StageRef],
+) -> None:
+    """Due stages placed on one pool, one after the other: one task run there for two or
+    more, the stage's own for one; their refs join ``done``."""
+    if len(chain) == 1:
+        run_due_stage(pipeline, config, run, iteration, final_step, chain[0], done)
+    elif chain:
+        reads = {name for spec in chain for name in spec.all_reads if name in done}
+        upstream = {name: done[name] for name in sorted(reads)}
+        done |= run_placed_chain(config, run, iteration, [spec.name for spec in chain], upstream)
 
 
 def run_rollout(

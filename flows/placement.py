@@ -1,323 +1,460 @@
-"""Stages placed on Prefect work pools (``cluster.placement``): each runs as a flow run of the
-``stage`` deployment of its pool (``stage/<pool>``, ``flows.stage_run``) on a worker of that
-pool, reading and writing the run's storage, and the iteration flow waits for it.
+"""Stages placed on pools of warm stage workers (``cluster.placement``): the iteration flow
+submits each as a Prefect task run (``Task.apply_async``) that a stage worker of the pool
+(``flows.stage_worker``: a Prefect task worker) runs in a process that keeps the run's
+models and engine loaded, and waits for it. The task run belongs to the iteration flow run
+(it shows in the flow run's graph), its parameters go through Prefect's task-scheduling
+storage, and its outputs, as every stage's, go to the run's storage.
 
-- Before any work every placed pool, and its ``stage`` deployment, must exist (``check_placement``).
-- A stage whose manifest entry is complete for the same inputs is skipped here, as a local one
-  is, without starting a flow run.
-- A flow run that no worker of the pool starts within ``cluster.placement_wait_seconds`` is
-  cancelled and the iteration flow fails, naming the pool.
-- A placed stage that fails fails the iteration flow (its task already retried transient
-  errors on the pool, as a local stage's does); running the flow again continues there.
-- A placed stage whose process is lost is marked ``Crashed`` and started again, up to a local
-  stage's retries: lost is a flow run Prefect saw crash, or one still ``Running`` whose heartbeat
-  on storage stopped for ``NEMO_RL_CORE_LEASE_TTL_S`` (a killed worker takes its flow-run
-  processes along without a word to the server), or that wrote no first beat within
-  ``cluster.placement_wait_seconds``. The waiter times the heartbeat on its own clock, so the
-  machines' clocks need not agree. A stage run declared lost that is still alive (a stalled
-  machine) ends itself at its next beat, so that it does not commit beside its retry.
-- A placed stage that finds an input damaged says so in its stage-run record on storage; the
-  waiter raises the same ``DamagedInputError`` a local stage would, and the iteration re-makes
-  the input by re-running its producer, wherever that is placed.
+- Before any work: the placed stages are the algorithm's, and the flow talks to a Prefect
+  server (task workers connect to one; the ephemeral API has none); each pool's live workers
+  are logged, a pool without one at once (``check_placement``).
+- A stage whose manifest entry is complete for the same inputs is skipped without a task run.
+- A stage that fans out (``orchestration.fan_out``) is a job of shard task runs on its pool,
+  one per shard, then the merge there; a shard that fails is run again alone.
+- Nobody to run it: a pool with no live worker (Prefect's ``/task_workers/filter``: the server
+  forgets a worker within a second of its connection closing) is said within
+  ``WORKERS_CHECK_S`` in the log and in the flow run's state message; a task run that makes no
+  progress (not started, or its worker gone) for ``cluster.placement_wait_seconds`` is
+  cancelled and the flow fails, naming the pool.
+- Lost: a worker that dies gives its task run back (Prefect's server queues it again when
+  the worker's connection closes), and a restarted or other worker of the pool runs it. A
+  task run whose heartbeat on storage (``flows.heartbeat``) stopped for
+  ``NEMO_RL_CORE_LEASE_TTL_S`` while the pool has a live worker is marked ``Crashed`` and
+  submitted again, up to a local stage's retries; a crashed one too.
+- A stage that fails fails the iteration flow (its task retried transient errors on the pool,
+  as a local stage's does); running the flow again continues there. One that found an input
+  damaged raises the same ``DamagedInputError`` a local stage would, and the iteration
+  re-makes the input by re-running its producer, wherever that is placed.
+
+A job is one or more task runs on one pool, waited for together; a stage made of several
+processes (the ranks of one torch.distributed job) is such a job too.
 """
 
-import os
+import contextvars
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Generic, TypeVar
 from uuid import UUID
 
+from prefect import Task
 from prefect.client.orchestration import SyncPrefectClient, get_client
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.objects import State
 from prefect.context import FlowRunContext
-from prefect.deployments import run_deployment
-from prefect.exceptions import ObjectNotFound
-from prefect.states import Cancelled
+from prefect.settings import get_current_settings
+from prefect.states import Cancelled, Crashed, Pending, Running
+from prefect.task_runs import TaskRunWaiter
+from prefect.utilities.asyncutils import run_coro_as_sync
 
-from flows.lease import lease_ttl_s, mark_crashed
-from nemo_rl_core.pipeline.context import DamagedInputError, StageRef
-from nemo_rl_core.pipeline.runtime import runtime_for
-from nemo_rl_core.pipeline.spec import Pipeline, split_round
+from flows.heartbeat import Heartbeat, damage_reported
+from flows.pool_tasks import chain_name, heartbeat_name, pool_tasks
+from nemo_rl_core.pipeline.context import StageRef
+from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
+from nemo_rl_core.pipeline.spec import Pipeline, shard_part, split_round
 from nemo_rl_core.pipeline.stage_keys import check_placed_stages
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from nemo_rl_core.storage.manifest import DamagedInput, StageRun
+from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
-from tasks.faults import kill_process_tree
-from tasks.stage import (
-    STAGE_TASK_OPTIONS,
-    run_stage_tasks,
-    stage_inputs,
-    stage_logger,
-    where_this_runs,
-)
+from tasks.stage import STAGE_TASK_OPTIONS, run_stage_tasks, stage_inputs, stage_logger
 
-STAGE_FLOW = "stage"
-POLL_S = 1.0
-FORWARDED_ENV = "NEMO_RL_CORE_"
-"""Variables with this prefix (lease TTL, storage budget, injected faults) go along to a
-placed stage's flow run, so it behaves as the same stage would in the iteration flow."""
+POLL_S = 1.0  # longest wait for a task run's final state before the liveness checks run
+WORKERS_CHECK_S = 5.0  # how often the server is asked for the pool's live workers
+R = TypeVar("R")  # what a placed task run gives back: a stage's outputs, or a chain's
+START_WORKER = (
+    "python -m flows.stage_worker --pool {pool} (on the stack: infra/stack.sh start worker@{pool})"
+)
 
 
 class PlacementError(RuntimeError):
     """A placed stage did not finish on its pool; the message names the pool."""
 
 
-class StageRunLost(RuntimeError):
-    """A placed stage's process is gone without finishing (crashed, or its heartbeat stopped)."""
-
-
-def deployment_name(pool: str) -> str:
-    return f"{STAGE_FLOW}/{pool}"
-
-
 def placed_pool(config: Any, name: str) -> str | None:
-    """The work pool ``cluster.placement`` puts stage ``name`` on (a refill round
-    ``reward.2`` goes where ``reward`` goes), or None: it runs in the iteration flow."""
+    """The pool ``cluster.placement`` puts stage ``name`` on (a refill round ``reward.2``
+    goes where ``reward`` goes), or None: it runs in the iteration flow."""
     cluster = getattr(config, "cluster", None)
     return None if cluster is None else cluster.placement.get(split_round(name)[0])
 
 
 def check_placement(config: Any, pipeline: Pipeline) -> None:
-    """Before any work: placed stages are the algorithm's, and each pool exists on the
-    Prefect server with its ``stage`` deployment; ``ConfigError`` naming the key and pool."""
+    """Before any work: placed stages are the algorithm's and a Prefect server is there for
+    stage workers to serve (``ConfigError`` naming the key); each pool's live workers are
+    logged, and a pool without one is said at once (its stages wait for one)."""
     cluster = getattr(config, "cluster", None)
     if cluster is None or not cluster.placement:
         return
     check_placed_stages(config, pipeline)
+    if get_current_settings().api.url is None:
+        stage, pool = sorted(cluster.placement.items())[0]
+        raise ConfigError(
+            f"cluster.placement.{stage}: pool {pool!r} is served by stage workers, which "
+            "connect to a Prefect server, and this flow runs on Prefect's ephemeral API "
+            "(PREFECT_API_URL is unset): start one (infra/stack.sh start; source "
+            ".infra/env.sh), or leave cluster.placement out to run every stage here"
+        )
     with get_client(sync_client=True) as client:
-        pools = sorted(pool.name for pool in client.read_work_pools())
-        for stage, pool in sorted(cluster.placement.items()):
-            if pool not in pools:
-                raise ConfigError(
-                    f"cluster.placement.{stage}: work pool {pool!r} does not exist on the "
-                    f"Prefect server {client.api_url}; its pools are {pools}. Create it "
-                    f"(prefect work-pool create {pool} --type process) or name one of those"
+        for pool in sorted(set(cluster.placement.values())):
+            workers = live_workers(client, pool)
+            if workers:
+                stage_logger().info("pool %r: %d live stage worker(s)", pool, len(workers))
+            else:
+                stage_logger().warning(
+                    "pool %r has no live stage worker; its stages wait up to "
+                    "cluster.placement_wait_seconds=%g for one: start one with %s",
+                    pool,
+                    cluster.placement_wait_seconds,
+                    START_WORKER.format(pool=pool),
                 )
-            try:
-                client.read_deployment_by_name(deployment_name(pool))
-            except ObjectNotFound:
-                raise ConfigError(
-                    f"cluster.placement.{stage}: work pool {pool!r} has no deployment "
-                    f"{deployment_name(pool)!r}; add one like stage/train-pool to prefect.yaml "
-                    "and run prefect deploy"
-                ) from None
+
+
+def live_workers(client: SyncPrefectClient, pool: str) -> list[str]:
+    """The task workers the server holds connected for ``pool``'s tasks (their client ids)."""
+    keys = pool_tasks(pool).task_keys
+    response = client.request(
+        "POST", "/task_workers/filter", json={"task_worker_filter": {"task_keys": keys}}
+    )
+    response.raise_for_status()
+    return sorted(worker["identifier"] for worker in response.json())
+
+
+@dataclass(frozen=True)
+class PlacedTask(Generic[R]):
+    """One task run of a placed job: the pool task and its parameters, the name its heartbeat
+    is recorded under, how messages name it, and how its committed outputs are read."""
+
+    task: Task[..., R]
+    parameters: dict[str, Any]
+    heartbeat: str
+    label: str
+    stored: Callable[[], R | None]
 
 
 def run_placed_stage(
     config: Any, run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]
 ) -> StageRef:
-    """Stage ``name`` where ``cluster.placement`` puts it: a flow run on its work pool, or
-    task runs in this flow run."""
+    """Stage ``name`` where ``cluster.placement`` puts it: task runs of its pool's stage
+    workers (its shards first, where it fans out), or task runs in this process."""
     pool = placed_pool(config, name)
     if pool is None:
         return run_stage_tasks(config, run, iteration, name, upstream)
     runtime = runtime_for(run)
-    inputs = stage_inputs(runtime, runtime.pipeline.stage(name), iteration, upstream)
-    entry = open_storage(run).completed_stage(iteration, name, inputs)
-    if entry is not None:
-        stage_logger().info(
-            "run %s iteration %d stage %s: complete with these inputs, skipped (placed on %s)",
-            run.run_id,
-            iteration,
-            name,
-            pool,
-        )
-        return StageRef(entry.outputs)
-    retries = int(STAGE_TASK_OPTIONS["retries"])
-    for attempt in range(retries + 1):
-        flow_run = start_stage_run(run, iteration, name, upstream, pool)
-        try:
-            return wait_for_stage_run(config, run, iteration, name, pool, flow_run.id)
-        except StageRunLost as lost:
-            if attempt == retries:
-                raise PlacementError(
-                    f"stage {name!r} of iteration {iteration} on work pool {pool!r}: lost "
-                    f"{retries + 1} times, last: {lost}"
-                ) from lost
-            stage_logger().warning(
-                "run %s: %s; running it again on work pool %r (retry %d of %d)",
-                run.run_id,
-                lost,
-                pool,
-                attempt + 1,
-                retries,
+    storage = open_storage(run)
+    spec = runtime.pipeline.stage(name)
+    tasks = pool_tasks(pool)
+    given = {"run": run, "iteration": iteration, "name": name, "storage_block": flow_run_block()}
+    count = config.orchestration.fan_out.get(split_round(name)[0], 1)
+    if count > 1:
+        inputs = stage_inputs(runtime, spec, iteration, upstream)
+        shards: dict[str, StageRef] = {}
+        missing: dict[str, PlacedTask[StageRef]] = {}
+        for index in range(count):
+            part = shard_part(index, count)
+            label = f"shard {index} of {count} of stage {name!r} of iteration {iteration}"
+            if (entry := storage.completed_part(iteration, name, part, inputs)) is not None:
+                skipped(run, label, pool)
+                shards[part] = StageRef(entry.outputs)
+                continue
+            missing[part] = PlacedTask(
+                tasks.shard,
+                {**given, "index": index, "count": count, "upstream": upstream},
+                heartbeat_name(name, index, count),
+                label,
+                partial(stored_part, storage, iteration, name, part, inputs),
             )
-    raise AssertionError("unreachable: the last attempt returns or raises")
-
-
-def start_stage_run(
-    run: RunRef, iteration: int, name: str, upstream: Mapping[str, StageRef], pool: str
-) -> FlowRun:
-    """A flow run of ``stage/<pool>`` for this stage, started now (not waited for); it gets
-    the iteration flow's credentials block and ``NEMO_RL_CORE_*`` environment."""
-    context = FlowRunContext.get()
-    block = (context.parameters or {}).get("storage_block") if context is not None else None
-    env = {key: value for key, value in os.environ.items() if key.startswith(FORWARDED_ENV)}
-    # Prefect's async_dispatch types every call as R | Coroutine; from sync code it is R.
-    flow_run: FlowRun = run_deployment(  # type: ignore[assignment]
-        deployment_name(pool),
-        parameters={
-            "run_id": run.run_id,
-            "storage_root": run.storage_root,
-            "iteration": iteration,
-            "name": name,
-            "upstream": {stage: ref.to_dict() for stage, ref in upstream.items()},
-            "storage_block": block,
-        },
-        flow_run_name=f"{name}-it{iteration}-{run.run_id}",
-        timeout=0,
-        # A subflow link would leave a placeholder task run Pending: we poll ourselves.
-        as_subflow=False,
-        job_variables={"env": env} if env else None,
+        refs = run_job(config, run, iteration, pool, list(missing.values()))
+        upstream = {**upstream, **shards, **dict(zip(missing, refs, strict=True))}
+    inputs = stage_inputs(runtime, spec, iteration, upstream)
+    label = f"stage {name!r} of iteration {iteration}"
+    if (entry := storage.completed_stage(iteration, name, inputs)) is not None:
+        skipped(run, label, pool)
+        return StageRef(entry.outputs)
+    merged = PlacedTask(
+        tasks.stage,
+        {**given, "upstream": upstream},
+        heartbeat_name(name),
+        label,
+        partial(stored_stage, storage, iteration, name, inputs),
     )
-    return flow_run
+    [ref] = run_job(config, run, iteration, pool, [merged])
+    return ref
 
 
-def wait_for_stage_run(
-    config: Any, run: RunRef, iteration: int, name: str, pool: str, flow_run_id: UUID
-) -> StageRef:
-    """Wait for a placed stage's flow run; its stored outputs once it completed.
+def run_placed_chain(
+    config: Any, run: RunRef, iteration: int, names: list[str], upstream: dict[str, StageRef]
+) -> dict[str, StageRef]:
+    """Consecutive stages ``names`` that ``cluster.placement`` puts on one pool (none fans
+    out), as one task run of its stage workers; their outputs by stage. Skipped without a
+    task run when the manifest holds all of them complete for the same inputs."""
+    pool = placed_pool(config, names[0])
+    assert pool is not None and all(placed_pool(config, n) == pool for n in names), names
+    runtime, storage = runtime_for(run), open_storage(run)
+    name = chain_name(names)
+    label = f"stages {names} of iteration {iteration}"
+    stored = partial(stored_chain, runtime, storage, iteration, names, upstream)
+    if (refs := stored()) is not None:
+        skipped(run, label, pool)
+        return refs
+    given = {"run": run, "iteration": iteration, "name": name, "upstream": upstream}
+    chain = PlacedTask(
+        pool_tasks(pool).chain,
+        {**given, "storage_block": flow_run_block()},
+        heartbeat_name(name),
+        label,
+        stored,
+    )
+    [refs] = run_job(config, run, iteration, pool, [chain])
+    return refs
 
-    ``PlacementError`` if no worker starts it within ``cluster.placement_wait_seconds`` or it
-    fails; ``StageRunLost`` if its process is gone (the caller runs it again)."""
+
+def stored_chain(
+    runtime: RunRuntime,
+    storage: RunStorage,
+    iteration: int,
+    names: list[str],
+    upstream: dict[str, StageRef],
+) -> dict[str, StageRef] | None:
+    """The outputs a chain of placed stages committed, each for the inputs the stages before
+    it make, from the manifest as stored now; None unless all are complete."""
+    manifest = storage.read_manifest(iteration)
+    done, refs = dict(upstream), {}
+    for name in names:
+        spec = runtime.pipeline.stage(name)
+        reads = {r: done[r] for r in spec.all_reads if r in done}
+        entry = manifest.complete(name)
+        if entry is None or entry.inputs != stage_inputs(runtime, spec, iteration, reads):
+            return None
+        done[name] = refs[name] = StageRef(entry.outputs)
+    return refs
+
+
+def skipped(run: RunRef, label: str, pool: str) -> None:
+    stage_logger().info(
+        "run %s: %s is complete with these inputs, skipped (placed on %s)", run.run_id, label, pool
+    )
+
+
+def stored_stage(
+    storage: RunStorage, iteration: int, name: str, inputs: dict[str, str]
+) -> StageRef | None:
+    """The outputs a placed stage committed for ``inputs``, from the manifest as stored now
+    (another process wrote it); the next stage checks the bytes as it reads them."""
+    entry = storage.read_manifest(iteration).complete(name)
+    return None if entry is None or entry.inputs != inputs else StageRef(entry.outputs)
+
+
+def stored_part(
+    storage: RunStorage, iteration: int, name: str, part: str, inputs: dict[str, str]
+) -> StageRef | None:
+    entry = storage.completed_part(iteration, name, part, inputs)
+    return None if entry is None else StageRef(entry.outputs)
+
+
+def flow_run_block() -> str | None:
+    """The credentials block the iteration flow run was given, for its placed stages."""
+    context = FlowRunContext.get()
+    return (context.parameters or {}).get("storage_block") if context is not None else None
+
+
+def run_job(
+    config: Any, run: RunRef, iteration: int, pool: str, job: list[PlacedTask[R]]
+) -> list[R]:
+    """Run a job's tasks on ``pool``, a task run each, and wait for all of them; their stored
+    outputs in order. A lost one is run again alone. ``PlacementError`` naming the pool, or
+    the stage's own damage report (``DamagedInputError``).
+
+    A task run's end comes as Prefect's event (``TaskRunWaiter``), as it happens; once a
+    second (``POLL_S``) the waiter also reads the runs' states and heartbeats, and asks
+    whether the pool has a live worker."""
     wait_s = config.cluster.placement_wait_seconds
-    submitted = time.monotonic()
-    heartbeat = Heartbeat(run, iteration, name, str(flow_run_id), first_beat_s=wait_s)
-    with get_client(sync_client=True) as client:
-        while True:
-            flow_run = client.read_flow_run(flow_run_id)
-            state = flow_run.state
-            label = f"stage {name!r} of iteration {iteration} on work pool {pool!r}"
-            if state is None or state.is_scheduled() or state.is_pending():
-                if time.monotonic() - submitted > wait_s:
-                    message = (
-                        f"{label}: no worker of the pool started it within "
-                        f"cluster.placement_wait_seconds={wait_s:g} ({workers_of(client, pool)}); "
-                        f"start one: prefect worker start --pool {pool}"
-                    )
-                    client.set_flow_run_state(flow_run_id, Cancelled(message=message), force=True)
-                    raise PlacementError(message)
-            elif state.is_completed():
-                return stored_outputs(run, iteration, name, label)
-            elif state.is_crashed():
-                raise StageRunLost(f"{label}: flow run {flow_run.name} crashed: {state.message}")
-            elif state.is_final():
-                if (damage := damage_reported(run, iteration, name, flow_run_id)) is not None:
-                    raise damage
-                raise PlacementError(
-                    f"{label}: flow run {flow_run.name} ended {state.name}: {state.message}"
-                )
-            elif (silent := heartbeat.silent_for()) is not None:
-                why = f"its heartbeat on storage stopped {silent:.0f} s ago"
-                for line in mark_crashed(str(flow_run_id), why):
-                    stage_logger().warning("run %s: %s", run.run_id, line)
-                raise StageRunLost(f"{label}: flow run {flow_run.name} is lost: {why}")
-            time.sleep(POLL_S)
+    watch = PoolWatch.of(pool)
+    ended = threading.Event()  # set by Prefect's event loop when one of the runs ends
+    # Submitted side by side (a submission is a few requests), each in a copy of this flow
+    # run's context, taken here: a task run of this flow run, queued before any is taken.
+    contexts = [contextvars.copy_context() for _ in job]
+    with ThreadPoolExecutor(max_workers=len(job) or 1, thread_name_prefix="submit") as submitter:
+        submitted = submitter.map(
+            lambda context, placed: context.run(
+                PlacedRun, placed, run, iteration, pool, wait_s, ended
+            ),
+            contexts,
+            job,
+        )
+        waiting = dict(enumerate(submitted))
+    done: dict[int, R] = {}
+    checked_at = time.monotonic()
+    try:
+        while waiting:
+            check = time.monotonic() - checked_at >= POLL_S
+            if check:
+                watch.check()
+                checked_at = time.monotonic()
+            ended.clear()
+            for index, placed_run in list(waiting.items()):
+                if (ref := placed_run.poll(watch, check)) is not None:
+                    done[index] = ref
+                    del waiting[index]
+            if waiting:
+                ended.wait(timeout=max(0.0, checked_at + POLL_S - time.monotonic()))
+    finally:
+        watch.settle()
+    return [done[index] for index in range(len(job))]
 
 
-def stored_outputs(run: RunRef, iteration: int, name: str, label: str) -> StageRef:
-    entry = open_storage(run).read_manifest(iteration).complete(name)
-    if entry is None:
-        raise PlacementError(f"{label}: its flow run completed but the manifest has no entry")
-    return StageRef(entry.outputs)
-
-
-def damage_reported(
-    run: RunRef, iteration: int, name: str, flow_run_id: UUID
-) -> DamagedInputError | None:
-    """The damaged input this stage's flow run found and recorded (``stage_heartbeat``)."""
-    record = open_storage(run).read_stage_run(iteration, name)
-    if record is None or record.ran_on.flow_run != str(flow_run_id) or record.damaged is None:
-        return None
-    return DamagedInputError(record.damaged.key, record.damaged.detail)
-
-
-def workers_of(client: SyncPrefectClient, pool: str) -> str:
-    workers = client.read_workers_for_work_pool(pool)
-    shown = ", ".join(f"{worker.name} {worker.status}" for worker in workers)
-    return f"its workers: {shown}" if workers else "it has no worker"
-
-
-class Heartbeat:
-    """The waiter's view of a running placed stage's heartbeat on storage: when it last saw
-    the record change, by its own monotonic clock. Before its first beat a flow run is still
-    starting (imports, storage, on a busy machine), which may take ``first_beat_s``."""
+class PlacedRun(Generic[R]):
+    """One placed task and its current task run: submitted now, and again when lost."""
 
     def __init__(
-        self, run: RunRef, iteration: int, name: str, flow_run_id: str, first_beat_s: float
+        self,
+        placed: PlacedTask[R],
+        run: RunRef,
+        iteration: int,
+        pool: str,
+        wait_s: float,
+        ended: threading.Event,
     ) -> None:
-        self.run, self.iteration, self.name, self.flow_run_id = run, iteration, name, flow_run_id
-        self.first_beat_s = first_beat_s
-        self.last_beat: object = None
-        self.seen_at: float | None = None  # when the flow run was first seen running
+        self.placed, self.run, self.iteration, self.pool = placed, run, iteration, pool
+        self.wait_s, self.ended = wait_s, ended
+        self.retries_left = int(STAGE_TASK_OPTIONS["retries"])
+        self.submit()
 
-    def silent_for(self) -> float | None:
-        """Seconds since the last beat, if longer than the stage's TTL (None: alive)."""
-        record = open_storage(self.run).read_stage_run(self.iteration, self.name)
-        if record is not None and record.ran_on.flow_run != self.flow_run_id:
-            record = None  # an earlier attempt's
-        beat = None if record is None else record.beat
-        now = time.monotonic()
-        if self.seen_at is None or beat != self.last_beat:
-            self.seen_at, self.last_beat = now, beat
-            return None
-        allowed = self.first_beat_s if record is None else record.ttl_s
-        silent = now - self.seen_at
-        return silent if silent > allowed else None
+    def submit(self) -> None:
+        TaskRunWaiter.instance()  # listening before the run can end
+        self.task_run_id = self.placed.task.apply_async(kwargs=self.placed.parameters).task_run_id
+        TaskRunWaiter.add_done_callback(self.task_run_id, self.ended.set)
+        self.heartbeat = Heartbeat(
+            self.run, self.iteration, self.placed.heartbeat, str(self.task_run_id), self.wait_s
+        )
+        self.progress_at = time.monotonic()  # when it last made progress (or was submitted)
 
-
-def declared_lost(flow_run_id: str | None) -> bool:
-    """Whether Prefect holds this flow run ended while it still runs (an unreachable API
-    says nothing: the stage goes on)."""
-    if flow_run_id is None:
-        return False
-    try:
+    def state(self, check: bool) -> State | None:
+        """Its final state, as Prefect's event told it; with ``check``, else its state as
+        the server holds it (up to a second behind: prefect.toml batches task-run states)."""
+        final = run_coro_as_sync(TaskRunWaiter.wait_for_task_run(self.task_run_id, timeout=0))
+        if final is not None or not check:
+            return final
         with get_client(sync_client=True) as client:
-            state = client.read_flow_run(UUID(flow_run_id)).state
-    except Exception:  # noqa: BLE001 - see the docstring
-        return False
-    return state is not None and state.is_final()
+            return client.read_task_run(self.task_run_id).state or Pending()
+
+    def poll(self, watch: "PoolWatch", check: bool) -> R | None:
+        """Its stored outputs once its task run completed, else None (still waiting); with
+        ``check``, its liveness: it is submitted again when lost, and the job fails when no
+        worker ran it for ``placement_wait_seconds``."""
+        label = f"{self.placed.label} on pool {self.pool!r}"
+        state = self.state(check)
+        if state is None:
+            return None
+        if state.is_completed():
+            ref = self.placed.stored()
+            if ref is None:
+                raise PlacementError(f"{label}: its task run completed but committed nothing")
+            return ref
+        if state.is_crashed():
+            self.run_again(f"task run {self.task_run_id} crashed: {state.message}")
+        elif state.is_final():
+            damage = damage_reported(
+                self.run, self.iteration, self.placed.heartbeat, str(self.task_run_id)
+            )
+            if damage is not None:
+                raise damage
+            raise PlacementError(
+                f"{label}: task run {self.task_run_id} ended {state.name}: {state.message}"
+            )
+        elif state.is_running():
+            silent = self.heartbeat.silent_for()
+            if silent is None:
+                self.progress_at = time.monotonic()
+            elif watch.live:  # else Prefect holds it for the next worker of the pool to start
+                why = f"its heartbeat on storage stopped {silent:.0f} s ago"
+                mark_task_run_crashed(self.task_run_id, why)
+                self.run_again(f"task run {self.task_run_id} is lost: {why}")
+        if time.monotonic() - self.progress_at > self.wait_s:
+            with get_client(sync_client=True) as client:
+                message = (
+                    f"{label}: no stage worker of the pool ran it for "
+                    f"cluster.placement_wait_seconds={self.wait_s:g} "
+                    f"(live workers: {live_workers(client, self.pool) or 'none'}); start one: "
+                    f"{START_WORKER.format(pool=self.pool)}"
+                )
+                client.set_task_run_state(self.task_run_id, Cancelled(message=message), force=True)
+            raise PlacementError(message)
+        return None
+
+    def run_again(self, why: str) -> None:
+        label = f"{self.placed.label} on pool {self.pool!r}"
+        if self.retries_left == 0:
+            raise PlacementError(
+                f"{label}: lost {int(STAGE_TASK_OPTIONS['retries']) + 1} times, last: {why}"
+            )
+        self.retries_left -= 1
+        stage_logger().warning("run %s: %s: %s; running it again", self.run.run_id, label, why)
+        self.submit()
 
 
-@contextmanager
-def stage_heartbeat(run: RunRef, iteration: int, name: str) -> Iterator[None]:
-    """Beat on storage every third of ``NEMO_RL_CORE_LEASE_TTL_S`` while a placed stage runs,
-    saying who runs it (pool, worker, host, pid): the waiting iteration flow reads it. A
-    beat that finds this flow run ended (its waiter declared it lost and marked it
-    ``Crashed``) ends the process, which would otherwise commit beside its retry. A damaged
-    input the stage finds goes into the record, for the waiter to have its producer re-run."""
-    ttl = lease_ttl_s()
-    storage = open_storage(run)
-    record = StageRun(where_this_runs(), pid=os.getpid(), ttl_s=ttl)
-    storage.write_stage_run(iteration, name, record)
-    stop = threading.Event()
-    log = stage_logger()
+def mark_task_run_crashed(task_run_id: UUID, why: str) -> None:
+    """Mark a task run whose process is gone ``Crashed``; should that process still live (a
+    stalled machine), its next heartbeat finds this and ends it."""
+    with get_client(sync_client=True) as client:
+        client.set_task_run_state(
+            task_run_id, Crashed(message=f"its process is gone: {why}"), force=True
+        )
 
-    def keep_beating() -> None:
-        nonlocal record
-        while not stop.wait(ttl / 3):
-            if declared_lost(record.ran_on.flow_run):
-                log.error("run %s: stage %s was declared lost; ending it", run.run_id, name)
-                kill_process_tree()
-            record = replace(record, beat=record.beat + 1)
-            try:
-                storage.write_stage_run(iteration, name, record)
-            except Exception as err:  # noqa: BLE001 - a missed beat must not kill the stage
-                log.warning("run %s: heartbeat of stage %s failed: %s", run.run_id, name, err)
 
-    beater = threading.Thread(target=keep_beating, name=f"heartbeat-{name}", daemon=True)
-    beater.start()
-    damaged = None
-    try:
-        yield
-    except DamagedInputError as err:
-        damaged = DamagedInput(err.key, err.detail)
-        raise
-    finally:
-        stop.set()
-        beater.join()  # before the last write: no beat may overwrite the damage record
-        if damaged is not None:
-            storage.write_stage_run(iteration, name, replace(record, damaged=damaged))
+class PoolWatch:
+    """What the iteration flow run tells about a pool's workers while it waits on the pool:
+    whether the server holds a live one (asked every ``WORKERS_CHECK_S``); when none, a
+    warning in its log and its state message, and a line again when one is back. One per
+    pool and flow run, across its jobs."""
+
+    _watches: dict[tuple[str, str | None], "PoolWatch"] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self.live = True
+        self.asked_at = -WORKERS_CHECK_S
+        self.told = False
+
+    @classmethod
+    def of(cls, pool: str) -> "PoolWatch":
+        context = FlowRunContext.get()
+        flow_run = str(context.flow_run.id) if context is not None and context.flow_run else None
+        with cls._lock:
+            return cls._watches.setdefault((pool, flow_run), cls(pool))
+
+    def check(self) -> None:
+        if time.monotonic() - self.asked_at < WORKERS_CHECK_S:
+            return
+        self.asked_at = time.monotonic()
+        with get_client(sync_client=True) as client:
+            self.live = bool(live_workers(client, self.pool))
+            if not self.live and not self.told:
+                message = (
+                    f"pool {self.pool!r} has no live stage worker: its stages wait for one "
+                    f"(start one: {START_WORKER.format(pool=self.pool)})"
+                )
+                stage_logger().warning(message)
+                set_flow_run_message(client, message)
+                self.told = True
+            elif self.live and self.told:
+                self.all_clear(client)
+
+    def settle(self) -> None:
+        """A job on the pool is done (a worker ran it): clear a warning still shown."""
+        if self.told:
+            with get_client(sync_client=True) as client:
+                self.all_clear(client)
+
+    def all_clear(self, client: SyncPrefectClient) -> None:
+        stage_logger().info("pool %r has a live stage worker again", self.pool)
+        set_flow_run_message(client, None)
+        self.told = False
+
+
+def set_flow_run_message(client: SyncPrefectClient, message: str | None) -> None:
+    """Show ``message`` as this flow run's state message (the UI's run header), or clear it."""
+    context = FlowRunContext.get()
+    if context is not None and context.flow_run is not None:
+        client.set_flow_run_state(context.flow_run.id, Running(message=message), force=True)

@@ -14,7 +14,8 @@ from prefect import flow
 from flows.labels import labelled_run
 from flows.lease import hold_lease
 from flows.placement import check_placement, run_placed_stage
-from flows.run_setup import lease_owner, load_storage_block
+from flows.run_setup import lease_owner
+from flows.storage_block import load_storage_block
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
 from nemo_rl_core.pipeline.spec import split_round

@@ -11,12 +11,13 @@ from typing import Any
 from flows.config_check import check_run_config, trained_models
 from flows.lost_progress import START_OVER, check_progress_survives
 from flows.placement import check_placement
+from flows.storage_block import load_storage_block
 from nemo_rl_core.data.datasets.builder import dataset_environments, games_from_environment
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, declared
 from nemo_rl_core.pipeline.stage_keys import check_stage_names
-from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
+from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
 from tasks.stage import stage_logger
@@ -169,25 +170,6 @@ def store_run_config(
         check_same_identity(pipeline, stored, resolved, run.run_id)
     storage.write_run_config(resolved, allow_change=True)
     return storage
-
-
-def load_storage_block(storage_root: str, block_name: str | None) -> None:
-    """Use the credentials of a prefect-aws ``AwsCredentials`` block for ``storage_root``."""
-    if block_name is None:
-        return
-    from prefect_aws import AwsCredentials
-
-    # Prefect's async_dispatch types every call as R | Coroutine; from sync code it is R.
-    credentials: AwsCredentials = AwsCredentials.load(block_name)  # type: ignore[assignment]
-    secret = credentials.aws_secret_access_key
-    options: dict = {
-        "key": credentials.aws_access_key_id,
-        "secret": secret.get_secret_value() if secret is not None else None,
-    }
-    endpoint = credentials.aws_client_parameters.endpoint_url
-    if endpoint:
-        options["client_kwargs"] = {"endpoint_url": endpoint}
-    use_storage_options(storage_root, options)
 
 
 def lease_owner() -> str:

@@ -17,7 +17,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed
 
-from flows.run_setup import load_storage_block
+from flows.storage_block import load_storage_block
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.verification import DamagedRunError, RunCheck
 from tasks.stage import stage_logger

@@ -1,4 +1,4 @@
-"""Drive the real local stack (PostgreSQL, Prefect server, worker, moto S3) from Python:
+"""Drive the real local stack (PostgreSQL, Prefect server, workers, moto S3) from Python:
 the stack tests' fixture and the soak benchmark.
 
 ``start_stack``/``stop_stack`` wrap ``infra/stack.sh`` for a state dir of its own on free
@@ -26,7 +26,7 @@ STACK_SH = PROJECT_ROOT / "infra" / "stack.sh"
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -108,10 +108,15 @@ class LocalStack:
         return proc
 
     def stack(
-        self, *args: str, timeout: float = 600, check: bool = True
+        self,
+        *args: str,
+        timeout: float = 600,
+        check: bool = True,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """``infra/stack.sh ARGS`` on this stack's state dir (e.g. ``"start", "worker"``)."""
-        return self.run(str(STACK_SH), *args, timeout=timeout, check=check)
+        """``infra/stack.sh ARGS`` on this stack's state dir (e.g. ``"start", "worker"``);
+        ``env`` goes into the environment of the services it starts."""
+        return self.run(str(STACK_SH), *args, timeout=timeout, check=check, env=env)
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         """Call the Prefect REST API (``path`` after ``/api``) and decode its JSON answer."""
@@ -190,7 +195,8 @@ class LocalStack:
         )
 
     def worker_pid(self, pool: str | None = None) -> int:
-        """The stack's worker, or (with ``pool``) the worker of that stage pool."""
+        """The stack's worker, or (with ``pool``: ``rollout-pool``, or ``rollout-pool#2`` for
+        its second) a stage worker of that pool."""
         return int((self.state_dir / "run" / f"{_worker(pool)}.pid").read_text())
 
     def flow_run_pids(self, flow_run_id: str | None = None) -> list[int]:
@@ -208,18 +214,25 @@ class LocalStack:
             if ppid not in engines and flow_run_id in (None, _flow_run_of(pid))
         ]
 
-    def restart_worker(self, pool: str | None = None) -> None:
-        """Start the worker (of stage pool ``pool``) again after it was lost, or for the
-        first time (``infra/stack.sh start worker@POOL``)."""
-        self.stack("start", _worker(pool))
+    def restart_worker(self, pool: str | None = None, env: dict[str, str] | None = None) -> None:
+        """Start the worker (a stage worker of ``pool``) again after it was lost, or for the
+        first time (``infra/stack.sh start worker@POOL``), with ``env`` in its environment."""
+        self.stack("start", _worker(pool), env=env)
 
     def stop_worker(self, pool: str) -> None:
-        """Stop the worker of stage pool ``pool`` (``infra/stack.sh stop worker@POOL``)."""
+        """Stop a stage worker of ``pool`` (``infra/stack.sh stop worker@POOL``)."""
         self.stack("stop", _worker(pool))
+
+    def live_stage_workers(self, pool: str) -> list[str]:
+        """The stage workers the server holds connected for ``pool`` (host-pid each)."""
+        body = {"task_worker_filter": {"task_keys": [f"stage@{pool}"]}}
+        return sorted(
+            worker["identifier"] for worker in self.api("POST", "/task_workers/filter", body)
+        )
 
 
 def _worker(pool: str | None) -> str:
-    """stack.sh's name of the stack's worker, or of a stage pool's."""
+    """stack.sh's name of the stack's worker, or of a stage worker of a pool."""
     return "worker" if pool is None else f"worker@{pool}"
 
 
@@ -270,7 +283,7 @@ def start_stack(
     component when none is named); with ``cpus`` (``taskset -c`` syntax) every process of
     the stack runs on those cores only. Returns the stack and the script's output
     (per-service start times)."""
-    ports = {"pg": _free_port(), "api": _free_port(), "s3": _free_port()}
+    ports = {"pg": free_port(), "api": free_port(), "s3": free_port()}
     env = {
         **os.environ,
         "INFRA_STATE_DIR": str(state_dir),

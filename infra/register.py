@@ -1,13 +1,13 @@
-"""Register what flows need on the local stack: the S3 bucket, the Prefect S3 blocks and
-the stage work pools (``NEMO_RL_STAGE_POOLS``) that ``cluster.placement`` puts stages on.
+"""Register what flows need on the local stack: the S3 bucket and the Prefect S3 blocks,
+among them the one that holds the parameters of background task runs (the stages that
+``cluster.placement`` puts on pools of stage workers), which every machine reaches.
 
 Run by ``infra/stack.sh start`` with ``.infra/env.sh`` in the environment, while the
 server is still booting (its imports overlap the server's start), so it first waits for
 the API and the S3 endpoint. Every step is idempotent. The bucket is made again on each
 start because moto keeps objects in memory only. The stack's own work pool is its
 worker's to make (``prefect worker start --type process``), which avoids two creators
-racing; the stage pools are made here, before any of their workers, because
-``prefect deploy`` refuses a deployment on a pool that does not exist.
+racing.
 """
 
 import os
@@ -16,9 +16,6 @@ import urllib.request
 
 import boto3
 from botocore.exceptions import ClientError
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import WorkPoolCreate
-from prefect.workers.process import ProcessWorker
 from prefect_aws import AwsClientParameters, AwsCredentials, S3Bucket
 
 
@@ -47,8 +44,16 @@ def ensure_bucket(endpoint_url: str, bucket: str) -> None:
             raise
 
 
-def save_s3_blocks(endpoint_url: str, bucket: str, credentials_name: str, bucket_name: str) -> None:
-    """Save an ``AwsCredentials`` block pointing at the endpoint and an ``S3Bucket`` using it."""
+def save_s3_blocks(
+    endpoint_url: str,
+    bucket: str,
+    credentials_name: str,
+    bucket_name: str,
+    task_scheduling_name: str,
+) -> None:
+    """Save an ``AwsCredentials`` block pointing at the endpoint, an ``S3Bucket`` using it,
+    and an ``S3Bucket`` of its ``prefect-task-scheduling/`` folder, Prefect's
+    ``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK`` (``env.sh``)."""
     credentials = AwsCredentials(
         aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
@@ -57,18 +62,9 @@ def save_s3_blocks(endpoint_url: str, bucket: str, credentials_name: str, bucket
     )
     credentials.save(credentials_name, overwrite=True)
     S3Bucket(bucket_name=bucket, credentials=credentials).save(bucket_name, overwrite=True)
-
-
-def ensure_process_pools(names: list[str]) -> None:
-    """Create each ``process`` work pool that does not exist yet."""
-    with get_client(sync_client=True) as client:
-        existing = {pool.name for pool in client.read_work_pools()}
-        for name in names:
-            if name not in existing:
-                template = ProcessWorker.get_default_base_job_template()
-                client.create_work_pool(
-                    WorkPoolCreate(name=name, type="process", base_job_template=template)
-                )
+    S3Bucket(
+        bucket_name=bucket, credentials=credentials, bucket_folder="prefect-task-scheduling"
+    ).save(task_scheduling_name, overwrite=True)
 
 
 def main() -> None:
@@ -83,10 +79,9 @@ def main() -> None:
         bucket,
         os.environ["NEMO_RL_S3_CREDENTIALS_BLOCK"],
         os.environ["NEMO_RL_S3_BUCKET_BLOCK"],
+        os.environ["NEMO_RL_TASK_SCHEDULING_BLOCK"],
     )
-    pools = os.environ.get("NEMO_RL_STAGE_POOLS", "").split()
-    ensure_process_pools(pools)
-    print(f"registered bucket {bucket}, S3 blocks and stage work pools {pools}")
+    print(f"registered bucket {bucket} and S3 blocks")
 
 
 if __name__ == "__main__":

@@ -2,21 +2,23 @@
 # The real local stack, every service on 127.0.0.1:
 #   PostgreSQL 15 (the Prefect server's database) -> `prefect server start` (API and web UI)
 #   -> a `process` work pool and a worker; moto_server as the S3 endpoint, with a
-#   bucket and Prefect S3 blocks (AwsCredentials + S3Bucket) registered, and the stage
-#   work pools (INFRA_STAGE_POOLS, `process` type) that `cluster.placement` puts stages on.
+#   bucket and Prefect S3 blocks (AwsCredentials + S3Bucket, and the S3Bucket that holds
+#   background task runs' parameters) registered.
 #
 # Usage: infra/stack.sh start|stop|status [postgres|s3|server|worker|worker@POOL ...]
-#        (none = all but the stage pools' workers), then, in a client shell:
+#        (none = all but the stage workers), then, in a client shell:
 #        source .infra/env.sh
-#   worker@POOL is a worker of stage pool POOL, e.g. `infra/stack.sh start worker@train-pool`;
-#   `stop` with no component stops those too.
+#   worker@POOL is a stage worker of pool POOL (`python -m flows.stage_worker`: a Prefect
+#   task worker that runs the stages `cluster.placement` puts on POOL and keeps their models
+#   loaded), e.g. `infra/stack.sh start worker@train-pool`; `worker@POOL#2` is a second one
+#   of that pool. Starting a component starts what it needs first (PostgreSQL, S3, server);
+#   `stop` with no component stops the stage workers too.
 #
 # Settings (environment; `start` saves them in $INFRA_STATE_DIR/stack.conf, later calls
 # reuse them unless set again):
 #   INFRA_STATE_DIR (./.infra, or $NEMO_RL_INFRA_STATE_DIR from a sourced env.sh)
 #   INFRA_PG_PORT (5433)   INFRA_API_PORT (4200)   INFRA_S3_PORT (9000)
 #   INFRA_WORK_POOL (local-process)   INFRA_BUCKET (nemo-rl)
-#   INFRA_STAGE_POOLS ("rollout-pool train-pool": the pools prefect.yaml's stage deployments use)
 #   INFRA_START_TIMEOUT (120, seconds per service)   INFRA_PGBIN (/usr/lib/postgresql/15/bin)
 set -euo pipefail
 
@@ -29,7 +31,6 @@ STATE=$(cd "$STATE" && pwd)
 [[ -f $STATE/stack.conf ]] && source "$STATE/stack.conf"
 : "${INFRA_PG_PORT:=5433}" "${INFRA_API_PORT:=4200}" "${INFRA_S3_PORT:=9000}"
 : "${INFRA_WORK_POOL:=local-process}" "${INFRA_BUCKET:=nemo-rl}" "${INFRA_START_TIMEOUT:=120}"
-: "${INFRA_STAGE_POOLS:=rollout-pool train-pool}"
 
 BIN=$ROOT/.venv/bin
 [[ -x $BIN/prefect ]] || BIN=$(dirname "$(command -v prefect)")
@@ -68,7 +69,6 @@ save_settings() {
   cat >"$STATE/stack.conf" <<EOF
 : "\${INFRA_PG_PORT:=$INFRA_PG_PORT}" "\${INFRA_API_PORT:=$INFRA_API_PORT}" "\${INFRA_S3_PORT:=$INFRA_S3_PORT}"
 : "\${INFRA_WORK_POOL:=$INFRA_WORK_POOL}" "\${INFRA_BUCKET:=$INFRA_BUCKET}"
-: "\${INFRA_STAGE_POOLS:=$INFRA_STAGE_POOLS}"
 EOF
 }
 
@@ -89,7 +89,8 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export DO_NOT_TRACK=1
 export PREFECT_CLI_PROMPT=false
 export NEMO_RL_WORK_POOL=$INFRA_WORK_POOL
-export NEMO_RL_STAGE_POOLS="$INFRA_STAGE_POOLS"
+# The venv's prefect and python first, for the commands the README runs next.
+export PATH="$BIN:\${PATH}"
 export AWS_ACCESS_KEY_ID=nemo-rl-local
 export AWS_SECRET_ACCESS_KEY=$(cat "$secret_file")
 export AWS_DEFAULT_REGION=us-east-1
@@ -99,6 +100,9 @@ export NEMO_RL_S3_BUCKET=$INFRA_BUCKET
 export NEMO_RL_STORAGE_ROOT=s3://$INFRA_BUCKET
 export NEMO_RL_S3_CREDENTIALS_BLOCK=nemo-rl-s3-credentials
 export NEMO_RL_S3_BUCKET_BLOCK=nemo-rl-s3
+# Background task runs' parameters (placed stages), where every stage worker reads them.
+export NEMO_RL_TASK_SCHEDULING_BLOCK=nemo-rl-task-scheduling
+export PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK=s3-bucket/nemo-rl-task-scheduling
 EOF
   )
 }
@@ -206,19 +210,43 @@ start_server() {
 
 worker_started() { grep -q "Worker '.*' started" "$LOGS/${1:-worker}.log"; }
 
-# start_worker [POOL]: the stack's worker, or (with POOL) a worker of that stage pool,
-# recorded as worker@POOL.
+# start_worker: the stack's process worker (it runs the deployments' flow runs).
 start_worker() {
-  local pool=${1:-$INFRA_WORK_POOL} name=worker${1:+@$1}
-  alive "$name" && return 0
+  alive worker && return 0
   server_healthy >/dev/null || die "start the server before the worker"
   # Poll every 2 s instead of 10 s: a deployed run starts within seconds.
-  PREFECT_WORKER_QUERY_SECONDS=2 launch "$name" "$BIN/prefect" worker start \
-    --pool "$pool" --type process --name "${1:-local}-worker-$INFRA_API_PORT"
-  wait_for "$name" "$LOGS/$name.log" worker_started "$name"
+  PREFECT_WORKER_QUERY_SECONDS=2 launch worker "$BIN/prefect" worker start \
+    --pool "$INFRA_WORK_POOL" --type process --name "local-worker-$INFRA_API_PORT"
+  wait_for worker "$LOGS/worker.log" worker_started worker
 }
 
-# The stage pools' workers this state dir has run (started or stopped since).
+# pool_of worker@POOL[#N]: POOL.
+pool_of() { local pool=${1#worker@}; echo "${pool%%#*}"; }
+
+# stage_worker_listening NAME: the server holds NAME's process connected for its pool's
+# stage tasks (Prefect's task worker registry names a worker host-pid).
+stage_worker_listening() {
+  local name=$1 pool
+  pool=$(pool_of "$name")
+  alive "$name" || return 1
+  curl -sf -X POST "$PREFECT_API_URL/task_workers/filter" -H 'Content-Type: application/json' \
+    -d "{\"task_worker_filter\": {\"task_keys\": [\"stage@$pool\"]}}" |
+    grep -q "\"$(hostname)-$(cat "$RUN/$name.pid")\""
+}
+
+# start_stage_worker worker@POOL[#N]: a stage worker of POOL, named POOL-worker-PORT[-N].
+start_stage_worker() {
+  local name=$1 pool suffix=
+  pool=$(pool_of "$name")
+  [[ $name == *#* ]] && suffix=-${name##*#}
+  alive "$name" && return 0
+  server_healthy >/dev/null || die "start the server before $name"
+  launch "$name" "$BIN/python" -m flows.stage_worker --pool "$pool" \
+    --name "$pool-worker-$INFRA_API_PORT$suffix"
+  wait_for "$name" "$LOGS/$name.log" stage_worker_listening "$name"
+}
+
+# The stage workers this state dir has run (started or stopped since).
 pool_workers() {
   local f
   for f in "$RUN"/worker@*.sessions; do
@@ -253,7 +281,7 @@ start() {
   if wants worker; then start_worker; fi
   local component
   for component in "${COMPONENTS[@]}"; do
-    if [[ $component == worker@* ]]; then start_worker "${component#worker@}"; fi
+    if [[ $component == worker@* ]]; then start_stage_worker "$component"; fi
   done
   [[ -z $register_pid ]] || wait "$register_pid" || fail_with_log "registering the S3 bucket and blocks failed" "$LOGS/register.log"
   echo "stack up in $((SECONDS - START_T0)) s; clients: source $STATE/env.sh"
@@ -282,13 +310,13 @@ status() {
   report server server_healthy "${PREFECT_API_URL:-}"
   report worker worker_up "pool $INFRA_WORK_POOL"
   local name
-  for name in $(pool_workers); do  # a stage pool's worker, while this stack runs one
-    if worker_up "$name"; then echo "$name: up (pool ${name#worker@})"; else echo "$name: down"; fi
+  for name in $(pool_workers); do  # a stage worker, while this stack runs one
+    if stage_worker_listening "$name"; then echo "$name: up (pool $(pool_of "$name"))"; else echo "$name: down"; fi
   done
   return $ok
 }
 
-worker_up() { alive "${1:-worker}" && worker_started "${1:-worker}"; }
+worker_up() { alive worker && worker_started worker; }
 
 cmd=${1:-}
 shift || true
@@ -296,9 +324,23 @@ COMPONENTS=("$@")
 ALL=$((${#COMPONENTS[@]} == 0))
 ((ALL)) && COMPONENTS=(postgres s3 server worker)
 for name in "${COMPONENTS[@]}"; do
-  [[ $name =~ ^(postgres|s3|server|worker|worker@[A-Za-z0-9._-]+)$ ]] ||
-    die "unknown component '$name' (postgres|s3|server|worker|worker@POOL)"
+  [[ $name =~ ^(postgres|s3|server|worker|worker@[A-Za-z0-9._-]+(#[0-9]+)?)$ ]] ||
+    die "unknown component '$name' (postgres|s3|server|worker|worker@POOL[#N])"
 done
+# Starting a component starts what it needs first: the server needs PostgreSQL; workers
+# need the server, and the runs they serve need S3 (and its blocks, registered with it).
+if [[ $cmd == start ]]; then
+  needs=()
+  for name in "${COMPONENTS[@]}"; do
+    case $name in
+      server) needs+=(postgres) ;;
+      worker | worker@*) needs+=(postgres s3 server) ;;
+    esac
+  done
+  for name in "${needs[@]}"; do
+    [[ " ${COMPONENTS[*]} " == *" $name "* ]] || COMPONENTS=("$name" "${COMPONENTS[@]}")
+  done
+fi
 case $cmd in
   start) start ;;
   stop) stop ;;

@@ -28,7 +28,7 @@ from typing import Any, ParamSpec, TypeVar
 import torch
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.exceptions import MissingContextError
 from prefect.futures import wait
 from prefect.task_engine import TaskRunTimeoutError
@@ -85,19 +85,31 @@ looks for a stored result, ~8 ms per task run for nothing (bench/RESULTS.md, iss
 """
 
 
+STAGE_POOL_ENV = "NEMO_RL_STAGE_POOL"
+STAGE_WORKER_ENV = "NEMO_RL_STAGE_WORKER"
+"""Set by a stage worker (``flows.stage_worker``) in its own process: the pool it serves and
+its name, which the stages it runs record."""
+
+
 def where_this_runs() -> RanOn:
-    """The work pool, worker, host and flow run executing this code (the manifest records
-    them with each stage), and the number of ranks of a stage run across processes; pool
-    and worker are None outside a worker's flow run."""
+    """The pool, worker, host, process, flow run and task run executing this code (the
+    manifest records them with each stage), and the number of ranks of a stage run across
+    processes: a stage worker's pool and name, else the work pool and worker of the flow run
+    (None outside a worker's flow run). A placed stage's task run belongs to the iteration
+    flow run that submitted it."""
     context = FlowRunContext.get()
     flow_run = context.flow_run if context is not None else None
+    task_context = TaskRunContext.get()
+    work_pool = flow_run.work_pool_name if flow_run is not None else None
     return RanOn(
-        pool=flow_run.work_pool_name if flow_run is not None else None,
-        worker=os.environ.get("PREFECT__WORKER_NAME"),
+        pool=os.environ.get(STAGE_POOL_ENV, work_pool),
+        worker=os.environ.get(STAGE_WORKER_ENV, os.environ.get("PREFECT__WORKER_NAME")),
         host=socket.gethostname(),
         flow_run=str(flow_run.id) if flow_run is not None else None,
         # rank 0 of a stage run across processes (tasks.spmd_rank)
         ranks=torch.distributed.get_world_size() if is_distributed() else None,
+        pid=os.getpid(),
+        task_run=str(task_context.task_run.id) if task_context is not None else None,
     )
 
 

@@ -149,13 +149,16 @@ def process_rewards(
 def compute_logprobs(
     policy: PolicyInterface, batch: BatchedDataDict, tokenizer: Any, config: RLMasterConfig
 ) -> BatchedDataDict:
-    """Flat training inputs of the rollouts with the policy's and reference's logprobs.
+    """Flat training inputs of the rollouts with the policy's and reference's logprobs."""
+    train_data = logprob_inputs(batch, tokenizer, config)
+    train_data.update(policy_logprobs(policy, train_data, config))
+    return train_data
 
-    As in NeMo RL, each forward is skipped when its output is unused, and stored as zeros
-    so the stage's columns stay the same: ``prev_logprobs`` with
-    ``loss_fn.force_on_policy_ratio`` (the loss takes the current logprobs, detached),
-    the reference's with ``skip_reference_policy_logprobs_calculation`` (KL penalty 0);
-    the config validation refuses the combinations that would read them."""
+
+def logprob_inputs(
+    batch: BatchedDataDict, tokenizer: Any, config: RLMasterConfig
+) -> BatchedDataDict:
+    """The flat training inputs of the scored rollouts (padded to the batch's longest)."""
     train_data = message_logs_to_train_data(
         batch["message_log"],
         pad_token_id=tokenizer.pad_token_id,
@@ -164,18 +167,32 @@ def compute_logprobs(
     train_data["sample_mask"] = torch.as_tensor(batch["loss_multiplier"], dtype=torch.float32)
     train_data["total_reward"] = batch["total_reward"]
     train_data["prompt_index"] = batch["prompt_index"]
+    return train_data
+
+
+def policy_logprobs(
+    policy: PolicyInterface, train_data: BatchedDataDict, config: RLMasterConfig
+) -> BatchedDataDict:
+    """``prev_logprobs`` and ``reference_policy_logprobs`` of the training inputs.
+
+    As in NeMo RL, each forward is skipped when its output is unused, and stored as zeros
+    so the stage's columns stay the same: ``prev_logprobs`` with
+    ``loss_fn.force_on_policy_ratio`` (the loss takes the current logprobs, detached),
+    the reference's with ``skip_reference_policy_logprobs_calculation`` (KL penalty 0);
+    the config validation refuses the combinations that would read them."""
     skipped = torch.zeros_like(train_data["generation_logprobs"])
+    logprobs: BatchedDataDict = BatchedDataDict()
     if config.loss_fn.force_on_policy_ratio:
-        train_data["prev_logprobs"] = skipped
+        logprobs["prev_logprobs"] = skipped
     else:
-        train_data["prev_logprobs"] = policy.get_logprobs(train_data)["logprobs"]
+        logprobs["prev_logprobs"] = policy.get_logprobs(train_data)["logprobs"]
     if config.algorithm.skip_reference_policy_logprobs_calculation:
-        train_data["reference_policy_logprobs"] = skipped.clone()
+        logprobs["reference_policy_logprobs"] = skipped.clone()
     else:
-        train_data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(train_data)[
+        logprobs["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(train_data)[
             "reference_logprobs"
         ]
-    return train_data
+    return logprobs
 
 
 def compute_advantages(

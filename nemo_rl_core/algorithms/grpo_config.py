@@ -112,7 +112,7 @@ class RolloutLoopConfig(RolloutScheduleConfig):
     skip and what happens to rewards and samples between scoring and the advantages."""
 
     skip_reference_policy_logprobs_calculation: Annotated[
-        bool, Wired(f"{_GRPO}:compute_logprobs")
+        bool, Wired(f"{_GRPO}:policy_logprobs")
     ] = False
     # What happens to rewards and samples between scoring and the advantages.
     overlong_filtering: Annotated[bool, Wired(f"{_GRPO}:process_rewards")] = False

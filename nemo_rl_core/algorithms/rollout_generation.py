@@ -10,7 +10,11 @@ from nemo_rl_core.algorithms.grpo_config import RLMasterConfig
 from nemo_rl_core.data.llm_message_utils import batched_message_log_to_flat_message
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
-from nemo_rl_core.experience.rollouts import generate_responses, run_multi_turn_rollout
+from nemo_rl_core.experience.rollouts import (
+    generate_responses,
+    response_length_metrics,
+    run_multi_turn_rollout,
+)
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
 
 
@@ -22,11 +26,16 @@ def generate_rollouts(
     config: RLMasterConfig,
     iteration: int,
     round_index: int = 0,
+    rows: tuple[int, int] | None = None,
 ) -> tuple[BatchedDataDict, dict[str, Any]]:
-    """Responses for every prompt; multi-turn tasks play the whole episode here. Each
-    dynamic-sampling round of an iteration samples with seeds of its own."""
+    """Responses for every prompt, or for the prompts ``rows`` ``[start, end)`` of the batch
+    (a shard of the stage), each sampled with its own seed, which its place in the whole
+    batch decides; multi-turn tasks play the whole episode here. Each dynamic-sampling round
+    of an iteration samples with seeds of its own."""
     stream = TRAIN_SEEDS + 2 * round_index  # odd streams are validation's
     seeds = sampling_seeds(config.algorithm.seed, iteration, batch.size, stream)
+    if rows is not None:
+        batch, seeds = batch.slice(*rows), seeds[rows[0] : rows[1]]
     generation.prepare_for_generation()
     try:
         return play_rollouts(generation, batch, tokenizer, task_to_env, config, seeds)
@@ -88,9 +97,18 @@ def generate_one_turn(
     generation_input: BatchedDataDict[Any] = BatchedDataDict(
         {"input_ids": flat["token_ids"], "input_lengths": input_lengths, "sample_seeds": seeds}
     )
-    batch, _, metrics = generate_responses(
+    batch, _, _ = generate_responses(
         generation, generation_input, batch, tokenizer, input_lengths, greedy=greedy
+    )
+    return batch, one_turn_metrics(batch)
+
+
+def one_turn_metrics(rollouts: BatchedDataDict) -> dict[str, Any]:
+    """Generation metrics of one-turn rollouts, from each sample's response (the last message
+    of its log): the same for the batch generated whole or in slices joined again."""
+    metrics: dict[str, Any] = response_length_metrics(
+        [len(log[-1]["token_ids"]) for log in rollouts["message_log"]]
     )
     # NeMo RL's one-turn rollouts go through its multi-turn loop, which reports this name.
     metrics["mean_gen_tokens_per_sample"] = metrics["mean_generation_length"]
-    return batch, metrics
+    return metrics

@@ -5,12 +5,13 @@
 CUDA. On a machine without CUDA a rank is a CPU process: ``gpus_per_node`` then counts
 processes per node (0 or 1: one process, the default), at most one per core. Above one
 rank the training stage runs SPMD under torchrun (``tasks.spmd_rank``); every other stage
-stays one process. Several nodes need the training stage placed on a work pool
+stays one process. Several nodes need the training stage placed on a pool
 (``placement: {train: <pool>}``), whose workers each launch one node's ranks.
 
-Keys of ours: ``placement`` puts stages on Prefect work pools (a placed stage runs as a flow
-run of the pool's ``stage`` deployment, ``flows.placement``), ``placement_wait_seconds`` is
-how long one may wait for a worker, ``rendezvous_timeout_seconds`` how long a multi-node
+Keys of ours: ``placement`` puts stages on pools of stage workers (a placed stage runs as a
+task run of the iteration flow run, which a long-lived stage worker of the pool runs with its
+models kept loaded, ``flows.placement``), ``placement_wait_seconds`` is how long one may go
+without a worker running it, ``rendezvous_timeout_seconds`` how long a multi-node
 training stage waits for all its nodes to join, and ``rendezvous_endpoint`` a fixed
 ``HOST:PORT`` for its c10d store (default: node 0 hosts it on a free port and publishes it
 on the run's storage). Where a stage runs never changes what it computes, so these keys are
@@ -66,7 +67,7 @@ def _nodes_served(value: int, context: SupportContext) -> str | None:
     return (
         f"{value} nodes x {per_node} ranks = {value * per_node} training ranks, but without "
         f"cluster.placement.{TRAIN_STAGE} the training stage runs on this one machine; place "
-        "it on a work pool with a worker on each node"
+        "it on a pool with a stage worker on each node"
     )
 
 
@@ -86,8 +87,8 @@ class ClusterConfig(StrictConfig):
     placement: Annotated[dict[str, str], Wired("flows.placement:run_placed_stage")] = Field(
         default_factory=dict
     )
-    placement_wait_seconds: Annotated[
-        PositiveFloat, Wired("flows.placement:wait_for_stage_run")
-    ] = 600.0
+    placement_wait_seconds: Annotated[PositiveFloat, Wired("flows.placement:PlacedRun.poll")] = (
+        600.0
+    )
     rendezvous_timeout_seconds: Annotated[PositiveFloat, Wired(_RENDEZVOUS)] = 600.0
     rendezvous_endpoint: Annotated[str | None, Wired(_RENDEZVOUS)] = None

@@ -21,9 +21,11 @@ class OrchestrationConfig(StrictConfig):
     by default). A stage past it fails like any failed stage: the flow run fails, and the
     run continues at that stage when it is run again.
 
-    ``fan_out``: into how many shards a stage whose work splits by sample (``reward``) is
-    cut, each its own concurrent task run; merged, the output is the unsplit one bit for
-    bit, and a failed shard is computed alone when the run continues (default: unsplit)."""
+    ``fan_out``: into how many shards a stage whose work splits by sample (``generate``,
+    ``reward``, ``logprob``) is cut, each its own concurrent task run (on a pool of stage
+    workers, each on a worker of its own); merged, the output is the unsplit one bit for bit,
+    and a failed shard is computed alone (default: unsplit). A fan-out wider than the stage's
+    batch is refused before any work."""
 
     stage_timeout_seconds: Annotated[
         dict[str, PositiveFloat], Wired("tasks.stage:stage_task_for")

@@ -8,6 +8,7 @@ and the task gets a failed ``TaskOutcome`` with the reason.
 """
 
 import multiprocessing
+import signal
 import threading
 import time
 import traceback
@@ -33,6 +34,9 @@ def _worker_main(
     # The fork copied the parent's end of this pipe: closed here, the pipe reaches EOF when
     # the parent dies (even by SIGKILL), and the worker exits instead of lingering on.
     parent_end.close()
+    # The fork copied the parent's signal handlers too (a Prefect task worker's SIGTERM
+    # handler): a checker process ends on SIGTERM without running them.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if warmup_item is not None:
         fn(warmup_item)  # lazy imports and parser tables load here, not on a timed task
     conn.send(("ready", None))

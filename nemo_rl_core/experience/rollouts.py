@@ -57,13 +57,18 @@ def generate_responses(
         batch["message_log"][i].append(message)
     if "truncated" in outputs:
         batch["truncated"] = outputs["truncated"].clone()
-    lengths = torch.tensor([len(ids) for ids in generated_ids], dtype=torch.float32)
-    metrics = {
-        "mean_generation_length": lengths.mean().item() if len(lengths) else 0.0,
-        "max_generation_length": int(lengths.max().item()) if len(lengths) else 0,
-        "total_generated_tokens": int(lengths.sum().item()),
-    }
+    metrics = response_length_metrics([len(ids) for ids in generated_ids])
     return batch, generated_ids, metrics
+
+
+def response_length_metrics(lengths: list[int]) -> dict[str, float | int]:
+    """Mean, longest and total generated tokens of a batch's responses."""
+    tokens = torch.tensor(lengths, dtype=torch.float32)
+    return {
+        "mean_generation_length": tokens.mean().item() if len(tokens) else 0.0,
+        "max_generation_length": int(tokens.max().item()) if len(tokens) else 0,
+        "total_generated_tokens": int(tokens.sum().item()),
+    }
 
 
 def calculate_rewards(

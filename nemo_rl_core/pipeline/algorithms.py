@@ -61,15 +61,32 @@ ROLLOUT = (
         reads=("prompts",),
         versions=("policy",),
         reported=("mean_gen_tokens_per_sample",),
+        fan_out=FanOut(
+            stages.rollout_generate_shard,
+            stages.rollout_generate_merge,
+            stages.rollout_generate_widest,
+        ),
     ),
     Stage(
         "reward",
         stages.rollout_reward,
         reads=("generate",),
         reported=("mean_reward", "mean_total_reward"),
-        fan_out=FanOut(stages.rollout_reward_shard, stages.rollout_reward_merge),
+        fan_out=FanOut(
+            stages.rollout_reward_shard, stages.rollout_reward_merge, stages.rollout_reward_widest
+        ),
     ),
-    Stage("logprob", stages.rollout_logprob, reads=("reward",), versions=("policy",)),
+    Stage(
+        "logprob",
+        stages.rollout_logprob,
+        reads=("reward",),
+        versions=("policy",),
+        fan_out=FanOut(
+            stages.rollout_logprob_shard,
+            stages.rollout_logprob_merge,
+            stages.rollout_logprob_widest,
+        ),
+    ),
 )
 POLICY_METRICS = ("loss", "kl_penalty", "probs_ratio_clamped_fraction", "grad_norm")
 # DAPO's dynamic sampling: generate and score more prompts until a step's batch is full.
@@ -285,7 +302,11 @@ DISTILLATION = register_pipeline(
                 stages.distillation_reward,
                 reads=("generate",),
                 reported=("mean_reward",),
-                fan_out=FanOut(stages.rollout_reward_shard, stages.distillation_reward_merge),
+                fan_out=FanOut(
+                    stages.rollout_reward_shard,
+                    stages.distillation_reward_merge,
+                    stages.rollout_reward_widest,
+                ),
             ),
             Stage("teacher", stages.distillation_teacher, reads=("reward",)),
             Stage(

@@ -9,8 +9,10 @@ from the checkpoint on storage) instead of being restarted.
 
 import hashlib
 import json
+import logging
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -70,6 +72,9 @@ def training_env_vars(model: TrainedModelConfig, section: str) -> tuple[dict | N
     return model.dtensor_cfg.env_vars, f"{section}.dtensor_cfg.env_vars"
 
 
+log = logging.getLogger(__name__)
+
+
 class RefitSource(Protocol):
     """A policy that can hand its weights to a generation engine in memory (HF names, in
     the precision the engine runs), which spares a round trip through storage."""
@@ -105,6 +110,8 @@ class RunRuntime:
     # (retention waits for it).
     _generation_lock: threading.Lock = field(default_factory=threading.Lock)
     _fetch_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Shards of a split stage run side by side in one process: one of them loads a model.
+    _models_lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
     def storage(self) -> RunStorage:
@@ -205,24 +212,41 @@ class RunRuntime:
 
     def policy(self, step: int) -> PolicyInterface:
         """The policy holding the weights (and optimizer state) of ``step``."""
-        if self._policy is not None and self._policy_step == step:
+        with self._models_lock:
+            if self._policy is not None and self._policy_step == step:
+                return self._policy
+            if self._policy is not None:
+                self._policy.shutdown()
+            started = time.perf_counter()
+            source = self.weights_dir(step)
+            optimizer_dir = source / OPTIMIZER_DIR
+            # model_name -> the resolved local directory: the reference model is its weights.
+            policy_config = self.config.policy.model_copy(
+                update={"model_name": str(self.model_dir)}
+            )
+            self._environment.apply(*training_env_vars(policy_config, "policy"))
+            self._policy = make_policy(
+                policy_config,
+                tokenizer=self.tokenizer,
+                weights_path=str(source) if step != INITIAL_STEP else None,
+                optimizer_path=str(optimizer_dir) if optimizer_dir.is_dir() else None,
+                init_reference_model=self.pipeline.reference_policy,
+            )
+            self._policy_step = step
+            log.info(
+                "run %s: policy loaded at the weights of step %d (%.1f s)",
+                self.run.run_id,
+                step,
+                time.perf_counter() - started,
+            )
             return self._policy
-        if self._policy is not None:
-            self._policy.shutdown()
-        source = self.weights_dir(step)
-        optimizer_dir = source / OPTIMIZER_DIR
-        # model_name -> the resolved local directory: the reference model is its weights.
-        policy_config = self.config.policy.model_copy(update={"model_name": str(self.model_dir)})
-        self._environment.apply(*training_env_vars(policy_config, "policy"))
-        self._policy = make_policy(
-            policy_config,
-            tokenizer=self.tokenizer,
-            weights_path=str(source) if step != INITIAL_STEP else None,
-            optimizer_path=str(optimizer_dir) if optimizer_dir.is_dir() else None,
-            init_reference_model=self.pipeline.reference_policy,
-        )
-        self._policy_step = step
-        return self._policy
+
+    @contextmanager
+    def policy_in_use(self, step: int) -> Iterator[PolicyInterface]:
+        """The policy at ``step``, held by this caller alone until the block ends: the
+        shards of a split stage, side by side in one process, take turns with it."""
+        with self._models_lock:
+            yield self.policy(step)
 
     def reference_policy(self) -> PolicyInterface:
         """A policy holding the run's frozen reference model (the starting weights, which
@@ -245,23 +269,24 @@ class RunRuntime:
 
     def value(self, step: int) -> ValueInterface:
         """The value model holding the weights (and optimizer state) of ``step``."""
-        if self._value is not None and self._value_step == step:
+        with self._models_lock:
+            if self._value is not None and self._value_step == step:
+                return self._value
+            if self._value is not None:
+                self._value.shutdown()
+            source = self.weights_dir(step) / MODEL_DIRS["value"] if step != INITIAL_STEP else None
+            value_config = self.config.value.model_copy(
+                update={"model_name": str(self.value_model_dir)}
+            )
+            self._environment.apply(*training_env_vars(value_config, "value"))
+            self._value = make_value_model(
+                value_config,
+                tokenizer=self.tokenizer,
+                weights_path=str(source) if source else None,
+                optimizer_path=str(source / OPTIMIZER_DIR) if source else None,
+            )
+            self._value_step = step
             return self._value
-        if self._value is not None:
-            self._value.shutdown()
-        source = self.weights_dir(step) / MODEL_DIRS["value"] if step != INITIAL_STEP else None
-        value_config = self.config.value.model_copy(
-            update={"model_name": str(self.value_model_dir)}
-        )
-        self._environment.apply(*training_env_vars(value_config, "value"))
-        self._value = make_value_model(
-            value_config,
-            tokenizer=self.tokenizer,
-            weights_path=str(source) if source else None,
-            optimizer_path=str(source / OPTIMIZER_DIR) if source else None,
-        )
-        self._value_step = step
-        return self._value
 
     def value_for_update(self, step: int) -> ValueInterface:
         """The value model at ``step``, marked as changing (as ``policy_for_update``)."""
@@ -272,17 +297,18 @@ class RunRuntime:
     def teacher(self) -> PolicyInterface:
         """On-policy distillation's ``teacher:``: frozen weights, inference only (no optimizer,
         no reference copy), reading the student's tokens."""
-        if self._teacher is None:
-            teacher = self.config.teacher
-            resolved = str(resolve_model(teacher.model_name))
-            self._environment.apply(*training_env_vars(teacher, "teacher"))
-            self._teacher = make_policy(
-                teacher.model_copy(update={"model_name": resolved}),
-                tokenizer=self.tokenizer,
-                init_optimizer=False,
-                init_reference_model=False,
-            )
-        return self._teacher
+        with self._models_lock:
+            if self._teacher is None:
+                teacher = self.config.teacher
+                resolved = str(resolve_model(teacher.model_name))
+                self._environment.apply(*training_env_vars(teacher, "teacher"))
+                self._teacher = make_policy(
+                    teacher.model_copy(update={"model_name": resolved}),
+                    tokenizer=self.tokenizer,
+                    init_optimizer=False,
+                    init_reference_model=False,
+                )
+            return self._teacher
 
     def commit_checkpoint(
         self,
@@ -307,6 +333,7 @@ class RunRuntime:
         when it holds that step, unless rollouts run beside training (async GRPO), where the
         policy may be changing under the refit: then the committed checkpoint."""
         with self._generation_lock:
+            started = time.perf_counter()
             if self._generation is None:
                 settings = configure_generation_config(
                     self.config.policy.generation, self.tokenizer
@@ -314,15 +341,33 @@ class RunRuntime:
                 if settings.backend == "vllm":
                     self._environment.apply(settings.vllm_cfg.env_vars, "vllm_cfg.env_vars")
                 self._generation = make_generation(
-                    settings, str(self.weights_dir(step)), seed=self.config.algorithm.seed
+                    settings,
+                    str(self.weights_dir(step)),
+                    seed=self.config.algorithm.seed,
+                    batch_size=getattr(self.config.policy, "generation_batch_size", None),
+                )
+                log.info(
+                    "run %s: generation engine started at the weights of step %d (%.1f s)",
+                    self.run.run_id,
+                    step,
+                    time.perf_counter() - started,
                 )
             elif self._generation_step != step:
                 overlapping = self.pipeline.ahead_depth(self.config) > 0
                 if not overlapping and self._policy is not None and self._policy_step == step:
                     source: RefitSource = self._policy  # type: ignore[assignment]
                     self._generation.update_weights_from_state_dict(source.state_dict_for_refit())
+                    origin = "the policy in memory"
                 else:
                     self._generation.update_weights_from_checkpoint(str(self.weights_dir(step)))
+                    origin = "the committed checkpoint"
+                log.info(
+                    "run %s: generation engine refit in place to step %d from %s (%.3f s)",
+                    self.run.run_id,
+                    step,
+                    origin,
+                    time.perf_counter() - started,
+                )
             self._generation_step = step
             yield self._generation
 

@@ -53,10 +53,13 @@ class FanOut:
     """A stage whose work splits by sample. ``shard(ctx, index, count)`` makes the ``batch`` of
     one contiguous slice; ``merge(ctx, batches)`` joins the slices' batches in order and does
     the rest of the stage. Unsplit, the stage is one shard merged, so its output is the same
-    bit for bit however many shards made it."""
+    bit for bit however many shards made it. ``widest(config)``: the most shards the stage's
+    batch splits into under ``config``, and why no more (a shard holds whole units of the
+    work: samples, or the batches a backend computes together)."""
 
     shard: "Callable[[StageContext, int, int], BatchedDataDict]"
     merge: "Callable[[StageContext, list[BatchedDataDict]], StageResult]"
+    widest: Callable[[Any], tuple[int, str]]
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,13 @@ def shard_part(index: int, count: int) -> str:
     return f"{SHARD_PREFIX}{index}-of-{count}"
 
 
-def shard_bounds(size: int, index: int, count: int) -> tuple[int, int]:
-    """Sample range ``[start, end)`` of shard ``index`` of ``count`` over ``size`` samples."""
-    return index * size // count, (index + 1) * size // count
+def shard_bounds(size: int, index: int, count: int, unit: int = 1) -> tuple[int, int]:
+    """Sample range ``[start, end)`` of shard ``index`` of ``count`` over ``size`` samples, in
+    whole units of ``unit`` samples (the last unit may be short)."""
+    units = -(-size // unit)
+    if count > units:
+        raise ValueError(f"{size} samples in units of {unit} split into at most {units} shards")
+    return min(size, index * units // count * unit), min(size, (index + 1) * units // count * unit)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from nemo_rl_core.utils.config import ConfigError
 
 def check_stage_names(config: Any, pipeline: Pipeline) -> None:
     """Refuse a timeout for a stage the algorithm does not declare, and a fan-out of a stage
-    whose work does not split, by its dotted key."""
+    whose work does not split or wider than its batch, by its dotted key."""
     names = list(pipeline.stage_names)
     for name in config.orchestration.stage_timeout_seconds:
         if name not in names:
@@ -21,12 +21,18 @@ def check_stage_names(config: Any, pipeline: Pipeline) -> None:
                 f"{SECTION}.stage_timeout_seconds.{name}: {pipeline.name} has no stage "
                 f"{name!r}; its stages are {names}"
             )
-    splittable = [stage.name for stage in pipeline.stages if stage.fan_out is not None]
-    for name in config.orchestration.fan_out:
+    splittable = {stage.name: stage.fan_out for stage in pipeline.stages if stage.fan_out}
+    for name, count in config.orchestration.fan_out.items():
         if name not in splittable:
             raise ConfigError(
                 f"{SECTION}.fan_out.{name}: {pipeline.name}'s stage {name!r} does not split "
-                f"into shards; stages that do: {splittable}"
+                f"into shards; stages that do: {sorted(splittable)}"
+            )
+        widest, why = splittable[name].widest(config)
+        if count > widest:
+            raise ConfigError(
+                f"{SECTION}.fan_out.{name}={count}: wider than the stage's batch, which "
+                f"splits into at most {widest} shard(s): {why}"
             )
 
 
@@ -41,4 +47,6 @@ def check_placed_stages(config: Any, pipeline: Pipeline) -> None:
                 f"stages are {names}"
             )
         if not pool.strip():
-            raise ConfigError(f"cluster.placement.{stage}: name a Prefect work pool, not {pool!r}")
+            raise ConfigError(
+                f"cluster.placement.{stage}: name a pool of stage workers, not {pool!r}"
+            )

@@ -62,7 +62,10 @@ def rollout_prompts(ctx: StageContext) -> StageResult:
 
 def rollout_generate(ctx: StageContext) -> StageResult:
     """Responses (multi-turn tasks: whole episodes) from the engine at this iteration's
-    weights, or under async GRPO at the weights ``max_trajectory_age_steps`` older."""
+    weights, or under async GRPO at the weights ``max_trajectory_age_steps`` older. Unsplit
+    (one-turn rollouts): one shard, merged; multi-turn episodes are played whole."""
+    if ctx.config.algorithm.max_rollout_turns == 1:
+        return rollout_generate_merge(ctx, [rollout_generate_shard(ctx, 0, 1)])
     rt = ctx.runtime
     with rt.generation(ctx.weights_step) as engine:
         rollouts, metrics = rollout_generation.generate_rollouts(
@@ -77,6 +80,70 @@ def rollout_generate(ctx: StageContext) -> StageResult:
     return StageResult({"batch": rollouts}, {**metrics, "weights_step": ctx.weights_step})
 
 
+def rollout_generate_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
+    """One-turn responses of one slice of the prompts, each sampled with its own seed; the
+    slice holds whole batches of what the engine generates together (``generation_unit``)."""
+    rt = ctx.runtime
+    prompts = ctx.batch("prompts")
+    rows = shard_bounds(prompts.size, index, count, generation_unit(ctx.config, prompts.size))
+    with rt.generation(ctx.weights_step) as engine:
+        rollouts, _ = rollout_generation.generate_rollouts(
+            engine,
+            prompts,
+            rt.tokenizer,
+            rt.task_to_env,
+            ctx.config,
+            ctx.iteration,
+            ctx.round_index,
+            rows=rows,
+        )
+    return rollouts
+
+
+def rollout_generate_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
+    """The slices' responses joined in order, with the batch's generation metrics."""
+    rollouts: BatchedDataDict[Any] = BatchedDataDict.from_batches(shards)
+    metrics = rollout_generation.one_turn_metrics(rollouts)
+    return StageResult({"batch": rollouts}, {**metrics, "weights_step": ctx.weights_step})
+
+
+def generation_unit(config: Any, size: int) -> int:
+    """How many samples the engine generates together, which a shard must hold whole for its
+    output to be the unsplit one's bit for bit: vLLM seeds and computes each request on its
+    own (1); transformers' ``generate`` computes a batch together, and generates
+    ``policy.generation_batch_size`` at a time (all ``size`` when unset)."""
+    if config.policy.generation.backend != "hf":
+        return 1
+    return config.policy.generation_batch_size or size
+
+
+def rollout_samples(config: Any) -> int:
+    """Samples per generation batch (a refill round's too)."""
+    prompts = prompt_batches.prompts_per_batch(config.algorithm)
+    return prompts * config.algorithm.num_generations_per_prompt
+
+
+def rollout_generate_widest(config: Any) -> tuple[int, str]:
+    samples = rollout_samples(config)
+    if config.algorithm.max_rollout_turns > 1:
+        return 1, (
+            f"multi-turn episodes (max_rollout_turns={config.algorithm.max_rollout_turns}) "
+            "are played over the whole batch"
+        )
+    unit = generation_unit(config, samples)
+    if unit == samples and config.policy.generation_batch_size is None and samples > 1:
+        return 1, (
+            f"transformers generates its {samples} samples as one batch; set "
+            "policy.generation_batch_size (a shard holds whole batches of it)"
+        )
+    return -(-samples // unit), f"{samples} samples, generated {unit} at a time"
+
+
+def rollout_reward_widest(config: Any) -> tuple[int, str]:
+    samples = rollout_samples(config)
+    return samples, f"{samples} samples"
+
+
 def rollout_reward(ctx: StageContext) -> StageResult:
     """The environments score each rollout; the rewards are scaled and shaped, truncated
     responses filtered, and under dynamic sampling the informative groups kept (with
@@ -87,8 +154,8 @@ def rollout_reward(ctx: StageContext) -> StageResult:
 def rollout_reward_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
     """The environments' rewards of one slice of the rollouts."""
     rollouts = ctx.batch("generate")
-    start, end = shard_bounds(rollouts.size, index, count)
-    return scoring.score_samples(rollouts.slice(start, end), ctx.runtime.task_to_env, ctx.config)
+    rows = shard_bounds(rollouts.size, index, count)
+    return scoring.score_samples(rollouts.slice(*rows), ctx.runtime.task_to_env, ctx.config)
 
 
 def rollout_reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
@@ -111,12 +178,41 @@ def rollout_reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> St
 
 
 def rollout_logprob(ctx: StageContext) -> StageResult:
-    """The policy's and the reference policy's logprobs of the rollouts."""
+    """The policy's and the reference policy's logprobs of the rollouts. Unsplit: one shard,
+    merged."""
+    return rollout_logprob_merge(ctx, [rollout_logprob_shard(ctx, 0, 1)])
+
+
+def rollout_logprob_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
+    """The logprobs of one slice of the rollouts' training inputs, padded as the whole
+    batch's, in whole microbatches (``policy.logprob_batch_size``): the forward passes are
+    the unsplit stage's."""
     rt = ctx.runtime
-    train_data = grpo.compute_logprobs(
-        rt.policy(ctx.iteration), ctx.batch("reward"), rt.tokenizer, ctx.config
-    )
+    train_data = grpo.logprob_inputs(ctx.batch("reward"), rt.tokenizer, ctx.config)
+    unit = ctx.config.policy.logprob_batch_size or train_data.size
+    rows = shard_bounds(train_data.size, index, count, unit)
+    with rt.policy_in_use(ctx.iteration) as policy:
+        return grpo.policy_logprobs(policy, train_data.slice(*rows), ctx.config)
+
+
+def rollout_logprob_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
+    """The rollouts' training inputs with the slices' logprobs joined in order."""
+    train_data = grpo.logprob_inputs(ctx.batch("reward"), ctx.runtime.tokenizer, ctx.config)
+    train_data.update(BatchedDataDict.from_batches(shards))
     return StageResult({"batch": train_data})
+
+
+def rollout_logprob_widest(config: Any) -> tuple[int, str]:
+    samples = config.algorithm.num_prompts_per_step * config.algorithm.num_generations_per_prompt
+    policy = config.policy
+    if policy.dynamic_batching.enabled or policy.sequence_packing.enabled:
+        return 1, (
+            "policy.dynamic_batching / sequence_packing plans the microbatches over the whole batch"
+        )
+    unit = policy.logprob_batch_size or samples
+    return -(-samples // unit), (
+        f"{samples} samples in microbatches of policy.logprob_batch_size={unit}"
+    )
 
 
 def ppo_value(ctx: StageContext) -> StageResult:

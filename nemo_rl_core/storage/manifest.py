@@ -26,19 +26,23 @@ COMPLETE: Status = "complete"
 STALE: Status = "stale"
 _STATUSES = (COMPLETE, STALE)
 _RAN_ON = ("pool", "worker", "host", "flow_run")
+_RAN_ON_OPTIONAL = ("ranks", "pid", "task_run")
 
 
 @dataclass(frozen=True)
 class RanOn:
-    """Where a stage ran: the work pool, worker, host and flow run (pool, worker and flow
-    run are None outside a worker's flow run), and over how many ranks when it ran across
-    processes (None: in one)."""
+    """Where a stage ran: the work pool (or pool of stage workers), worker, host and flow
+    run (pool, worker and flow run are None outside a worker's flow run), over how many
+    ranks when it ran across processes (None: in one), and the process and task run that
+    ran it, where recorded."""
 
     pool: str | None
     worker: str | None
     host: str | None
     flow_run: str | None
     ranks: int | None = None
+    pid: int | None = None
+    task_run: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         where: dict[str, Any] = {
@@ -47,18 +51,21 @@ class RanOn:
             "host": self.host,
             "flow_run": self.flow_run,
         }
-        if self.ranks is not None:
-            where["ranks"] = self.ranks
+        for name in _RAN_ON_OPTIONAL:
+            if (value := getattr(self, name)) is not None:
+                where[name] = value
         return where
 
     @classmethod
     def from_dict(cls, data: Any) -> Self:
-        fields = _fields(data, "ran_on", _RAN_ON, optional=("ranks",))
-        ranks = fields.get("ranks")
-        if ranks is not None and (not isinstance(ranks, int) or isinstance(ranks, bool)):
-            raise ValueError(f"ranks is {ranks!r}, not an int")
+        fields = _fields(data, "ran_on", _RAN_ON, optional=_RAN_ON_OPTIONAL)
+        for name in ("ranks", "pid"):
+            value = fields.get(name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"{name} is {value!r}, not an int")
         pool, worker, host, flow_run = (_optional_str(fields[name], name) for name in _RAN_ON)
-        return cls(pool, worker, host, flow_run, ranks)
+        task_run = _optional_str(fields.get("task_run"), "task_run")
+        return cls(pool, worker, host, flow_run, fields.get("ranks"), fields.get("pid"), task_run)
 
 
 @dataclass(frozen=True)
@@ -220,10 +227,13 @@ class StageRun:
     @classmethod
     def from_dict(cls, data: Any) -> Self:
         fields = _fields(
-            data, "stage run", (*_RAN_ON, "pid", "ttl_s", "beat"), optional=("ranks", "damaged")
+            data,
+            "stage run",
+            (*_RAN_ON, "pid", "ttl_s", "beat"),
+            optional=("ranks", "task_run", "damaged"),
         )
         damaged = fields.get("damaged")
-        where = (*_RAN_ON, "ranks")
+        where = (*_RAN_ON, "ranks", "task_run")
         return cls(
             ran_on=RanOn.from_dict({name: fields[name] for name in where if name in fields}),
             pid=int(fields["pid"]),

@@ -1,8 +1,11 @@
 """What the flows derive from a declaration: stale sets, reports, the stored run's algorithm,
 and refusal of a declaration that could not run."""
 
+from pathlib import Path
+
 import pytest
 
+from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.pipeline.algorithms import GRPO, PPO
 from nemo_rl_core.pipeline.context import StageResult
 from nemo_rl_core.pipeline.registry import pipeline_for_config, pipeline_named
@@ -12,7 +15,12 @@ from nemo_rl_core.pipeline.spec import (
     Stage,
     registered_for,
     registered_pipelines,
+    shard_bounds,
 )
+from nemo_rl_core.pipeline.stage_keys import check_stage_names
+from nemo_rl_core.utils.config import ConfigError
+
+CONFIG = str(Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_math_tiny.yaml")
 
 
 def _noop(ctx):
@@ -112,3 +120,49 @@ def test_run_ahead_stages_must_be_consecutive():
     stages = (Stage("a", _noop), Stage("b", _noop, reads=("a",)), Stage("c", _noop))
     with pytest.raises(ValueError, match="run-ahead stages"):
         Pipeline("x", object, stages, "c", run_ahead=RunAhead(("a", "c"), ("a",), lambda c: 1))
+
+
+def test_shards_hold_whole_units_and_never_outnumber_them():
+    assert [shard_bounds(16, i, 3) for i in range(3)] == [(0, 5), (5, 10), (10, 16)]
+    assert [shard_bounds(10, i, 3, unit=4) for i in range(3)] == [(0, 4), (4, 8), (8, 10)]
+    assert [shard_bounds(8, i, 2, unit=2) for i in range(2)] == [(0, 4), (4, 8)]
+    with pytest.raises(ValueError, match="at most 2 shards"):
+        shard_bounds(4, 0, 3, unit=2)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refusal"),
+    [
+        # grpo_math_tiny: vLLM, 4 prompts x 4 samples, logprob microbatches of 8
+        (["++orchestration.fan_out.reward=17"], r"fan_out.reward=17: .* at most 16 .*16 samples"),
+        (["++orchestration.fan_out.generate=17"], r"fan_out.generate=17: .* at most 16"),
+        (["++orchestration.fan_out.logprob=3"], r"fan_out.logprob=3: .* at most 2 .*logprob_batch"),
+        (
+            ["policy.generation.backend=hf", "++orchestration.fan_out.generate=2"],
+            r"fan_out.generate=2: .* at most 1 .*policy.generation_batch_size",
+        ),
+        (
+            ["grpo.max_rollout_turns=3", "++orchestration.fan_out.generate=2"],
+            r"fan_out.generate=2: .*multi-turn",
+        ),
+        (
+            ["policy.dynamic_batching.enabled=true", "++orchestration.fan_out.logprob=2"],
+            r"fan_out.logprob=2: .*dynamic_batching",
+        ),
+    ],
+)
+def test_a_fan_out_wider_than_the_batch_is_refused_by_its_key(overrides, refusal):
+    config = load_master_config(CONFIG, overrides)
+    with pytest.raises(ConfigError, match=refusal):
+        check_stage_names(config, GRPO)
+
+
+def test_a_fan_out_within_the_batch_is_accepted():
+    overrides = [
+        "policy.generation.backend=hf",
+        "policy.generation_batch_size=4",
+        "++orchestration.fan_out.generate=4",
+        "++orchestration.fan_out.logprob=2",
+        "++orchestration.fan_out.reward=16",
+    ]
+    check_stage_names(load_master_config(CONFIG, overrides), GRPO)

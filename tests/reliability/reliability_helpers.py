@@ -2,12 +2,14 @@
 generation, two prompts of two samples, two iterations), the final weights of a run on any
 storage, and the checks that storage holds no half-written object."""
 
+import json
 import tempfile
 from pathlib import Path
 
 from safetensors.torch import load_file
 
 from nemo_rl_core.algorithms.grpo import load_master_config
+from nemo_rl_core.storage.object_store import ObjectRef
 from nemo_rl_core.storage.run_storage import RunStorage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,14 +34,23 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 
 def assert_no_half_written_objects(storage: RunStorage) -> None:
-    """No temporary object anywhere under the run; every manifest output exists whole,
-    with the size and sha256 its entry records, and every other object of an iteration is
-    its manifest (no output of an uncommitted stage); every checkpoint is COMMITTED."""
+    """No temporary object anywhere under the run; every manifest (and shard entry) output
+    exists whole, with the size and sha256 its entry records, and every other object of an
+    iteration is its manifest (no output of an uncommitted stage); every checkpoint is
+    COMMITTED."""
     base = storage.objects.run_path + "/"
     keys = [path.removeprefix(base) for path in storage.fs.find(storage.objects.run_path)]
     leftovers = [key for key in keys if ".tmp-" in key]
     assert leftovers == [], f"temporary objects left behind: {leftovers}"
     referenced = set()
+    for entry_key in [k for k in keys if k.startswith("iter_") and k.endswith(".entry.json")]:
+        # the entry of one shard of a split stage, beside its outputs
+        entry = json.loads(storage.fs.cat_file(f"{base}{entry_key}"))
+        for ref in entry["outputs"].values():
+            read = storage.read_json if ref["key"].endswith(".json") else storage.read_batch
+            read(ObjectRef.from_dict(ref))
+            referenced.add(ref["key"])
+        referenced.add(entry_key)
     for manifest_key in [k for k in keys if k.startswith("iter_") and k.endswith("MANIFEST.json")]:
         iteration = int(manifest_key.split("/")[0].removeprefix("iter_"))
         for stage, entry in storage.read_manifest(iteration).stages.items():

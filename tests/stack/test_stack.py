@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import s3fs
 import yaml
-from local_stack import PROJECT_ROOT, LocalStack
+from local_stack import PROJECT_ROOT, LocalStack, attach_stack, free_port
 
 pytestmark = pytest.mark.stack
 
@@ -131,6 +132,48 @@ def probe_run(local_stack: LocalStack, probe_project: Path) -> dict[str, Any]:
     return {"flow_run": flow_run, "key": key, "logs": logs}
 
 
+def test_a_stage_worker_on_a_fresh_stack_starts_what_it_needs(tmp_path_factory) -> None:
+    """``infra/stack.sh start worker@POOL`` on a state dir that runs nothing starts
+    PostgreSQL, S3 and the server first; then the server lists the stage worker, and a shell
+    that sourced ``env.sh`` finds the venv's ``prefect`` first on its PATH."""
+    state_dir = Path(tempfile.mkdtemp(prefix="nemo-rl-fresh-"))
+    state_dir.chmod(0o755)
+    ports = {
+        "INFRA_PG_PORT": free_port(),
+        "INFRA_API_PORT": free_port(),
+        "INFRA_S3_PORT": free_port(),
+    }
+    env = {**os.environ, "INFRA_STATE_DIR": str(state_dir), **{k: str(v) for k, v in ports.items()}}
+    env.pop("NEMO_RL_INFRA_STATE_DIR", None)
+    stack = [str(PROJECT_ROOT / "infra" / "stack.sh")]
+    try:
+        started = subprocess.run(
+            [*stack, "start", "worker@fresh-pool"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert started.returncode == 0, started.stdout + started.stderr
+        fresh = attach_stack(state_dir)
+        status = subprocess.run([*stack, "status"], env=env, capture_output=True, text=True).stdout
+        for service in ("postgres", "s3", "server", "worker@fresh-pool"):
+            assert f"{service}: up" in status, status
+        assert fresh.live_stage_workers("fresh-pool") == [
+            f"{socket.gethostname()}-{fresh.worker_pid('fresh-pool')}"
+        ]
+        found = subprocess.run(
+            ["bash", "-c", f"source {state_dir}/env.sh && command -v prefect"],
+            env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")},
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        assert found == str(PROJECT_ROOT / ".venv" / "bin" / "prefect"), found
+    finally:
+        subprocess.run([*stack, "stop"], env=env, timeout=300, check=False)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
 def test_stack_is_healthy(local_stack: LocalStack) -> None:
     status = local_stack.stack("status").stdout
     assert status.count(": up") == 4, status
@@ -151,6 +194,14 @@ def test_stack_is_healthy(local_stack: LocalStack) -> None:
         "GET", "/block_types/slug/s3-bucket/block_documents/name/nemo-rl-s3"
     )
     assert bucket_block["data"]["bucket_name"] == local_stack.bucket
+    # Where background task runs (placed stages) keep their parameters: every machine's
+    # stage workers read them there.
+    scheduling = local_stack.env_vars["PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK"]
+    assert scheduling == "s3-bucket/nemo-rl-task-scheduling"
+    scheduling_block = local_stack.api(
+        "GET", "/block_types/slug/s3-bucket/block_documents/name/nemo-rl-task-scheduling"
+    )
+    assert scheduling_block["data"]["bucket_name"] == local_stack.bucket
 
 
 def test_start_again_keeps_the_running_services(local_stack: LocalStack) -> None:
@@ -215,16 +266,9 @@ def test_project_prefect_yaml_declares_the_deployments() -> None:
         ("flows/eval.py:evaluate", "manual"),
         ("flows/rerun_stage.py:rerun_stage", "default"),
         ("flows/verify.py:verify_run", "default"),
-        ("flows/stage_run.py:stage_flow", "rollout-pool"),
-        ("flows/stage_run.py:stage_flow", "train-pool"),
     }
-    pools = {d["name"]: d["work_pool"]["name"] for d in spec["deployments"]}
-    assert set(pools.values()) == {"local-process", "rollout-pool", "train-pool"}
-    assert all(
-        d["work_pool"]["name"] == d["name"]
-        for d in spec["deployments"]
-        if d["entrypoint"] == "flows/stage_run.py:stage_flow"
-    )
+    # Placed stages are task runs of stage workers, not deployments of their own.
+    assert {d["work_pool"]["name"] for d in spec["deployments"]} == {"local-process"}
     nightly = deployments[("flows/grpo.py:grpo", "nightly")]
     assert nightly["schedules"][0]["cron"] == "0 2 * * *"
     assert {"run_id", "steps_per_run"} <= set(nightly["parameters"])
@@ -255,7 +299,7 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
     configs, actions = _load_deploy_configs_and_actions(
         PROJECT_ROOT / "prefect.yaml", console=Console(stderr=True)
     )
-    assert len(configs) == 13, "prefect.yaml did not validate as Prefect reads it"
+    assert len(configs) == 11, "prefect.yaml did not validate as Prefect reads it"
     [step] = actions["build"]  # the version step, run as `prefect deploy` runs it
     settings = dict(step["prefect.deployments.steps.run_shell_script"])
     step_id = settings.pop("id")
@@ -276,8 +320,6 @@ def test_prefect_loads_versions_and_concurrency_limits() -> None:
         ("flows/eval.py:evaluate", "manual"): None,
         ("flows/rerun_stage.py:rerun_stage", "default"): None,
         ("flows/verify.py:verify_run", "default"): None,
-        ("flows/stage_run.py:stage_flow", "rollout-pool"): None,
-        ("flows/stage_run.py:stage_flow", "train-pool"): None,
     }
 
 
@@ -294,8 +336,6 @@ PROJECT_DEPLOYMENTS = (
     "rerun-stage/default",
     "verify-run/default",
 )
-# One stage-flow deployment per work pool that cluster.placement may name.
-STAGE_DEPLOYMENTS = ("stage/rollout-pool", "stage/train-pool")
 
 
 def test_project_deployments_register(local_stack: LocalStack) -> None:
@@ -303,11 +343,7 @@ def test_project_deployments_register(local_stack: LocalStack) -> None:
     under its flow's name (``eval/manual``: Prefect's ``--name`` would match the function,
     ``evaluate``, not the flow)."""
     registered = local_stack.deploy_all()
-    assert {*PROJECT_DEPLOYMENTS, *STAGE_DEPLOYMENTS} <= set(registered), sorted(registered)
-    for name in STAGE_DEPLOYMENTS:
-        deployment = local_stack.api("GET", f"/deployments/name/{name}")
-        assert deployment["work_pool_name"] == name.split("/")[1]
-        assert deployment["version"].strip() == code_version(), name
+    assert set(PROJECT_DEPLOYMENTS) <= set(registered), sorted(registered)
     for name in PROJECT_DEPLOYMENTS:
         deployment = local_stack.api("GET", f"/deployments/name/{name}")
         assert deployment["work_pool_name"] == "local-process"

@@ -25,12 +25,18 @@ __getattr__ = lazy_exports(__name__, {"GenerationInterface": ".interfaces"})
 
 
 def make_generation(
-    config: GenerationConfig, model_path: str | Path | None = None, *, seed: int = 0
+    config: GenerationConfig,
+    model_path: str | Path | None = None,
+    *,
+    seed: int = 0,
+    batch_size: int | None = None,
 ) -> "GenerationInterface":
     """Build the backend that ``config.backend`` names for the model at ``model_path``.
 
     ``model_path`` defaults to ``config.model_name``; either may be a local HF directory or
     a built-in name (``tiny-llama``, ``smollm2-135m-instruct``, see ``resolve_model``).
+    ``batch_size`` (NeMo RL's ``policy.generation_batch_size``, "only used when generating
+    using HF backend"): prompts per transformers ``generate`` call; vLLM schedules its own.
     """
     if config.backend == "vllm":
         from nemo_rl_core.models.generation.vllm_generation import VllmGeneration
@@ -38,4 +44,4 @@ def make_generation(
         return VllmGeneration(config, model_path, seed=seed)
     from nemo_rl_core.models.generation.hf_generation import HFGeneration
 
-    return HFGeneration(config, model_path, seed=seed)
+    return HFGeneration(config, model_path, seed=seed, batch_size=batch_size)

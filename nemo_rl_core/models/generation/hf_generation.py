@@ -73,6 +73,27 @@ class _SampledTokenLogprobs(LogitsProcessor):
         return torch.stack(self.steps, dim=1)
 
 
+class _PerSampleSampler(LogitsProcessor):
+    """Draws each row's next token from its final distribution with a generator of its own,
+    seeded by the sample's seed, so that a sample draws the same tokens whichever rows are
+    generated beside it (vLLM's per-request seed). Placed last; the drawn token is left the
+    only finite score, for ``generate``'s greedy pick."""
+
+    def __init__(self, seeds: list[int], device: torch.device) -> None:
+        self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        probs = torch.softmax(scores.float(), dim=-1)
+        drawn = torch.cat(
+            [
+                torch.multinomial(probs[row], 1, generator=generator)
+                for row, generator in enumerate(self.generators)
+            ]
+        )
+        chosen = torch.full_like(scores, -float("inf"))
+        return chosen.scatter_(1, drawn[:, None], 0.0)  # type: ignore[return-value]
+
+
 class _StopStrings(StoppingCriteria):
     """Per-sample stop strings (generate's own ``stop_strings`` are one list for the batch).
 
@@ -108,8 +129,14 @@ class HFGeneration(GenerationInterface):
     """Generation with ``AutoModelForCausalLM.generate``, refit with ``load_state_dict``."""
 
     def __init__(
-        self, config: GenerationConfig, model_path: str | Path | None = None, *, seed: int = 0
+        self,
+        config: GenerationConfig,
+        model_path: str | Path | None = None,
+        *,
+        seed: int = 0,
+        batch_size: int | None = None,
     ) -> None:
+        self.batch_size = batch_size  # samples per generate call (NeMo RL's generation_batch_size)
         self.model_spec, self.cfg, self.max_model_len = setup_backend(config, model_path)
         self.pad_token_id = filled(self.cfg.pad_token_id, "generation.pad_token_id")
         precision = self.cfg.vllm_cfg.precision
@@ -139,16 +166,15 @@ class HFGeneration(GenerationInterface):
         self.seed = seed
         self._calls = 0
 
-    def _hf_config(self, greedy: bool, max_new_tokens: int) -> HFGenerationConfig:
-        """Sampling knobs go in our own processors, so generate adds no warpers of its own."""
-        neutral = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    def _hf_config(self, max_new_tokens: int) -> HFGenerationConfig:
+        """Sampling goes in our own processors (``_PerSampleSampler`` draws, generate picks
+        the drawn token), so generate adds no warpers of its own."""
         return HFGenerationConfig(
-            do_sample=not greedy,
+            do_sample=False,
             max_new_tokens=max_new_tokens,
             eos_token_id=self.stop_token_ids or None,
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
-            **neutral,
         )
 
     def _warpers(self, greedy: bool) -> list[LogitsProcessor]:
@@ -184,12 +210,43 @@ class HFGeneration(GenerationInterface):
                 return position + 1, False
         return length, stopped_after is None and length >= budget
 
-    @torch.inference_mode()
     def generate(
         self, data: BatchedDataDict[GenerationDatumSpec], greedy: bool = False
     ) -> BatchedDataDict[GenerationOutputSpec]:
-        """Sample one response per prompt; seeded per call so reruns repeat."""
+        """Sample one response per prompt, ``batch_size`` prompts per call to transformers'
+        ``generate`` (all at once when unset), each with its own seed: a batch's rows are
+        computed together, so the same rows in the same batches make the same bits however
+        the batch was handed in."""
         greedy = greedy or self.cfg.temperature == 0.0
+        seeds = self._row_seeds(data)
+        self._calls += 1
+        size = data.size
+        step = self.batch_size or size or 1
+        if size <= step:
+            return self._generate_batch(data, greedy, seeds)
+        outputs = [
+            self._generate_batch(
+                data.slice(start, min(start + step, size)), greedy, seeds[start : start + step]
+            )
+            for start in range(0, size, step)
+        ]
+        return BatchedDataDict.from_batches(
+            outputs, pad_value_dict={"output_ids": self.pad_token_id}
+        )
+
+    def _row_seeds(self, data: BatchedDataDict) -> list[int]:
+        """Each row's sampling seed: its ``sample_seeds`` entry, else one from the engine's
+        seed and this call (seeded per call, so reruns repeat)."""
+        base = (self.seed + self._calls) * 1_000_003
+        return [
+            seed if seed is not None else (base + row) % 2**31
+            for row, seed in enumerate(sample_seeds(data))
+        ]
+
+    @torch.inference_mode()
+    def _generate_batch(
+        self, data: BatchedDataDict[GenerationDatumSpec], greedy: bool, seeds: list[int]
+    ) -> BatchedDataDict[GenerationOutputSpec]:
         requests: GenerationRequests = build_requests(
             data, self.cfg, self.model_spec.vocab_size, self.max_model_len
         )
@@ -198,17 +255,16 @@ class HFGeneration(GenerationInterface):
         stop_strings = _StopStrings(
             self.model_spec.tokenizer, requests.stop_strings, input_ids.shape[1]
         )
-        with torch.random.fork_rng(devices=[]):
-            seeds = sample_seeds(data)
-            torch.manual_seed(seeds[0] if seeds[0] is not None else self.seed + self._calls)
-            out = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                generation_config=self._hf_config(greedy, max(requests.max_tokens)),
-                logits_processor=LogitsProcessorList([*self._warpers(greedy), recorder]),
-                stopping_criteria=StoppingCriteriaList([stop_strings]),
-            )
-        self._calls += 1
+        processors: list[LogitsProcessor] = [*self._warpers(greedy), recorder]
+        if not greedy:
+            processors.append(_PerSampleSampler(seeds, input_ids.device))
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=self._hf_config(max(requests.max_tokens)),
+            logits_processor=LogitsProcessorList(processors),
+            stopping_criteria=StoppingCriteriaList([stop_strings]),
+        )
         generated = out.sequences[:, input_ids.shape[1] :].cpu()
         logprobs = recorder.finish(generated[:, -1].to(self.model.device)).cpu()
         responses, response_logprobs, truncated = [], [], []

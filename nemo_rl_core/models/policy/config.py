@@ -492,11 +492,10 @@ class TrainedModelConfig(StrictModel):
 class PolicyConfig(TrainedModelConfig):
     """NeMo RL's ``policy:`` section."""
 
+    # NeMo RL's configs say "only used when generating using HF backend": prompts per
+    # transformers generate call (all at once when unset); vLLM schedules its own batches.
     generation_batch_size: Annotated[
-        int | None,
-        inert(
-            "NeMo RL v0.7 reads it nowhere (its TypedDict keeps it for older configs)",
-        ),
+        int | None, Wired("nemo_rl_core.models.generation.hf_generation:HFGeneration.generate")
     ] = Field(None, ge=1)
     logprob_chunk_size: Annotated[
         int | None,

@@ -93,6 +93,33 @@ def test_same_seed_same_samples(tiny_model_dir, make_batch):
     assert not torch.equal(a["output_ids"], first.generate(data)["output_ids"])
 
 
+def test_each_sample_draws_from_its_own_seed(tiny_model_dir, make_batch):
+    """Rows are sampled with generators of their own: batches of ``batch_size`` rows make the
+    same bits however the whole is handed in (two engines given halves, or one given all),
+    and a sample's seed, not its neighbours, decides its tokens."""
+    data = make_batch(
+        make_generation(hf_config(), tiny_model_dir).model_spec.tokenizer,
+        sample_seeds=torch.arange(100, 108),
+    )
+    whole = HFGeneration(hf_config(), tiny_model_dir, seed=1, batch_size=2).generate(data)
+    halves = [
+        HFGeneration(hf_config(), tiny_model_dir, seed=2, batch_size=2).generate(data.slice(a, b))
+        for a, b in ((0, 4), (4, 8))
+    ]
+    for row in range(8):
+        part, local = halves[row // 4], row % 4
+        assert response(whole, data, row) == response(
+            part, data.slice(row // 4 * 4, row // 4 * 4 + 4), local
+        )
+        start, end = int(data["input_lengths"][row]), int(whole["unpadded_sequence_lengths"][row])
+        assert whole["logprobs"][row, start:end].equal(part["logprobs"][local, start:end])
+    reseeded = data.slice(0, 2)
+    reseeded["sample_seeds"] = torch.tensor([100, 999])
+    again = HFGeneration(hf_config(), tiny_model_dir, batch_size=2).generate(reseeded)
+    assert response(again, reseeded, 0) == response(whole, data, 0)
+    assert response(again, reseeded, 1) != response(whole, data, 1)
+
+
 def test_per_sample_stop_string_cuts_after_the_completing_token(generator, make_batch):
     tokenizer = generator.model_spec.tokenizer
     data = make_batch(tokenizer)
