@@ -50,6 +50,8 @@ DEFAULT_TASKS = {
     "arithmetic": "math",
     "addition": "math",
     "addition_sft": "math",
+    "addition_answer_line": "math",
+    "addition_answer_line_sft": "math",
     "addition_preference": "preference",
     "countdown": "countdown",
     LOCAL_DATASET: "math",
@@ -60,6 +62,7 @@ DEFAULT_TASKS = {
 DEFAULT_PROCESSORS = {
     "sliding_puzzle": "sliding_puzzle_data_processor",
     "addition_sft": SFT_PROCESSOR,
+    "addition_answer_line_sft": SFT_PROCESSOR,
     "addition_preference": PREFERENCE_PROCESSOR,
     PREFERENCE_DATASET: PREFERENCE_PROCESSOR,
     BINARY_PREFERENCE_DATASET: PREFERENCE_PROCESSOR,
@@ -130,6 +133,8 @@ def _generated_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> lis
     additions = {
         "addition": addition_problems,
         "addition_sft": addition_demonstrations,
+        "addition_answer_line": partial(addition_problems, answer_format="answer_line"),
+        "addition_answer_line_sft": partial(addition_demonstrations, answer_format="answer_line"),
         "addition_preference": addition_preferences,
     }
     if dataset.dataset_name in additions:
