@@ -9,7 +9,7 @@ GRPO's use::
 """
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +130,7 @@ def _generated_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> lis
     seed = dataset.seed + (VALIDATION_SEED_OFFSET if split == "validation" else 0)
     if dataset.dataset_name == "arithmetic":
         return arithmetic_word_problems(dataset.num_samples or DEFAULT_COUNTS[split], seed)
-    additions = {
+    additions: dict[str, Callable[..., list[dict[str, Any]]]] = {
         "addition": addition_problems,
         "addition_sft": addition_demonstrations,
         "addition_answer_line": partial(addition_problems, answer_format="answer_line"),
