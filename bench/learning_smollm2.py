@@ -22,7 +22,8 @@ update settings; its final weights are scored by the same eval flow.
 ``--validation``: score training-side pairs of another seed instead of the held-out ones
 (the split the recipe's settings were chosen on; the held-out pairs chose nothing).
 
-Run:   nice -n 5 .venv/bin/python bench/learning_smollm2.py --seeds 1 2 3 --trl 1
+Run:   nice -n 5 .venv/bin/python bench/learning_smollm2.py --seeds 1 2 3 --trl 1 --keep DIR
+Again: .venv/bin/python bench/learning_smollm2.py --summarize DIR   (the tables of a kept run)
 Smoke: .venv/bin/python bench/learning_smollm2.py --smoke    (2+2 steps, 16 problems)
 """
 
@@ -54,13 +55,15 @@ SMOKE = {
 }
 AUDIT_WINDOW = 5  # GRPO steps compared at the start and at the end of a run
 KINDS = (
-    "correct number",
-    "correct after a worked sum",
+    "right number",  # the Answer line holds the sum as a bare number
+    "right, worked",  # ... a worked sum ending in it ("51 + 29 = 80")
     "wrong number",
-    "restated expression",
-    "other answer",
-    "no Answer line",
+    "restated",  # ... an expression without its result ("51 + 29"): the gamed answer
+    "other",
+    "no Answer",  # no "Answer:" line at all
 )
+BASE_EVAL = "base-eval"  # the eval run of SmolLM2-135M-Instruct itself
+RESULTS_FILE = "results.json"  # what a --keep folder holds besides the runs
 
 
 def answer_kind(response: str, ground_truth: str) -> str:
@@ -73,43 +76,60 @@ def answer_kind(response: str, ground_truth: str) -> str:
 
     lines = re.findall(ANSWER_PATTERN, response[-SCORED_TAIL:])
     if not lines:
-        return "no Answer line"
+        return "no Answer"
     written = lines[-1].strip()
     bare = re.fullmatch(r"\d+\.?", written) is not None
     if normalize_final_answer(written) == normalize_final_answer(ground_truth):
-        return "correct number" if bare else "correct after a worked sum"
+        return "right number" if bare else "right, worked"
     if bare:
         return "wrong number"
-    return "restated expression" if re.search(r"\d\s*[-+*/]\s*\d", written) else "other answer"
+    return "restated" if re.search(r"\d\s*[-+*/]\s*\d", written) else "other"
+
+
+def last_number_right(response: str, ground_truth: str) -> bool:
+    """Whether the response's last number is the sum, whatever its format (what a lenient
+    last-number check would reward)."""
+    numbers = re.findall(r"\d+", response)
+    return bool(numbers) and numbers[-1] == ground_truth
 
 
 def audit_rows(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Shares of each answer kind, the mean reward and the mean response tokens of ``rows``
-    (rollout-table rows: response, ground_truth, reward, response_tokens)."""
+    """Shares of each answer kind, of last numbers that are the sum, the mean reward and the
+    mean response tokens of ``rows`` (rollout-table rows: response, ground_truth, reward,
+    response_tokens)."""
     kinds = Counter(answer_kind(r["response"], r["ground_truth"]) for r in rows)
-    shares = {kind: kinds[kind] / len(rows) for kind in KINDS}
     return {
         "reward": statistics.mean(r["reward"] for r in rows),
-        **shares,
+        **{kind: kinds[kind] / len(rows) for kind in KINDS},
+        "last num right": statistics.mean(
+            last_number_right(r["response"], r["ground_truth"]) for r in rows
+        ),
         "tokens": statistics.mean(r["response_tokens"] for r in rows),
     }
 
 
-def rollout_audit(rollouts: Path) -> dict[str, dict[str, float]]:
-    """``audit_rows`` of the first and the last ``AUDIT_WINDOW`` GRPO steps' rollouts."""
+def eval_audit(root: Path, run_id: str) -> dict[str, float]:
+    """``audit_rows`` of every sample of an eval run kept under ``root``."""
     import pyarrow.parquet as pq
 
-    steps = [pq.read_table(path).to_pylist() for path in sorted(rollouts.glob("iter_*.parquet"))]
+    samples = root / "evals" / run_id / "evaluation_data.parquet"
+    return audit_rows(pq.read_table(samples).to_pylist())
+
+
+def rollout_audit(root: Path, grpo_run: str) -> dict[str, dict[str, float]]:
+    """``audit_rows`` of the first and the last ``AUDIT_WINDOW`` steps' stored rollouts."""
+    import pyarrow.parquet as pq
+
+    rollouts = sorted((root / "logs" / grpo_run / "rollouts").glob("iter_*.parquet"))
+    steps = [pq.read_table(path).to_pylist() for path in rollouts]
     window = min(AUDIT_WINDOW, max(1, len(steps) // 2))
     first = [row for step in steps[:window] for row in step]
     last = [row for step in steps[-window:] for row in step]
     return {f"steps 1-{window}": audit_rows(first), f"last {window}": audit_rows(last)}
 
 
-def evaluate(model: str, overrides: list[str], run_id: str, root: Path) -> dict[str, Any]:
-    """The eval flow on ``model``: greedy accuracy and the audit of its samples."""
-    import pyarrow.parquet as pq
-
+def evaluate(model: str, overrides: list[str], run_id: str, root: Path) -> float:
+    """The eval flow on ``model``: its greedy accuracy (samples kept under ``root/evals``)."""
     from flows.eval import evaluate as eval_flow
 
     result = eval_flow(
@@ -118,8 +138,7 @@ def evaluate(model: str, overrides: list[str], run_id: str, root: Path) -> dict[
         run_id=run_id,
         storage_root=f"file://{root}/store",
     )
-    rows = pq.read_table(result["results"]).to_pylist()
-    return {"accuracy": result["scores"]["pass@1"], "audit": audit_rows(rows)}
+    return float(result["scores"]["pass@1"])
 
 
 def link_overrides(seed: int, eval_overrides: list[str], smoke: bool, root: Path) -> list[str]:
@@ -136,9 +155,7 @@ def link_overrides(seed: int, eval_overrides: list[str], smoke: bool, root: Path
 
 
 def run_seed(seed: int, eval_overrides: list[str], smoke: bool, root: Path) -> dict[str, Any]:
-    """The chain of one seed, then the eval of its SFT checkpoint; accuracies, audits, times."""
-    import pyarrow.parquet as pq
-
+    """The chain of one seed, then the eval of its SFT checkpoint: accuracies, run ids, times."""
     from flows.chain import sft_grpo_eval
     from nemo_rl_core.storage.run_storage import RunStorage
 
@@ -154,10 +171,10 @@ def run_seed(seed: int, eval_overrides: list[str], smoke: bool, root: Path) -> d
     )
     chain_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    start = evaluate(summary["sft"]["checkpoint"], eval_overrides, f"{chain_id}-eval-start", root)
+    start_eval = f"{chain_id}-eval-start"
+    start = evaluate(summary["sft"]["checkpoint"], eval_overrides, start_eval, root)
     start_seconds = time.perf_counter() - started
     grpo_run = summary["grpo"]["run_id"]
-    end_samples = root / "evals" / summary["eval"]["run_id"] / "evaluation_data.parquet"
     storage = RunStorage(f"file://{root}/store", grpo_run)
     iterations = len(list((root / "store" / "runs" / grpo_run).glob("iter_*")))
     manifests = [storage.read_manifest(i)["stages"] for i in range(iterations)]
@@ -165,15 +182,13 @@ def run_seed(seed: int, eval_overrides: list[str], smoke: bool, root: Path) -> d
         "seed": seed,
         "sft_checkpoint": summary["sft"]["checkpoint"],
         "grpo_run": grpo_run,
+        "start_eval": start_eval,
+        "end_eval": summary["eval"]["run_id"],
         "start": start,
-        "end": {
-            "accuracy": summary["eval"]["scores"]["pass@1"],
-            "audit": audit_rows(pq.read_table(end_samples).to_pylist()),
-        },
+        "end": summary["eval"]["scores"]["pass@1"],
         "minutes": (chain_seconds + start_seconds) / 60,
         "step_seconds": median([t["total"] for t in flow_iteration_times(manifests)]),
         "rewards": flow_curves(manifests)["reward"],
-        "rollouts": rollout_audit(root / "logs" / grpo_run / "rollouts"),
     }
 
 
@@ -192,62 +207,82 @@ def run_trl(run: dict[str, Any], eval_overrides: list[str], smoke: bool, root: P
     started = time.perf_counter()
     trained = start_trl(ensure_trl_venv(), settings, workdir, "plain", save_model=True)()
     seconds = time.perf_counter() - started
-    end = evaluate(trained["model_dir"], eval_overrides, f"trl-s{run['seed']}-eval", root)
-    return {"end": end, "minutes": seconds / 60, "rewards": trained["rewards"]}
+    end_eval = f"trl-s{run['seed']}-eval"
+    end = evaluate(trained["model_dir"], eval_overrides, end_eval, root)
+    return {
+        "end_eval": end_eval,
+        "end": end,
+        "minutes": seconds / 60,
+        "rewards": trained["rewards"],
+    }
 
 
-def seed_table(runs: list[dict[str, Any]], trl: dict[int, dict]) -> str:
+def seed_table(results: dict[str, Any]) -> str:
+    """Start, end and gain of held-out greedy accuracy per seed and side, and the mean gain."""
+    runs, trl = results["runs"], results["trl"]
     lines = [
+        f"SmolLM2-135M-Instruct itself (no SFT): {results['base']:.3f}",
         f"{'side':<8}{'seed':>5}{'start':>8}{'end':>8}{'gain':>8}{'steps':>6}"
-        f"{'s/step':>8}{'wall min':>10}"
+        f"{'s/step':>8}{'wall min':>10}",
     ]
     for run in runs:
-        start, end = run["start"]["accuracy"], run["end"]["accuracy"]
+        start, end = run["start"], run["end"]
         lines.append(
             f"{'ours':<8}{run['seed']:>5}{start:>8.3f}{end:>8.3f}{end - start:>+8.3f}"
             f"{len(run['rewards']):>6}{run['step_seconds']:>8.0f}{run['minutes']:>10.1f}"
         )
-    gains = [run["end"]["accuracy"] - run["start"]["accuracy"] for run in runs]
+    gains = [run["end"] - run["start"] for run in runs]
     spread = statistics.stdev(gains) if len(gains) > 1 else 0.0
     lines.append(
         f"ours: mean gain over {len(gains)} seeds {statistics.mean(gains):+.3f} +- {spread:.3f}"
     )
     for run in runs:
-        if run["seed"] in trl:
-            start, end = run["start"]["accuracy"], trl[run["seed"]]["end"]["accuracy"]
-            steps, minutes = len(trl[run["seed"]]["rewards"]), trl[run["seed"]]["minutes"]
+        side = trl.get(str(run["seed"]))
+        if side:
+            start, end = run["start"], side["end"]
             lines.append(
                 f"{'TRL':<8}{run['seed']:>5}{start:>8.3f}{end:>8.3f}{end - start:>+8.3f}"
-                f"{steps:>6}{'':>8}{minutes:>10.1f}"
+                f"{len(side['rewards']):>6}{'':>8}{side['minutes']:>10.1f}"
             )
     return "\n".join(lines)
 
 
-def audit_table(runs: list[dict[str, Any]], trl: dict[int, dict]) -> str:
-    """Per seed: the GRPO rollouts of the first and last steps and both evals' answers."""
-    header = f"{'seed':>4} {'samples':<22}{'reward':>7}" + "".join(
-        f"{kind[:13]:>15}" for kind in KINDS
-    )
-    lines = [header + f"{'tokens':>8}"]
+def audit_table(results: dict[str, Any], root: Path) -> str:
+    """Per seed: what the GRPO rollouts of the first and last steps and the evals' greedy
+    answers are made of (shares of samples), read from the runs kept under ``root``."""
+    columns = (*KINDS, "last num right")
+    lines = [
+        f"{'seed':>4} {'samples':<24}{'reward':>7}"
+        + "".join(f"{name:>15}" for name in columns)
+        + f"{'tokens':>8}"
+    ]
 
-    def row(seed: int, name: str, audit: dict[str, float]) -> str:
-        shares = "".join(f"{audit[kind]:>15.3f}" for kind in KINDS)
-        return f"{seed:>4} {name:<22}{audit['reward']:>7.3f}{shares}{audit['tokens']:>8.1f}"
+    def row(seed: str, name: str, audit: dict[str, float]) -> str:
+        shares = "".join(f"{audit[column]:>15.3f}" for column in columns)
+        return f"{seed:>4} {name:<24}{audit['reward']:>7.3f}{shares}{audit['tokens']:>8.1f}"
 
-    for run in runs:
-        for window, audit in run["rollouts"].items():
-            lines.append(row(run["seed"], f"rollouts, {window}", audit))
-        lines.append(row(run["seed"], "held-out, SFT (start)", run["start"]["audit"]))
-        lines.append(row(run["seed"], "held-out, GRPO (end)", run["end"]["audit"]))
-        if run["seed"] in trl:
-            lines.append(row(run["seed"], "held-out, TRL (end)", trl[run["seed"]]["end"]["audit"]))
+    lines.append(row("-", "held-out, SmolLM2 itself", eval_audit(root, BASE_EVAL)))
+    for run in results["runs"]:
+        seed = str(run["seed"])
+        for window, audit in rollout_audit(root, run["grpo_run"]).items():
+            lines.append(row(seed, f"rollouts, {window}", audit))
+        lines.append(row(seed, "held-out, SFT (start)", eval_audit(root, run["start_eval"])))
+        lines.append(row(seed, "held-out, GRPO (end)", eval_audit(root, run["end_eval"])))
+        if seed in results["trl"]:
+            audit = eval_audit(root, results["trl"][seed]["end_eval"])
+            lines.append(row(seed, "held-out, TRL (end)", audit))
     return "\n".join(lines)
 
 
-def keep_results(root: Path, base: dict, runs: list[dict], trl: dict[int, dict]) -> None:
-    """Everything measured so far, as JSON beside the runs (a run stopped later keeps it)."""
-    results = {"base": base, "runs": runs, "trl": trl}
-    (root / "results.json").write_text(json.dumps(results, indent=1))
+def keep_results(root: Path, results: dict[str, Any]) -> None:
+    """Everything measured so far, as JSON beside the runs (``--summarize`` reads it)."""
+    (root / RESULTS_FILE).write_text(json.dumps(results, indent=1))
+
+
+def report(root: Path, results: dict[str, Any]) -> str:
+    return f"{seed_table(results)}\n\n{audit_table(results, root)}\n" + (
+        f"load averages (1 min): {', '.join(results['loads'])}"
+    )
 
 
 def main() -> None:
@@ -257,37 +292,43 @@ def main() -> None:
     parser.add_argument("--validation", action="store_true", help="score the validation split")
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temp dir)")
     parser.add_argument("--smoke", action="store_true", help="one seed, 2+2 steps, 16 problems")
+    parser.add_argument(
+        "--summarize", type=Path, help="a --keep folder: print its tables again, run nothing"
+    )
     args = parser.parse_args()
+    if args.summarize:
+        print(report(args.summarize, json.loads((args.summarize / RESULTS_FILE).read_text())))
+        return
     if args.smoke:
         args.seeds = args.seeds[:1]
     eval_overrides = (VALIDATION if args.validation else []) + (SMOKE["eval"] if args.smoke else [])
     print(machine_line(), flush=True)
-    loads = [f"{time.strftime('%H:%M')} load {os.getloadavg()[0]:.1f}"]
+
+    def load() -> str:
+        return f"{time.strftime('%H:%M')} {os.getloadavg()[0]:.1f}"
+
     with tempfile.TemporaryDirectory() as tmp:
         root = (args.keep or Path(tmp)).resolve()
-        base = evaluate("smollm2-135m-instruct", eval_overrides, "base-eval", root)
-        print(f"SmolLM2-135M-Instruct itself: {base['accuracy']:.3f}", flush=True)
-        runs, trl = [], {}
+        base = evaluate("smollm2-135m-instruct", eval_overrides, BASE_EVAL, root)
+        results: dict[str, Any] = {"base": base, "runs": [], "trl": {}, "loads": [load()]}
         for seed in args.seeds:
-            runs.append(run_seed(seed, eval_overrides, args.smoke, root))
-            loads.append(f"{time.strftime('%H:%M')} load {os.getloadavg()[0]:.1f}")
-            print(seed_table(runs, trl), flush=True)
-            keep_results(root, base, runs, trl)
-        for run in runs:
+            results["runs"].append(run_seed(seed, eval_overrides, args.smoke, root))
+            results["loads"].append(load())
+            keep_results(root, results)
+            print(seed_table(results), flush=True)
+        for run in results["runs"]:
             if run["seed"] in args.trl:
-                trl[run["seed"]] = run_trl(run, eval_overrides, args.smoke, root)
-                loads.append(f"{time.strftime('%H:%M')} load {os.getloadavg()[0]:.1f}")
-                keep_results(root, base, runs, trl)
-        table = f"SmolLM2-135M-Instruct itself (no SFT): {base['accuracy']:.3f}\n" + seed_table(
-            runs, trl
-        )
-        audit = audit_table(runs, trl)
+                side = run_trl(run, eval_overrides, args.smoke, root)
+                results["trl"][str(run["seed"])] = side
+                results["loads"].append(load())
+                keep_results(root, results)
+        text = report(root, results)
+    print(text)
     split = "validation split (training-side pairs, seed 777)" if args.validation else "held-out"
-    print(f"{table}\n\n{audit}\nload averages (1 min): {', '.join(loads)}")
     record(
         f"SmolLM2-135M learns two-digit addition: {split} greedy accuracy before and after GRPO"
         " (issue 31)",
-        f"{table}\n\n{audit}\nload averages (1 min): {', '.join(loads)}",
+        text,
         f"Command: `{command_line()}`. 'start' is the SFT checkpoint's greedy accuracy, 'end' "
         "GRPO's (or TRL's, from the same checkpoint and prompts), both by the eval flow with "
         "DAPO's check; 'wall min' is the chain (SFT, GRPO, eval) plus the start's eval.",
