@@ -19,11 +19,14 @@ restated expressions, no answer line).
 ``--trl SEED``: TRL's GRPOTrainer (``bench/vs_trl.py``'s worker, in its venv) from that seed's
 SFT checkpoint, on the prompts our GRPO run drew, in order, with the same DAPO reward and
 update settings; its final weights are scored by the same eval flow.
+``--trl-only``: TRL alone, for the ``--trl`` seeds whose runs a ``--keep`` folder already holds
+(beside a run still going: each TRL result is kept in its own ``trl_s<seed>/result.json``).
 ``--validation``: score training-side pairs of another seed instead of the held-out ones
 (the split the recipe's settings were chosen on; the held-out pairs chose nothing).
 
 Run:   nice -n 5 .venv/bin/python bench/learning_smollm2.py --seeds 1 2 3 --trl 1 --keep DIR
 Again: .venv/bin/python bench/learning_smollm2.py --summarize DIR   (the tables of a kept run)
+TRL:   .venv/bin/python bench/learning_smollm2.py --trl 1 --trl-only --keep DIR
 Smoke: .venv/bin/python bench/learning_smollm2.py --smoke    (2+2 steps, 16 problems)
 """
 
@@ -64,6 +67,7 @@ KINDS = (
 )
 BASE_EVAL = "base-eval"  # the eval run of SmolLM2-135M-Instruct itself
 RESULTS_FILE = "results.json"  # what a --keep folder holds besides the runs
+TRL_RESULT = "result.json"  # in a TRL run's own folder, trl_s<seed>
 
 
 def answer_kind(response: str, ground_truth: str) -> str:
@@ -108,12 +112,39 @@ def audit_rows(rows: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def eval_audit(root: Path, run_id: str) -> dict[str, float]:
-    """``audit_rows`` of every sample of an eval run kept under ``root``."""
+def eval_samples(root: Path, run_id: str) -> list[dict[str, Any]]:
+    """Every sample of an eval run kept under ``root``."""
     import pyarrow.parquet as pq
 
-    samples = root / "evals" / run_id / "evaluation_data.parquet"
-    return audit_rows(pq.read_table(samples).to_pylist())
+    return pq.read_table(root / "evals" / run_id / "evaluation_data.parquet").to_pylist()
+
+
+def eval_audit(root: Path, run_id: str) -> dict[str, float]:
+    """``audit_rows`` of every sample of an eval run kept under ``root``."""
+    return audit_rows(eval_samples(root, run_id))
+
+
+def flips(root: Path, start_eval: str, end_eval: str) -> tuple[int, int]:
+    """Held-out problems the end answers right and the start wrong, and the reverse: a gain
+    made of many won and few lost problems is no reshuffle of a fixed accuracy."""
+    start = {row["prompt_index"]: row["reward"] > 0 for row in eval_samples(root, start_eval)}
+    end = {row["prompt_index"]: row["reward"] > 0 for row in eval_samples(root, end_eval)}
+    won = sum(end[i] and not start[i] for i in start)
+    lost = sum(start[i] and not end[i] for i in start)
+    return won, lost
+
+
+def flip_table(results: dict[str, Any], root: Path) -> str:
+    """Per seed and side: held-out problems won and lost from the start to the end."""
+    lines = [f"{'side':<8}{'seed':>5}{'won':>6}{'lost':>6}  (held-out problems, start -> end)"]
+    for run in results["runs"]:
+        ends = {"ours": run["end_eval"]}
+        if str(run["seed"]) in results["trl"]:
+            ends["TRL"] = results["trl"][str(run["seed"])]["end_eval"]
+        for side, end_eval in ends.items():
+            won, lost = flips(root, run["start_eval"], end_eval)
+            lines.append(f"{side:<8}{run['seed']:>5}{won:>6}{lost:>6}")
+    return "\n".join(lines)
 
 
 def rollout_audit(root: Path, grpo_run: str) -> dict[str, dict[str, float]]:
@@ -203,18 +234,32 @@ def run_trl(run: dict[str, Any], eval_overrides: list[str], smoke: bool, root: P
         CONFIGS["grpo"], overrides + (SMOKE["grpo"] if smoke else []), checkpoint
     )
     workdir = root / f"trl_s{run['seed']}"
+    if (workdir / TRL_RESULT).exists():  # a finished TRL run is kept, as a flow's run is
+        return dict(json.loads((workdir / TRL_RESULT).read_text()))
     workdir.mkdir(exist_ok=True)
     started = time.perf_counter()
     trained = start_trl(ensure_trl_venv(), settings, workdir, "plain", save_model=True)()
     seconds = time.perf_counter() - started
     end_eval = f"trl-s{run['seed']}-eval"
     end = evaluate(trained["model_dir"], eval_overrides, end_eval, root)
-    return {
+    side = {
         "end_eval": end_eval,
         "end": end,
         "minutes": seconds / 60,
         "rewards": trained["rewards"],
     }
+    (workdir / TRL_RESULT).write_text(json.dumps(side, indent=1))
+    return side
+
+
+def kept_results(root: Path) -> dict[str, Any]:
+    """``results.json`` of a ``--keep`` folder with every TRL result kept beside it."""
+    results: dict[str, Any] = json.loads((root / RESULTS_FILE).read_text())
+    for path in sorted(root.glob(f"trl_s*/{TRL_RESULT}")):
+        results["trl"].setdefault(
+            path.parent.name.removeprefix("trl_s"), json.loads(path.read_text())
+        )
+    return results
 
 
 def seed_table(results: dict[str, Any]) -> str:
@@ -280,15 +325,17 @@ def keep_results(root: Path, results: dict[str, Any]) -> None:
 
 
 def report(root: Path, results: dict[str, Any]) -> str:
-    return f"{seed_table(results)}\n\n{audit_table(results, root)}\n" + (
-        f"load averages (1 min): {', '.join(results['loads'])}"
-    )
+    tables = [seed_table(results), flip_table(results, root), audit_table(results, root)]
+    return "\n\n".join(tables) + "\n" + (f"load averages (1 min): {', '.join(results['loads'])}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--trl", nargs="*", type=int, default=[], help="seeds TRL runs too")
+    parser.add_argument(
+        "--trl-only", action="store_true", help="only TRL, for --trl seeds kept in --keep DIR"
+    )
     parser.add_argument("--validation", action="store_true", help="score the validation split")
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temp dir)")
     parser.add_argument("--smoke", action="store_true", help="one seed, 2+2 steps, 16 problems")
@@ -297,12 +344,24 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.summarize:
-        print(report(args.summarize, json.loads((args.summarize / RESULTS_FILE).read_text())))
+        print(report(args.summarize, kept_results(args.summarize)))
         return
     if args.smoke:
         args.seeds = args.seeds[:1]
     eval_overrides = (VALIDATION if args.validation else []) + (SMOKE["eval"] if args.smoke else [])
     print(machine_line(), flush=True)
+    if args.trl_only:
+        if args.keep is None:
+            parser.error(
+                "--trl-only needs --keep DIR: the folder whose seeds' runs TRL starts from"
+            )
+        root = args.keep.resolve()
+        kept = kept_results(root)
+        for run in kept["runs"]:
+            if run["seed"] in args.trl:
+                side = run_trl(run, eval_overrides, args.smoke, root)
+                print(f"TRL seed {run['seed']}: {side['end']:.3f} ({side['minutes']:.1f} min)")
+        return
 
     def load() -> str:
         return f"{time.strftime('%H:%M')} {os.getloadavg()[0]:.1f}"
@@ -310,7 +369,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = (args.keep or Path(tmp)).resolve()
         base = evaluate("smollm2-135m-instruct", eval_overrides, BASE_EVAL, root)
-        results: dict[str, Any] = {"base": base, "runs": [], "trl": {}, "loads": [load()]}
+        results: dict[str, Any] = {"base": base, "runs": [], "trl": {}, "loads": []}
+        if (root / RESULTS_FILE).exists():  # a kept folder run again: keep its other seeds
+            results = kept_results(root)
+            results["runs"] = [run for run in results["runs"] if run["seed"] not in args.seeds]
+        results["loads"].append(load())
         for seed in args.seeds:
             results["runs"].append(run_seed(seed, eval_overrides, args.smoke, root))
             results["loads"].append(load())
