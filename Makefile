@@ -63,7 +63,7 @@ $(STAMP): $(LOCK) requirements/overrides.txt pyproject.toml | which-lock
 setup: $(STAMP) | which-lock
 
 run: setup
-	$(PY) -m flows.grpo --config $(RUN_CONFIG) $(ARGS)
+	$(PY) -m flows grpo --config $(RUN_CONFIG) $(ARGS)
 
 test: setup
 	$(VENV)/bin/ruff check .

@@ -26,7 +26,6 @@ Smoke: .venv/bin/python bench/async.py --smoke       (sync and async k=1, 3 step
 """
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -34,8 +33,12 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common import SMOKE_OVERRIDES, flow_iteration_times, record
+
+if TYPE_CHECKING:  # run storage loads torch: imported where a run is read
+    from nemo_rl_core.storage.manifest import Manifest, StageEntry
 
 CONFIG = "examples/configs/grpo_addition_tiny.yaml"
 QUIET = ["grpo.val_at_start=false", "grpo.val_at_end=false", "grpo.val_period=0"]
@@ -83,8 +86,10 @@ def run_variant(overrides: list[str], env: dict[str, str], storage_root: str) ->
     )
     environment = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment, check=True)
-    manifests = sorted((Path(storage_root) / "runs" / run_id).glob("iter_*/MANIFEST.json"))
-    return measured([json.loads(path.read_text())["stages"] for path in manifests])
+    from nemo_rl_core.storage.run_storage import RunStorage
+
+    storage = RunStorage(storage_root, run_id)
+    return measured([storage.read_manifest(i) for i in storage.iterations()])
 
 
 def run_on_stack(variants: list[tuple[str, list[str]]], common: list[str]) -> dict[str, dict]:
@@ -115,30 +120,27 @@ def run_on_stack(variants: list[tuple[str, list[str]]], common: list[str]) -> di
             storage = RunStorage(
                 f"s3://{stack.bucket}", run_id, storage_options=stack.storage_options
             )
-            results[name] = measured(
-                [storage.read_manifest(i)["stages"] for i in storage.iterations()]
-            )
+            results[name] = measured([storage.read_manifest(i) for i in storage.iterations()])
     return results
 
 
-def measured(stages: list[dict]) -> dict:
+def measured(manifests: "list[Manifest]") -> dict:
     """samples/s, seconds per step, rewards and median generate/train compute of one run,
     from its manifests' stage entries, iteration by iteration."""
-    from datetime import datetime
+    timings = flow_iteration_times(manifests)
+    stages = [manifest.stages for manifest in manifests]
 
-    timings = flow_iteration_times(stages)
+    def ended(entries: "dict[str, StageEntry]") -> float:
+        return entries["checkpoint"].finished_at.timestamp()
 
-    def ended(entry: dict) -> float:
-        return datetime.fromisoformat(entry["checkpoint"]["finished_at"]).timestamp()
-
-    samples = [entry["prompts"]["metrics"]["num_samples"] for entry in stages]
+    samples = [entry["prompts"].metrics["num_samples"] for entry in stages]
     seconds = ended(stages[-1]) - ended(stages[0])
     return {
         "samples_per_s": sum(samples[1:]) / seconds,
         "seconds_per_step": seconds / (len(stages) - 1),
-        "rewards": [entry["reward"]["metrics"]["mean_reward"] for entry in stages],
-        "generate_s": statistics.median(e["generate"]["metrics"]["seconds"] for e in stages[1:]),
-        "train_s": statistics.median(e["train"]["metrics"]["seconds"] for e in stages[1:]),
+        "rewards": [entry["reward"].metrics["mean_reward"] for entry in stages],
+        "generate_s": statistics.median(e["generate"].metrics["seconds"] for e in stages[1:]),
+        "train_s": statistics.median(e["train"].metrics["seconds"] for e in stages[1:]),
         # Wall seconds of the run-ahead side (prompts, generate, reward) and of the rest of
         # the step: async can overlap the two, so sync's pair bounds what async can gain.
         "rollout_wall_s": statistics.median(sum(t[s] for s in ROLLOUT_SIDE) for t in timings),

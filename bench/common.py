@@ -18,6 +18,10 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # run storage loads torch: imported where a run is read
+    from nemo_rl_core.storage.manifest import Manifest, StageEntry
 
 # On a loaded machine Prefect's ephemeral API server can take minutes to answer; set before
 # any import of prefect (flows/__init__.py sets a shorter default).
@@ -115,39 +119,44 @@ def local_s3_bucket(log_dir: Path) -> Iterator[str]:
                 os.environ[key] = value
 
 
-def flow_iteration_times(manifests: list[dict]) -> list[dict]:
-    """Per iteration after the first, from each iteration's manifest ``stages``: ``{"total": s, stage: wall s, stage + "_compute": s,
-    "update": s}``.
+def flow_iteration_times(manifests: "list[Manifest]") -> list[dict]:
+    """Per iteration after the first, from each iteration's manifest: ``{"total": s,
+    stage: wall s, stage + "_compute": s, "update": s, "start"/"end": its first and last
+    moment (``time.time()``)}``.
 
     A stage's wall time runs from the previous commit (the previous stage, or the previous
     iteration's ``checkpoint``) to its own; the first iteration has no start and is left
     out (it also pays model loading and engine start-up). ``update`` is the policy update
     inside the train stage (the rest is the checkpoint commit)."""
     timings = []
-    for previous, stages in zip(manifests, manifests[1:], strict=False):
-        last = _committed_at(previous["checkpoint"])
-        timing = {"total": _committed_at(stages["checkpoint"]) - last}
+    for previous, manifest in zip(manifests, manifests[1:], strict=False):
+        stages = manifest.stages
+        last = _committed_at(previous.stages["checkpoint"])
+        end = _committed_at(stages["checkpoint"])
+        timing = {"total": end - last, "start": last, "end": end}
         for stage in every_iteration_stages():
             committed = _committed_at(stages[stage])
             timing[stage] = committed - last
-            timing[f"{stage}_compute"] = stages[stage]["metrics"]["seconds"]
+            timing[f"{stage}_compute"] = stages[stage].metrics["seconds"]
             last = committed
-        timing["update"] = stages["train"]["metrics"]["policy_update_seconds"]
+        timing["update"] = stages["train"].metrics["policy_update_seconds"]
         timings.append(timing)
     return timings
 
 
-def flow_curves(manifests: list[dict]) -> dict[str, list[float]]:
+def flow_curves(manifests: "list[Manifest]") -> dict[str, list[float]]:
     """Per iteration, the first included: mean reward (``reward``) and mean generated
-    length (``response_tokens``), from each iteration's manifest ``stages`` metrics."""
+    length (``response_tokens``), from each iteration's manifest metrics."""
     return {
-        "reward": [m["reward"]["metrics"]["mean_reward"] for m in manifests],
-        "response_tokens": [m["generate"]["metrics"]["mean_generation_length"] for m in manifests],
+        "reward": [m.stages["reward"].metrics["mean_reward"] for m in manifests],
+        "response_tokens": [
+            m.stages["generate"].metrics["mean_generation_length"] for m in manifests
+        ],
     }
 
 
-def _committed_at(entry: dict) -> float:
-    return dt.datetime.fromisoformat(entry["finished_at"]).timestamp()
+def _committed_at(entry: "StageEntry") -> float:
+    return entry.finished_at.timestamp()
 
 
 def batch_overrides(prompts: int, generations: int, iterations: int) -> list[str]:
@@ -173,11 +182,16 @@ def _timed(timing: dict[str, float], stage: str):
 def plain_loop(
     config_path: str, overrides: list[str], iterations: int
 ) -> tuple[list[dict], list[float]]:
-    """Per-iteration stage seconds (after the first) and mean rewards of GRPO as a plain
-    loop over the core step functions: batches in memory, the policy warm, the generation
+    """Per-iteration stage seconds (after the first; with ``start``/``end`` moments as
+    ``flow_iteration_times``) and mean rewards of GRPO as a plain loop over the core step
+    functions: batches in memory, the policy warm, the generation
     engine refit from the policy's state dict. The warm objects are built by the flow's
     own ``RunRuntime``, so both paths load the same models the same way."""
     from nemo_rl_core.algorithms import grpo as core
+    from nemo_rl_core.algorithms.prompt_batches import take_prompts
+    from nemo_rl_core.algorithms.rollout_generation import generate_rollouts
+    from nemo_rl_core.algorithms.scoring import score_rollouts
+    from nemo_rl_core.algorithms.training import train_policy
     from nemo_rl_core.models.local_models import resolve_model
     from nemo_rl_core.pipeline.algorithms import GRPO
     from nemo_rl_core.pipeline.runtime import RunRuntime
@@ -193,26 +207,25 @@ def plain_loop(
         policy = runtime.policy(0)
         state = runtime.dataloader_state(0)
         for iteration in range(iterations):
-            timing: dict[str, float] = {}
+            timing: dict[str, float] = {"start": time.time()}
             start = time.perf_counter()
             with _timed(timing, "prompts"):
-                batch, state = core.take_prompts(runtime.dataloader, config, state)
+                batch, state = take_prompts(runtime.dataloader, config, state)
             with _timed(timing, "generate"):
                 if iteration:
                     engine.update_weights_from_state_dict(policy.state_dict_for_refit())
-                rollouts, _ = core.generate_rollouts(
-                    engine, batch, tokenizer, envs, config, iteration
-                )
+                rollouts, _ = generate_rollouts(engine, batch, tokenizer, envs, config, iteration)
             with _timed(timing, "reward"):
-                scored, metrics = core.score_rollouts(rollouts, envs, config)
+                scored, metrics = score_rollouts(rollouts, envs, config)
             with _timed(timing, "logprob"):
                 train_data = core.compute_logprobs(policy, scored, tokenizer, config)
             with _timed(timing, "advantage"):
                 train_data, _ = core.compute_advantages(train_data, config)
             with _timed(timing, "train"):
-                core.train_policy(policy, train_data, core.build_loss_fn(config), config, iteration)
+                train_policy(policy, train_data, core.build_loss_fn(config), config, iteration)
             timing["checkpoint"] = 0.0
             timing["total"] = time.perf_counter() - start
+            timing["end"] = time.time()
             rewards.append(metrics["mean_reward"])
             if iteration:
                 timings.append(timing)
@@ -230,5 +243,5 @@ def flow_run(
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     grpo(config_path=config_path, overrides=overrides, run_id=run_id, storage_root=storage_root)
     storage = RunStorage(storage_root, run_id)
-    manifests = [storage.read_manifest(i)["stages"] for i in range(iterations)]
+    manifests = [storage.read_manifest(i) for i in range(iterations)]
     return flow_iteration_times(manifests), flow_curves(manifests)

@@ -59,10 +59,7 @@ def read_history(run: RunRef) -> list[dict[str, float]]:
 def iteration_seconds(run: RunRef, iterations: int) -> list[float]:
     """Wall seconds of each iteration after the first: checkpoint commit to commit."""
     storage = open_storage(run)
-    commits = [
-        dt.datetime.fromisoformat(storage.read_manifest(i)["stages"]["checkpoint"]["finished_at"])
-        for i in range(iterations)
-    ]
+    commits = [storage.read_manifest(i).stages["checkpoint"].finished_at for i in range(iterations)]
     return [(b - a).total_seconds() for a, b in zip(commits, commits[1:], strict=False)]
 
 

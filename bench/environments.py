@@ -1,7 +1,7 @@
-"""Reward-side throughput: math checks per second by pool size, sandbox runs per second,
-the cost of a checker timeout (kill + respawn) next to normal checks, and code samples per
-second through the old sandbox (audit hook, network namespace, uid; loaded from git at
-``LEGACY_COMMIT``) and through the bubblewrap sandbox, side by side in one run.
+"""Reward-side throughput: math checks per second by pool size, the cost of a checker
+timeout (kill + respawn) next to normal checks, and code samples per second: a bare
+interpreter per sample, one sandbox per test and one sandbox per sample (the environment),
+side by side in one run.
 
 Run: .venv/bin/python bench/environments.py   (--smoke: 8 samples, one repeat)
 """
@@ -12,19 +12,17 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
+from nemo_rl_core.environments.code_assertions import compile_assert_test
 from nemo_rl_core.environments.code_environment import CodeEnvironment
-from nemo_rl_core.environments.code_sandbox import require_sandbox, run_sandboxed
+from nemo_rl_core.environments.code_sandbox import SandboxLimits, require_sandbox, run_sample
 from nemo_rl_core.environments.math_environment import MathEnvironment
+from nemo_rl_core.environments.sandbox_judge import JudgePool
 
-REPO = Path(__file__).resolve().parents[1]
-# The last commit whose code sandbox was the audit hook (issue 22 replaced it).
-LEGACY_COMMIT = "d246369"
 ADD = "def add(a, b):\n    return a + b\n"
+ADD_TESTS = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0"]
 
 RESPONSES = [f"We get \\boxed{{\\frac{{{i}}}{{{i + 1}}}}}" for i in range(1, 65)]
 TRUTHS = [f"{i / (i + 1):.12f}" if i % 2 else f"\\frac{{{i}}}{{{i + 1}}}" for i in range(1, 65)]
@@ -57,93 +55,75 @@ def _timeout_cost() -> float:
     return elapsed
 
 
-def _sandbox_rate(num_workers: int, runs: int) -> float:
-    env = CodeEnvironment({"num_workers": num_workers})
-    logs = [[{"role": "assistant", "content": "```python\nprint(input()[::-1])\n```"}]] * runs
-    metadata = [{"tests": [{"input": "abc\n", "output": "cba"}]}] * runs
+def _samples_per_second(
+    run_sample_once: Callable[[], bool], pool: ThreadPoolExecutor, runs: int
+) -> float:
     start = time.perf_counter()
-    env.step(logs, metadata)
-    rate = runs / (time.perf_counter() - start)
-    env.shutdown()
-    return rate
-
-
-def _legacy_run_sandboxed() -> Callable | str:
-    """The old ``run_sandboxed`` from git, or why it cannot be loaded (e.g. a shallow clone)."""
-    source = subprocess.run(
-        ["git", "show", f"{LEGACY_COMMIT}:nemo_rl_core/environments/code_sandbox.py"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    if source.returncode != 0:
-        return source.stderr.strip() or "git show failed"
-    module = types.ModuleType("legacy_code_sandbox")
-    exec(compile(source.stdout, "legacy_code_sandbox.py", "exec"), module.__dict__)
-    return module.run_sandboxed
-
-
-def _samples_per_second(run_sample: Callable[[], bool], num_workers: int, runs: int) -> float:
-    with ThreadPoolExecutor(num_workers) as pool:
-        start = time.perf_counter()
-        passed = list(pool.map(lambda _: run_sample(), range(runs)))
-        elapsed = time.perf_counter() - start
+    passed = list(pool.map(lambda _: run_sample_once(), range(runs)))
+    elapsed = time.perf_counter() - start
     assert all(passed), "a benchmark sample failed"
     return runs / elapsed
 
 
-def _old_vs_bwrap(runs: int, repeats: int) -> None:
-    """Samples/s of a stdout test and an assert test through each sandbox, 1 and 2 workers.
+def _env_rate(workers: int, runs: int) -> float:
+    """Samples/s through ``CodeEnvironment.step``: 64 samples with 2 assert tests each."""
+    env = CodeEnvironment({"num_workers": workers})
+    logs = [[{"role": "assistant", "content": f"```python\n{ADD}```"}]] * runs
+    metadata = [{"tests": [{"assert": test} for test in ADD_TESTS]}] * runs
+    env.step(logs[:workers], metadata[:workers])  # the judges start here, once per worker
+    start = time.perf_counter()
+    result = env.step(logs, metadata)
+    rate = runs / (time.perf_counter() - start)
+    assert result.rewards.sum().item() == runs, "a benchmark sample failed"
+    env.shutdown()
+    return rate
+
+
+def _code_samples(runs: int, repeats: int) -> None:
+    """Samples/s of a solution with 2 assert tests: a bare interpreter per sample (no
+    sandbox: the solution and its asserts in one ``-c``, with the sandbox's interpreter
+    and flags, ``bare``, or with this venv's Python as a trainer would start it, ``venv``),
+    one sandbox per test (each test a sample of its own) and one sandbox per sample, with
+    1 and 2 workers.
 
     The paths alternate within each cell, ``repeats`` times, and each cell is the median:
     on a shared machine the load drifts between one path's turn and the other's.
     """
-    legacy = _legacy_run_sandboxed()
-    paths: dict[str, dict[str, Callable[[], bool]]] = {
-        "bwrap": {
-            "stdout": lambda: run_sandboxed("print(input()[::-1])", "abc\n").stdout == "cba\n",
-            "assert": lambda: run_sandboxed(ADD, probes=["add(2, 3)"]).probes[0].value == 5,
-        }
-    }
-    if isinstance(legacy, str):
-        print(f"old sandbox: not measured ({legacy})")
-    else:
-        paths["old"] = {
-            "stdout": lambda: legacy("print(input()[::-1])", "abc\n").stdout == "cba\n",
-            "assert": lambda: legacy(ADD + "assert add(2, 3) == 5\n").ok,
-        }
-    names = [name for name in ("old", "bwrap") if name in paths]
-    print(f"code samples/s ({runs} samples, one test each, median of {repeats}):")
-    print("  test   workers " + " ".join(f"{name:>6s}" for name in names) + "  bwrap/old")
-    for test in ("stdout", "assert"):
-        for workers in (1, 2):
-            rates: dict[str, list[float]] = {name: [] for name in names}
+    boundary, limits = require_sandbox(), SandboxLimits()
+    tests = [compile_assert_test(test) for test in ADD_TESTS]
+    program = ADD + "\n".join(ADD_TESTS)
+    judges = JudgePool(boundary, limits.memory_mb << 20, limits.output_bytes)
+
+    def bare() -> bool:
+        run = subprocess.run([boundary.interpreter, "-I", "-S", "-B", "-c", program])
+        return run.returncode == 0
+
+    def venv() -> bool:
+        return subprocess.run([sys.executable, "-c", program]).returncode == 0
+
+    def per_test() -> bool:
+        return all(run_sample(ADD, [], [t], limits, judges).verdicts[0][0] for t in tests)
+
+    def per_sample() -> bool:
+        return all(ok for ok, _ in run_sample(ADD, [], tests, limits, judges).verdicts)
+
+    paths = {"bare": bare, "venv": venv, "per-test": per_test, "per-sample": per_sample}
+    print(f"code samples/s ({runs} samples x {len(tests)} assert tests, median of {repeats}):")
+    print("  workers " + " ".join(f"{name:>10s}" for name in paths) + "  per-sample/bare")
+    for workers in (1, 2):
+        # the judges start outside the timing, in the threads that keep them
+        with ThreadPoolExecutor(workers) as pool:
+            _samples_per_second(per_sample, pool, 2 * workers)
+            rates: dict[str, list[float]] = {name: [] for name in paths}
             for _ in range(repeats):
-                for name in names:
-                    rates[name].append(_samples_per_second(paths[name][test], workers, runs))
-            medians = {name: statistics.median(values) for name, values in rates.items()}
-            ratio = f"{medians['bwrap'] / medians['old']:9.2f}" if "old" in medians else ""
-            cells = " ".join(f"{medians[name]:6.1f}" for name in names)
-            print(f"  {test:6s} {workers:7d} {cells}  {ratio}")
-    boundary = require_sandbox()
-    starts = {
-        "bare interpreter": lambda: subprocess.run(
-            [boundary.interpreter, "-I", "-S", "-c", "pass"]
-        ),
-        "bwrap": lambda: run_sandboxed("pass"),
-    }
-    if "old" in paths:
-        starts["old"] = lambda: legacy("pass")
-    cells = []
-    for name, start_one in starts.items():
-        times = []
-        for _ in range(repeats * 7):
-            start = time.perf_counter()
-            start_one()
-            times.append(time.perf_counter() - start)
-        cells.append(f"{name} {statistics.median(times) * 1000:.0f} ms")
-    print(f"one run of `pass` (median of {repeats * 7}): " + ", ".join(cells))
-    print(f"bwrap boundary: {boundary.describe()}")
+                for name, path in paths.items():
+                    rates[name].append(_samples_per_second(path, pool, runs))
+        medians = {name: statistics.median(values) for name, values in rates.items()}
+        cells = " ".join(f"{medians[name]:10.1f}" for name in paths)
+        print(f"  {workers:7d} {cells}  {medians['per-sample'] / medians['bare']:15.2f}")
+    judges.close()
+    print(f"through CodeEnvironment.step, 2 workers: {_env_rate(2, runs):.1f} samples/s")
+    print(f"sandbox boundary: {boundary.describe()}")
 
 
 def main() -> None:
@@ -154,9 +134,7 @@ def main() -> None:
     print(f"math checks/s: 1 worker {math1:.1f}, 2 workers {math2:.1f}, ratio {math2 / math1:.2f}")
     print(f"math pool start-up: 1 worker {startup1:.1f} s, 2 workers {startup2:.1f} s")
     print(f"16 checks incl. one hanging sample (1 s limit, 2 workers): {_timeout_cost():.2f} s")
-    code1, code2 = _sandbox_rate(1, runs), _sandbox_rate(2, runs)
-    print(f"sandbox runs/s: 1 worker {code1:.1f}, 2 workers {code2:.1f}, ratio {code2 / code1:.2f}")
-    _old_vs_bwrap(runs, 1 if smoke else 3)
+    _code_samples(runs, 1 if smoke else 3)
     print(f"cpu: {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
 
 

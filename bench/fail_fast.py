@@ -1,4 +1,5 @@
-"""Seconds from the command to the refusal of each config mistake (issue 19, item 6).
+"""Seconds from the command to the refusal of each config mistake (issue 19, item 6), and of
+one mistake in every flow (issue 32, item 3).
 
 Each mistake runs ``python -m flows.grpo --config ...`` in a subprocess, from a temporary
 working directory, with the run's storage and log folders pointed into a fresh temporary
@@ -10,6 +11,8 @@ another checkout runs each mistake in turn with this one, so both see the same l
     .venv/bin/python bench/fail_fast.py                  # this checkout
     .venv/bin/python bench/fail_fast.py --before OTHER   # and another checkout, in turn
     .venv/bin/python bench/fail_fast.py --in-repo        # from the checkout, not a temp folder
+    .venv/bin/python bench/fail_fast.py --flows          # policy.bogus_key=1 in every flow
+                                                         # (python -m flows.<x>, its example)
 """
 
 import argparse
@@ -44,6 +47,8 @@ MISTAKES: dict[str, list[str]] = {
     ],
     "logger package missing": ["logger.swanlab_enabled=true"],
 }
+# --flows: every declared algorithm's flow refuses this unknown key in its example config.
+FLOW_MISTAKE = ["policy.bogus_key=1"]
 
 
 @dataclass(frozen=True)
@@ -56,17 +61,27 @@ class Outcome:
     last_line: str
 
 
-def command(repo: Path, mistake: list[str], out: Path) -> list[str]:
-    """The training command with one mistake; outputs go under ``out`` (absolute paths)."""
-    config = [] if "--config" in mistake else ["--config", str(repo / CONFIG)]
+@dataclass(frozen=True)
+class Flow:
+    """A flow's command: ``python -m flows.<module> --config <repo>/<config>``."""
+
+    module: str = "grpo"
+    config: str = CONFIG
+
+
+def command(repo: Path, mistake: list[str], out: Path, flow: Flow) -> list[str]:
+    """The flow's command with one mistake; outputs go under ``out`` (absolute paths)."""
+    config = [] if "--config" in mistake else ["--config", str(repo / flow.config)]
     outputs = [
         f"checkpointing.checkpoint_dir={out}/results",
         f"logger.log_dir={out}/logs",
     ]
-    return [sys.executable, "-m", "flows.grpo", *config, *mistake, *outputs]
+    return [sys.executable, "-m", f"flows.{flow.module}", *config, *mistake, *outputs]
 
 
-def run_mistake(repo: Path, mistake: list[str], timeout: float, in_repo: bool) -> Outcome:
+def run_mistake(
+    repo: Path, mistake: list[str], timeout: float, in_repo: bool, flow: Flow
+) -> Outcome:
     with tempfile.TemporaryDirectory() as temp, tempfile.TemporaryDirectory() as out:
         cwd = repo if in_repo else Path(temp)
         env = {**os.environ, "PYTHONPATH": str(repo)}
@@ -75,7 +90,7 @@ def run_mistake(repo: Path, mistake: list[str], timeout: float, in_repo: bool) -
         # A session of its own: a command that was not refused starts Prefect's server and
         # the engines, which a timeout must stop too.
         process = subprocess.Popen(
-            command(repo, mistake, Path(out)),
+            command(repo, mistake, Path(out), flow),
             cwd=cwd,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -101,10 +116,14 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(repo: Path, mistake: list[str], args: argparse.Namespace) -> tuple[str, Outcome]:
+def timed(
+    repo: Path, mistake: list[str], args: argparse.Namespace, flow: Flow = Flow()
+) -> tuple[str, Outcome]:
     """``wall/cpu`` median seconds of ``args.runs`` runs (``*``: not refused as a config
     mistake, exit code other than 2) and the last run's outcome."""
-    outcomes = [run_mistake(repo, mistake, args.timeout, args.in_repo) for _ in range(args.runs)]
+    outcomes = [
+        run_mistake(repo, mistake, args.timeout, args.in_repo, flow) for _ in range(args.runs)
+    ]
     wall = statistics.median(o.seconds for o in outcomes)
     cpu = statistics.median(o.cpu_seconds for o in outcomes)
     refused = "" if outcomes[-1].returncode == 2 else "*"
@@ -123,23 +142,37 @@ def main() -> None:
     parser.add_argument(
         "--in-repo", action="store_true", help="run from the checkout (default: a temp folder)"
     )
+    parser.add_argument(
+        "--flows", action="store_true", help="policy.bogus_key=1 in every flow's example config"
+    )
     args = parser.parse_args()
+    rows = flow_rows() if args.flows else [(kind, Flow(), m) for kind, m in MISTAKES.items()]
     print(
         f"{'mistake':28} {'before s':>11} {'after s':>9} {'rc':>3} {'lines':>5} {'wrote':>5}  refusal"
     )
-    for kind, mistake in MISTAKES.items():
+    for kind, flow, mistake in rows:
         if args.only and kind not in args.only:
             continue
         before = "-"
         if args.before is not None:  # in turn, so both see the same load
-            before = timed(args.before.resolve(), mistake, args)[0]
-        after, last = timed(args.repo.resolve(), mistake, args)
+            before = timed(args.before.resolve(), mistake, args, flow)[0]
+        after, last = timed(args.repo.resolve(), mistake, args, flow)
         wrote = "yes" if last.wrote else "no"
         print(
             f"{kind:28} {before:>11} {after:>9} {last.returncode:3d} {last.stderr_lines:5d} "
             f"{wrote:>5}  {last.last_line[:100]}",
             flush=True,
         )
+
+
+def flow_rows() -> list[tuple[str, Flow, list[str]]]:
+    """One row per declared algorithm: its flow, its declared example config, the mistake."""
+    from nemo_rl_core.pipeline.registry import registered_pipelines
+
+    return [
+        (f"flows.{name}", Flow(name, pipeline.default_config), FLOW_MISTAKE)
+        for name, pipeline in registered_pipelines().items()
+    ]
 
 
 if __name__ == "__main__":

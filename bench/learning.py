@@ -55,9 +55,9 @@ def learning_run(overrides: list[str], storage_root: str) -> dict:
     storage = RunStorage(storage_root, run_id)
     curve = {}
     for iteration in summary["iterations"]:
-        stages = storage.read_manifest(iteration)["stages"]
-        if "validate" in stages:
-            curve[iteration] = stages["validate"]["metrics"]["greedy_accuracy"]
+        validate = storage.read_manifest(iteration).stages.get("validate")
+        if validate is not None:
+            curve[iteration] = validate.metrics["greedy_accuracy"]
     return {"seconds": seconds, "curve": curve}
 
 

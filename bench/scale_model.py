@@ -1,15 +1,31 @@
-"""Scale model: predicted GRPO seconds per iteration against the number of generate workers
-and of GPUs for the GPU stages, calibrated from stage times measured here.
+"""Scale model: predicted GRPO seconds per iteration against the number of workers a
+split stage fans out over and the number of ranks that train, calibrated from figures
+measured here.
 
-Each stage's wall time is fitted as ``a + b * n`` (n sequences per iteration) from flow runs
-at two sizes: ``a`` is the fixed cost (a task run, the Parquet handoff, loading), ``b`` the
-cost per sequence. Placed on many machines, generation splits its ``b * n`` over ``g``
-workers, logprob and train over ``G`` data-parallel GPUs (at ``efficiency``), and every
-stage boundary then moves its batch through object storage: the bytes each stage wrote,
-measured from the run's storage, read back once, at ``bandwidth`` MB/s. What is left when
-g and G grow is the scaling floor: fixed costs, the CPU stages, the storage handoff; and
-the run lease allows one iteration of an experiment at a time (synchronous GRPO), so the
-floor bounds throughput until generation overlaps training (asynchronous GRPO).
+Each stage's wall time in one process is fitted as ``a + b * n`` (n sequences per
+iteration) from flow runs at two sizes: ``a`` is the fixed cost (a task run, the handoff,
+the manifest commit), ``b`` the cost per sequence; every stage boundary moves its batch
+through storage (the bytes each stage wrote, read back once, at ``bandwidth`` MB/s).
+Spreading a stage is not free, and the model charges what the spreading mechanisms cost
+as measured:
+
+- **Fan-out** (``orchestration.fan_out``, issue 30 item 2): generate and logprob cut into
+  ``g`` shards, each a task run on a warm stage worker of a pool, run at once, then merged
+  by the stage's own task. It costs ``placed`` (one placed stage's fixed cost: submitting
+  the task run, a worker taking it, reading its inputs from the object store, committing;
+  measured by ``bench/placement.py``, see ``PLACED_STAGE_S``) plus the merge (a second
+  ``a``), and divides ``b * n`` by ``g``.
+- **SPMD training** (``cluster.num_nodes x gpus_per_node`` = G ranks, issue 30 item 3):
+  the train stage starts its ranks with torchrun every iteration; each loads the model and
+  optimizer from the last checkpoint, trains on its slice, and rank 0 gathers and commits.
+  It costs ``launch`` per iteration (measured here: the train stage with 2 ranks against
+  one process, at the small size) and divides ``b_train * n`` by ``G * efficiency``
+  (efficiency is an assumption: 2 gloo ranks on 2 shared CPU cores cannot measure it).
+
+Whatever does not shrink is the floor: fixed costs, the unsplit CPU stages (prompts,
+reward, advantage), the storage handoff, the fan-out and launch costs; and the run lease
+allows one iteration of an experiment at a time (synchronous GRPO), so the floor bounds
+throughput until generation overlaps training (asynchronous GRPO).
 
 Run:   .venv/bin/python bench/scale_model.py                  (32 and 128 sequences)
        .venv/bin/python bench/scale_model.py --bandwidth-mb-s 180   (an S3 endpoint)
@@ -34,8 +50,17 @@ from common import (
 )
 
 GENERATIONS = 4
-SPLIT_BY_WORKERS = ("generate",)
-SPLIT_BY_GPUS = ("logprob", "train")
+FANNED_OUT = ("generate", "logprob")  # split over g stage workers (orchestration.fan_out)
+TRAIN = "train"  # split over G ranks (cluster.num_nodes x gpus_per_node)
+SPMD_RANKS = 2  # what this machine can run to measure a launch: one rank per core
+
+PLACED_STAGE_S = 1.4
+"""Fixed seconds a stage pays on a warm stage worker of a pool over the same stage in the
+flow's process: the median of the eight per-stage differences (generate, reward, logprob,
+train; two runs: 0.98-1.57 s) of `bench/placement.py`, two pools against one process
+side by side, branch h-warm's bench/RESULTS.md "Warm stage workers", 27 Nov 16:31 and
+16:43 UTC, load average 9-10 on 2 cores. On an idle machine it is lower; the parts are
+API and object-store round trips (its reading lists them)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +68,16 @@ class StageFit:
     fixed_s: float  # a
     per_sequence_s: float  # b
     bytes_per_sequence: float  # what the stage wrote to storage, per sequence
+
+
+@dataclass(frozen=True)
+class SpreadCosts:
+    """What spreading costs per iteration, measured: a fanned-out stage's placement, a
+    train stage's torchrun launch across ranks."""
+
+    placed_s: float
+    spmd_launch_s: float
+    efficiency: float  # data-parallel, of the train ranks' compute (assumed)
 
 
 def fit_line(sizes: tuple[int, int], seconds: tuple[float, float]) -> tuple[float, float]:
@@ -74,26 +109,59 @@ def predict(
     fits: dict[str, StageFit],
     n: int,
     workers: int,
-    gpus: int,
+    ranks: int,
     bandwidth_mb_s: float,
-    efficiency: float,
+    costs: SpreadCosts,
 ) -> float:
-    """Seconds per iteration of ``n`` sequences with ``workers`` generate workers and
-    ``gpus`` GPUs for logprob and train, each stage's batch handed over through storage."""
+    """Seconds per iteration of ``n`` sequences with generate and logprob fanned out over
+    ``workers`` stage workers and train on ``ranks`` ranks, each stage's batch handed over
+    through storage."""
     total = 0.0
     for stage, fit in fits.items():
-        per_sequence = fit.per_sequence_s * n
-        if stage in SPLIT_BY_WORKERS:
-            per_sequence /= workers
-        elif stage in SPLIT_BY_GPUS:
-            per_sequence /= gpus * efficiency if gpus > 1 else 1
+        compute = fit.per_sequence_s * n
+        fixed = fit.fixed_s
+        if stage in FANNED_OUT and workers > 1:
+            compute /= workers
+            fixed += costs.placed_s + fit.fixed_s  # the shards' placement, then the merge
+        elif stage == TRAIN and ranks > 1:
+            compute /= ranks * costs.efficiency
+            fixed += costs.spmd_launch_s
         handoff = fit.bytes_per_sequence * n / (bandwidth_mb_s * 1e6)
-        total += fit.fixed_s + per_sequence + handoff
+        total += fixed + compute + handoff
     return total
 
 
-def calibrate(sizes: tuple[int, int], iterations: int, smoke: bool) -> tuple[dict, float]:
-    """Stage fits from flow runs at both sizes, and this disk's bandwidth."""
+def break_even(fit: StageFit, split: int, cost_s: float, efficiency: float = 1.0) -> float:
+    """Sequences per iteration from which splitting a stage ``split`` ways (at
+    ``efficiency``) saves more than ``cost_s``; inf where it never does."""
+    saved_per_sequence = fit.per_sequence_s * (1 - 1 / (split * efficiency))
+    return cost_s / saved_per_sequence if saved_per_sequence > 0 else float("inf")
+
+
+def spmd_launch_seconds(size: int, iterations: int, smoke: bool, one_process: float) -> float:
+    """The train stage's seconds on ``SPMD_RANKS`` ranks (torchrun, gloo) less its seconds
+    in one process at the same size: what a launch across ranks adds per iteration."""
+    with tempfile.TemporaryDirectory() as tmp:
+        generations = min(GENERATIONS, size)
+        overrides = batch_overrides(size // generations, generations, iterations)
+        # each rank's share of the global batch holds whole micro batches
+        micro = min(8, max(1, size // SPMD_RANKS))
+        overrides += [
+            f"cluster.gpus_per_node={SPMD_RANKS}",
+            f"policy.train_micro_batch_size={micro}",
+        ]
+        overrides += SMOKE_OVERRIDES if smoke else []
+        timings, _ = flow_run(TINY_CONFIG, overrides, iterations, f"file://{tmp}")
+    ranks = median([t[TRAIN] for t in timings])
+    print(f"{size} sequences, train on {SPMD_RANKS} ranks: {ranks:.2f} s", flush=True)
+    return max(0.0, ranks - one_process)
+
+
+def calibrate(
+    sizes: tuple[int, int], iterations: int, smoke: bool
+) -> tuple[dict[str, StageFit], float, float]:
+    """Stage fits from flow runs at both sizes, this disk's bandwidth, and the train
+    stage's seconds at the small size."""
     seconds: dict[str, list[float]] = {stage: [] for stage in every_iteration_stages()}
     written: dict[str, int] = {}
     bandwidth = 0.0
@@ -112,42 +180,78 @@ def calibrate(sizes: tuple[int, int], iterations: int, smoke: bool) -> tuple[dic
     for stage, (small, large) in seconds.items():
         fixed, per_sequence = fit_line(sizes, (small, large))
         fits[stage] = StageFit(fixed, per_sequence, written.get(stage, 0) / sizes[1])
-    return fits, bandwidth
+    return fits, bandwidth, seconds[TRAIN][0]
 
 
 def format_model(
-    fits: dict[str, StageFit], n: int, bandwidth: float, efficiency: float
+    fits: dict[str, StageFit], n: int, bandwidth: float, costs: SpreadCosts
 ) -> tuple[str, str]:
-    """The fitted stages, the predicted table, and where scaling stops."""
+    """The fitted stages and spreading costs, the predicted table, where scaling stops."""
     lines = [f"{'stage':>10}{'fixed s':>10}{'ms/seq':>9}{'KB/seq':>9}"]
     for stage, fit in fits.items():
         lines.append(
             f"{stage:>10}{fit.fixed_s:>10.3f}{fit.per_sequence_s * 1e3:>9.3f}"
             f"{fit.bytes_per_sequence / 1e3:>9.2f}"
         )
-    gpu_counts, worker_counts = (1, 2, 4, 8), (1, 2, 4, 8, 16)
+    lines.append(
+        f"spreading: a placed shard {costs.placed_s:.2f} s (h-warm, bench/placement.py), a "
+        f"train launch on ranks {costs.spmd_launch_s:.2f} s (measured here), data-parallel "
+        f"efficiency {costs.efficiency:.0%} (assumed)"
+    )
+    rank_counts, worker_counts = (1, 2, 4, 8), (1, 2, 4, 8, 16)
     lines += ["", f"predicted s/iteration at {n} sequences, storage {bandwidth:.0f} MB/s:"]
-    lines.append(f"{'gen workers':>12}" + "".join(f"{f'{g} GPU':>9}" for g in gpu_counts))
+    lines.append(f"{'fan-out':>12}" + "".join(f"{f'{r} ranks':>10}" for r in rank_counts))
     for workers in worker_counts:
         cells = "".join(
-            f"{predict(fits, n, workers, g, bandwidth, efficiency):>9.2f}" for g in gpu_counts
+            f"{predict(fits, n, workers, r, bandwidth, costs):>10.2f}" for r in rank_counts
         )
         lines.append(f"{workers:>12}{cells}")
-    floor = predict(fits, n, 10**9, 10**9, bandwidth, efficiency)
-    one = predict(fits, n, 1, 1, bandwidth, efficiency)
+    one = predict(fits, n, 1, 1, bandwidth, costs)
+    best = min(
+        (predict(fits, n, w, r, bandwidth, costs), w, r) for w in worker_counts for r in rank_counts
+    )
+    unbounded = 10**9
+    # the floor: workers and ranks without limit, each lever used only where it pays
+    floor, workers, ranks = min(
+        (predict(fits, n, w, r, bandwidth, costs), w, r)
+        for w in (1, unbounded)
+        for r in (1, unbounded)
+    )
     handoff = sum(f.bytes_per_sequence for f in fits.values()) * n / (bandwidth * 1e6)
     fixed = sum(f.fixed_s for f in fits.values())
-    serial = floor - fixed - handoff
+    spread = sum(costs.placed_s + fits[s].fixed_s for s in FANNED_OUT) * (workers > 1)
+    spread += costs.spmd_launch_s * (ranks > 1)
+    rest = floor - fixed - handoff - spread
+    used = [name for name, on in (("fan-out", workers > 1), ("ranks", ranks > 1)) if on]
     lines.append(
-        f"floor (unbounded workers and GPUs): {floor:.2f} s = fixed {fixed:.2f} + CPU stages "
-        f"{serial:.2f} + storage handoff {handoff:.3f}; best speedup {one / floor:.1f}x"
+        f"best in the table: {best[0]:.2f} s (fan-out {best[1]}, {best[2]} ranks) of "
+        f"{one:.2f} s unspread"
+    )
+    lines.append(
+        f"floor (unbounded workers, ranks where they pay; using {' and '.join(used) or 'neither'}"
+        f"): {floor:.2f} s = fixed {fixed:.2f} + spreading {spread:.2f} + stages' compute "
+        f"left {rest:.2f} + storage handoff {handoff:.3f}; best speedup {one / floor:.1f}x"
+    )
+    for stage in FANNED_OUT:
+        cost = costs.placed_s + fits[stage].fixed_s
+        lines.append(
+            f"{stage} fanned out 2 / 16 ways pays from "
+            f"{break_even(fits[stage], 2, cost):.0f} / {break_even(fits[stage], 16, cost):.0f} "
+            "sequences per iteration"
+        )
+    lines.append(
+        f"train on 2 / 8 ranks pays from "
+        f"{break_even(fits[TRAIN], 2, costs.spmd_launch_s, costs.efficiency):.0f} / "
+        f"{break_even(fits[TRAIN], 8, costs.spmd_launch_s, costs.efficiency):.0f} "
+        "sequences per iteration"
     )
     reading = (
-        f"Fitted from flow runs at two sizes (`a + b*n` per stage), GPU stages split at "
-        f"{efficiency:.0%} data-parallel efficiency. Absolute seconds are this CPU's tiny "
-        "model; the shape is what carries over: once the split stages shrink, the fixed "
-        "per-stage costs, the unsplit CPU stages (reward, advantage) and the storage handoff "
-        "are the floor, and one lease per experiment runs one iteration at a time."
+        "Stages fitted from flow runs at two sizes (`a + b*n`); a fanned-out stage pays a "
+        "placed shard's fixed cost and a merge, a train stage on ranks pays a torchrun "
+        "launch per iteration (both measured, sources in `bench/scale_model.py`). Absolute "
+        "seconds are this CPU's tiny model; what carries over is where each lever starts "
+        "to pay (the break-even sizes scale with a stage's seconds per sequence, so a "
+        "larger model reaches them at fewer sequences) and the floor."
     )
     return "\n".join(lines), reading
 
@@ -160,16 +264,25 @@ def main() -> None:
     parser.add_argument("--predict-at", type=int, default=512, help="sequences per iteration")
     parser.add_argument("--bandwidth-mb-s", type=float, help="default: this disk, measured")
     parser.add_argument("--efficiency", type=float, default=0.85, help="data-parallel")
+    parser.add_argument(
+        "--placed-stage-s", type=float, default=PLACED_STAGE_S, help="a placed shard's cost"
+    )
+    parser.add_argument(
+        "--spmd-launch-s", type=float, help=f"default: measured on {SPMD_RANKS} ranks here"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.sizes, args.iterations = [2, 4], 2
     print(machine_line(), flush=True)
-    fits, disk = calibrate(tuple(args.sizes), args.iterations, args.smoke)
-    bandwidth = args.bandwidth_mb_s or disk
-    table, reading = format_model(fits, args.predict_at, bandwidth, args.efficiency)
+    fits, disk, small_train = calibrate(tuple(args.sizes), args.iterations, args.smoke)
+    launch = args.spmd_launch_s
+    if launch is None:
+        launch = spmd_launch_seconds(args.sizes[0], args.iterations, args.smoke, small_train)
+    costs = SpreadCosts(args.placed_stage_s, launch, args.efficiency)
+    table, reading = format_model(fits, args.predict_at, args.bandwidth_mb_s or disk, costs)
     print(table)
     record(
-        "Scale model: seconds per iteration vs generate workers and GPUs (issue 20)",
+        "Scale model: seconds per iteration vs fan-out and training ranks (issue 30)",
         table,
         reading,
         args.smoke,

@@ -167,10 +167,10 @@ def compare_weights(stack: LocalStack, reference_root: Path, result: SoakResult)
 
 def finished_at(root: Path, result: SoakResult) -> dt.datetime:
     """When a run's last stage committed (the manifest says; the process may end later)."""
-    manifest = root / "runs" / result.run_id / f"iter_{result.iterations - 1:06d}/MANIFEST.json"
-    return dt.datetime.fromisoformat(
-        json.loads(manifest.read_text())["stages"]["checkpoint"]["finished_at"]
-    )
+    from nemo_rl_core.storage.run_storage import RunStorage
+
+    manifest = RunStorage(str(root), result.run_id).read_manifest(result.iterations - 1)
+    return manifest.stages["checkpoint"].finished_at
 
 
 def soak(stack: LocalStack, args: argparse.Namespace, workdir: Path) -> SoakResult:

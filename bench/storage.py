@@ -223,8 +223,8 @@ def _storage_rows(
     fs = stores["arrow"].fs
     if options is not None:
         fs.call_s3("create_bucket", Bucket="bench")
-    fs.makedirs(stores["arrow"]._path(""), exist_ok=True)
-    raw_keys = {fmt: stores[fmt]._path(f"raw-{fmt}.bin") for fmt in FORMATS}
+    fs.makedirs(stores["arrow"].objects.path(""), exist_ok=True)
+    raw_keys = {fmt: stores[fmt].objects.path(f"raw-{fmt}.bin") for fmt in FORMATS}
     refs = {}
     fns: dict[str, Callable[[], object]] = {}
     for fmt, store in stores.items():

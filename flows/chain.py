@@ -52,8 +52,8 @@ def check_chain(configs: dict[str, str], overrides: dict[str, list[str]]) -> Non
     SFT starts from, which the handed-on checkpoint replaces."""
     from flows.config_check import check_run_config
     from nemo_rl_core.algorithms.grpo_config import MasterConfig
-    from nemo_rl_core.algorithms.sft import SFTMasterConfig, data_setup
-    from nemo_rl_core.evals.eval import check_eval_config
+    from nemo_rl_core.algorithms.sft_config import SFTMasterConfig, data_setup
+    from nemo_rl_core.evals.config_check import check_eval_config
 
     sft = check_run_config(SFTMasterConfig, configs["sft"], overrides["sft"], data_setup)
     stand_in = sft.policy.model_name
@@ -70,9 +70,13 @@ def link_run_id(chain_id: str, link: str) -> str:
 def final_checkpoint(storage_root: str, run_id: str, chain_id: str, link: str) -> str:
     """A local folder holding the link's last committed checkpoint: the stored one on local
     disk, else a copy in the model cache named after the chain, so that a continued chain
-    hands on the same path (the next link's identity keys hold it)."""
+    hands on the same path (the next link's identity keys hold it). The copy is checked
+    against the checkpoint's recorded digests: one a killed chain left half made is made
+    again."""
     from nemo_rl_core.models.local_models import default_model_cache
     from nemo_rl_core.storage.handles import RunRef, open_storage
+    from nemo_rl_core.utils.checkpoint import read_training_info
+    from nemo_rl_core.utils.checkpoint_copy import checkpoint_copy
 
     storage = open_storage(RunRef(storage_root, run_id))
     step = storage.latest_checkpoint()
@@ -81,15 +85,13 @@ def final_checkpoint(storage_root: str, run_id: str, chain_id: str, link: str) -
     if storage.on_local_disk:
         return str(storage.fetch_checkpoint(step))
     copy = default_model_cache() / "chains" / chain_id / f"{link}-step_{step}"
-    if not (copy / "config.json").is_file():
-        storage.fetch_checkpoint(step, copy)
-    return str(copy)
+    return str(checkpoint_copy(storage, step, read_training_info(storage, step), copy))
 
 
 if __name__ != "__main__":
     from prefect import flow
 
-    from flows.eval import evaluate
+    from flows.evaluation import evaluate
     from flows.grpo import grpo
     from flows.run_setup import load_storage_block, new_run_id
     from flows.sft import sft

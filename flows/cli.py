@@ -1,5 +1,7 @@
-"""``python -m flows.<algorithm> --config FILE key=value ...``: check the config, then run the
-flow without a server (Prefect's ephemeral API), with NeMo RL-style overrides.
+"""``python -m flows <algorithm> --config FILE key=value ...`` (or ``python -m
+flows.<algorithm>``): check the config, then run the algorithm's flow without a server
+(Prefect's ephemeral API), with NeMo RL-style overrides. Any algorithm that
+``nemo_rl_core/pipeline/algorithms.py`` declares has this command; none needs code here.
 
 A mistake in the config, its model or its data is reported in one line before Prefect or
 any backend starts and before anything is written (``flows.config_check``, which loads
@@ -9,19 +11,58 @@ prints Python's traceback).
 """
 
 import argparse
-import importlib
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
-
-from nemo_rl_core.algorithms.grpo_config import data_setup
-from nemo_rl_core.data.datasets.builder import DataSetup
+from nemo_rl_core.pipeline.algorithm_configs import ALGORITHM_CONFIGS, algorithm_config
 from nemo_rl_core.utils.config import ConfigError
+
+if TYPE_CHECKING:
+    from prefect import Flow
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m flows <algorithm> [options] [overrides]``: the algorithm by its declared
+    name, then the options every flow takes (``--help`` after the name lists them)."""
+    argv = sys.argv[1:] if argv is None else argv
+    known = sorted(ALGORITHM_CONFIGS)
+    if not argv or argv[0] not in ALGORITHM_CONFIGS:
+        given = f"{argv[0]!r} is not one; " if argv and not argv[0].startswith("-") else ""
+        print(
+            f"usage: python -m flows <algorithm> --config FILE [key=value ...]\n"
+            f"error: name the algorithm first ({given}known: {', '.join(known)})",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    algorithm, options = argv[0], argv[1:]
+    if algorithm in _OWN_COMMANDS:
+        _OWN_COMMANDS[algorithm](options)
+    else:
+        run_cli(algorithm, options)
+
+
+def flow_or_command(algorithm: str, module_name: str) -> "Flow[..., dict]":
+    """What ``flows/<algorithm>.py`` is: imported (Prefect's entrypoint
+    ``flows/<algorithm>.py:<algorithm>``), the algorithm's training flow; run as
+    ``python -m flows.<algorithm>``, ``python -m flows <algorithm>`` (it exits)."""
+    if module_name == "__main__":
+        main([algorithm, *sys.argv[1:]])
+        raise SystemExit(0)
+    return training_flow_of(algorithm)
+
+
+@cache
+def training_flow_of(algorithm: str) -> "Flow[..., dict]":
+    """The Prefect flow of the declared training algorithm ``algorithm`` (one per process)."""
+    from flows.loop import training_flow
+    from nemo_rl_core.pipeline.registry import pipeline_named
+
+    return training_flow(pipeline_named(algorithm))
 
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -52,58 +93,99 @@ def _check_run_id(run_id: str | None) -> None:
             raise ConfigError(str(err)) from None
 
 
-def run_cli(
-    algorithm: str,
-    config_class: type[BaseModel],
-    setup_for: Callable[[Any], DataSetup] = data_setup,
-) -> None:
-    """The command line of the training flow ``flows.<algorithm>.<algorithm>``, whose
-    pipeline validates its config into ``config_class`` and sets its data up as
-    ``setup_for`` (its declaration's ``data_setup``) says."""
-    parser = _parser(f"python -m flows.{algorithm}", f"Train {algorithm.upper()}.")
+def run_cli(algorithm: str, argv: list[str]) -> None:
+    """The command line of the declared training algorithm ``algorithm``: its config is
+    checked as its config class and data setup say (``ALGORITHM_CONFIGS``, no torch),
+    then its training flow runs."""
+    parser = _parser(f"python -m flows {algorithm}", f"Train {algorithm.upper()}.")
     parser.add_argument(
         "--steps-per-run", type=int, default=None, help="iterations this call may run"
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--start-over",
+        action="store_true",
+        help="delete what is stored of --run-id and train it from iteration 0",
+    )
+    args = parser.parse_args(argv)
+    declared = algorithm_config(algorithm)
 
     def check() -> None:
         from flows.config_check import check_run_config
 
-        check_run_config(config_class, args.config, args.overrides, setup_for)
+        if declared.data_setup is None:
+            raise ConfigError(f"{algorithm} declares no training data: it has no training flow")
+        if args.run_id is not None:
+            refuse_if_leased(args, declared.config_class)
+        check_run_config(declared.config_class, args.config, args.overrides, declared.data_setup)
 
-    flow_name = f"flows.{algorithm}:{algorithm}"
+    def load_flow() -> Callable[..., dict]:
+        return training_flow_of(algorithm)
+
     shown = ("run_id", "storage_root", "iterations")
-    _run(args, check, flow_name, shown, steps_per_run=args.steps_per_run)
+    parameters = {"steps_per_run": args.steps_per_run, "start_over": args.start_over}
+    _run(args, check, load_flow, shown, **parameters)
 
 
-def run_eval_cli() -> None:
+def refuse_if_leased(args: argparse.Namespace, config_class: type[Any]) -> None:
+    """Before anything loads: a run that another live run drives (its lease) is refused in
+    seconds, naming the holder and until when, instead of after its models are built."""
+    from nemo_rl_core.algorithms.grpo_config import load_master_config
+    from nemo_rl_core.storage.lease import held_error, live_lease
+
+    root = args.storage_root
+    if root is None:
+        root = load_master_config(
+            args.config, args.overrides, config_class
+        ).checkpointing.checkpoint_dir
+    record = live_lease(root, args.run_id)
+    if record is None:
+        return
+    freeing = (
+        f"once that flow run has ended, python -m flows.lease --break --run-id {args.run_id} "
+        f"--storage-root {root} frees its lease at once"
+        if record.get("flow_run_id")
+        else None
+    )
+    raise held_error(args.run_id, f"{root}/runs/{args.run_id}", record, freeing)
+
+
+def run_eval_cli(argv: list[str]) -> None:
     """The command line of the eval flow: check the config, score, print the scores."""
-    args = _parser("python -m flows.eval", "Score a checkpoint (pass@k, avg@n).").parse_args()
+    args = _parser("python -m flows eval", "Score a checkpoint (pass@k, avg@n).").parse_args(argv)
 
     def check() -> None:
-        from nemo_rl_core.evals.eval import check_eval_config
+        from nemo_rl_core.evals.config_check import check_eval_config
 
         check_eval_config(args.config, args.overrides)
 
-    _run(args, check, "flows.eval:evaluate", ("run_id", "storage_root", "scores"))
+    def load_flow() -> Callable[..., dict]:
+        from flows.evaluation import evaluate
+
+        return evaluate
+
+    _run(args, check, load_flow, ("run_id", "storage_root", "scores"))
+
+
+# Algorithms whose flow is not the declaration's training flow: eval trains nothing, and
+# its flow publishes the scores and samples (flows/evaluation.py).
+_OWN_COMMANDS: dict[str, Callable[[list[str]], None]] = {"eval": run_eval_cli}
 
 
 def _run(
     args: argparse.Namespace,
     check: Callable[[], None],
-    flow_name: str,
+    load_flow: Callable[[], Callable[..., dict]],
     shown: tuple[str, ...],
     **parameters: Any,
 ) -> None:
-    """Check the run id and the config before Prefect or any backend loads, then run the
-    flow ``module:function``; print ``shown`` of its summary, or the error in one line."""
+    """Check the run id and the config before Prefect or any backend loads, then load the
+    flow and run it; print ``shown`` of its summary, or the error in one line."""
     if not args.verbose:
         quiet_library_logs()
     try:
         _check_run_id(args.run_id)
         check()
-        module, _, function = flow_name.partition(":")
-        run_flow = getattr(importlib.import_module(module), function)
+        run_flow = load_flow()
         if not args.verbose:
             quiet_prefect_logs()
         summary = run_flow(
@@ -147,10 +229,16 @@ def quiet_prefect_logs() -> None:
 
 
 def fail(err: Exception) -> None:
-    """One line on stderr: what was wrong (a config mistake exits 2, anything else 1)."""
+    """One line on stderr: what was wrong (a config mistake exits 2, a refused run 3, as one
+    another run drives, anything else 1)."""
+    from nemo_rl_core.storage.refusal import RunRefusedError
+
     what = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
     if isinstance(err, ConfigError | FileNotFoundError):
         print(f"error: {what}", file=sys.stderr)
         raise SystemExit(2) from None
+    if isinstance(err, RunRefusedError):
+        print(f"error: {what}", file=sys.stderr)
+        raise SystemExit(3) from None
     print(f"error: {type(err).__name__}: {what} (--traceback shows where)", file=sys.stderr)
     raise SystemExit(1) from None

@@ -4,18 +4,11 @@ as ``nemo_rl_core.pipeline.algorithms.GRPO`` declares it.
     prompts -> generate -> reward -> logprob -> advantage -> train -> checkpoint
 
 Run locally without a server:
-    python -m flows.grpo --config examples/configs/grpo_math_tiny.yaml grpo.max_num_steps=3
+    python -m flows grpo --config examples/configs/grpo_math_tiny.yaml grpo.max_num_steps=3
 Stages whose manifest entry is complete for the same inputs are skipped, so running the
 same run_id again continues where a failed run stopped.
 """
 
-if __name__ == "__main__":  # the command line checks the config before loading the stack
-    from flows.cli import run_cli
-    from nemo_rl_core.algorithms.grpo_config import MasterConfig
+from flows.cli import flow_or_command
 
-    run_cli("grpo", MasterConfig)
-else:
-    from flows.loop import training_flow
-    from nemo_rl_core.pipeline.algorithms import GRPO
-
-    grpo = training_flow(GRPO)
+grpo = flow_or_command("grpo", __name__)

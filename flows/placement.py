@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -37,15 +38,16 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled
 
 from flows.lease import lease_ttl_s, mark_crashed
-from nemo_rl_core.distributed.virtual_cluster import check_placed_stages
 from nemo_rl_core.pipeline.context import DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, split_round
+from nemo_rl_core.pipeline.stage_keys import check_placed_stages
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.manifest import DamagedInput, StageRun
 from nemo_rl_core.utils.config import ConfigError
+from tasks.faults import kill_process_tree
 from tasks.stage import (
     STAGE_TASK_OPTIONS,
-    kill_process_tree,
     run_stage_tasks,
     stage_inputs,
     stage_logger,
@@ -123,7 +125,7 @@ def run_placed_stage(
             name,
             pool,
         )
-        return StageRef.from_dict(entry["outputs"])
+        return StageRef(entry.outputs)
     retries = int(STAGE_TASK_OPTIONS["retries"])
     for attempt in range(retries + 1):
         flow_run = start_stage_run(run, iteration, name, upstream, pool)
@@ -217,21 +219,20 @@ def wait_for_stage_run(
 
 
 def stored_outputs(run: RunRef, iteration: int, name: str, label: str) -> StageRef:
-    entry = open_storage(run).read_manifest(iteration)["stages"].get(name)
-    if entry is None or entry.get("status") != "complete":
+    entry = open_storage(run).read_manifest(iteration).complete(name)
+    if entry is None:
         raise PlacementError(f"{label}: its flow run completed but the manifest has no entry")
-    return StageRef.from_dict(entry["outputs"])
+    return StageRef(entry.outputs)
 
 
 def damage_reported(
     run: RunRef, iteration: int, name: str, flow_run_id: UUID
 ) -> DamagedInputError | None:
     """The damaged input this stage's flow run found and recorded (``stage_heartbeat``)."""
-    record = open_storage(run).read_stage_run(iteration, name) or {}
-    damaged = record.get("damaged")
-    if record.get("flow_run") != str(flow_run_id) or damaged is None:
+    record = open_storage(run).read_stage_run(iteration, name)
+    if record is None or record.ran_on.flow_run != str(flow_run_id) or record.damaged is None:
         return None
-    return DamagedInputError(damaged["key"], damaged["detail"])
+    return DamagedInputError(record.damaged.key, record.damaged.detail)
 
 
 def workers_of(client: SyncPrefectClient, pool: str) -> str:
@@ -256,13 +257,14 @@ class Heartbeat:
     def silent_for(self) -> float | None:
         """Seconds since the last beat, if longer than the stage's TTL (None: alive)."""
         record = open_storage(self.run).read_stage_run(self.iteration, self.name)
-        ours = record is not None and record.get("flow_run") == self.flow_run_id
-        beat = (record or {}).get("beat") if ours else None
+        if record is not None and record.ran_on.flow_run != self.flow_run_id:
+            record = None  # an earlier attempt's
+        beat = None if record is None else record.beat
         now = time.monotonic()
         if self.seen_at is None or beat != self.last_beat:
             self.seen_at, self.last_beat = now, beat
             return None
-        allowed = float(record["ttl_s"]) if ours and record is not None else self.first_beat_s
+        allowed = self.first_beat_s if record is None else record.ttl_s
         silent = now - self.seen_at
         return silent if silent > allowed else None
 
@@ -289,17 +291,18 @@ def stage_heartbeat(run: RunRef, iteration: int, name: str) -> Iterator[None]:
     input the stage finds goes into the record, for the waiter to have its producer re-run."""
     ttl = lease_ttl_s()
     storage = open_storage(run)
-    record: dict[str, Any] = {**where_this_runs(), "pid": os.getpid(), "ttl_s": ttl, "beat": 0}
+    record = StageRun(where_this_runs(), pid=os.getpid(), ttl_s=ttl)
     storage.write_stage_run(iteration, name, record)
     stop = threading.Event()
     log = stage_logger()
 
     def keep_beating() -> None:
+        nonlocal record
         while not stop.wait(ttl / 3):
-            if declared_lost(record["flow_run"]):
+            if declared_lost(record.ran_on.flow_run):
                 log.error("run %s: stage %s was declared lost; ending it", run.run_id, name)
                 kill_process_tree()
-            record["beat"] += 1
+            record = replace(record, beat=record.beat + 1)
             try:
                 storage.write_stage_run(iteration, name, record)
             except Exception as err:  # noqa: BLE001 - a missed beat must not kill the stage
@@ -311,10 +314,10 @@ def stage_heartbeat(run: RunRef, iteration: int, name: str) -> Iterator[None]:
     try:
         yield
     except DamagedInputError as err:
-        damaged = {"key": err.key, "detail": err.detail}
+        damaged = DamagedInput(err.key, err.detail)
         raise
     finally:
         stop.set()
         beater.join()  # before the last write: no beat may overwrite the damage record
         if damaged is not None:
-            storage.write_stage_run(iteration, name, {**record, "damaged": damaged})
+            storage.write_stage_run(iteration, name, replace(record, damaged=damaged))

@@ -6,16 +6,9 @@ declares it.
 ``train`` updates the policy and the value model and commits both in one checkpoint
 (the value model under ``value/``), from which the next iteration loads them.
 Run locally without a server:
-    python -m flows.ppo --config examples/configs/ppo_tiny.yaml ppo.max_num_steps=3
+    python -m flows ppo --config examples/configs/ppo_tiny.yaml ppo.max_num_steps=3
 """
 
-if __name__ == "__main__":  # the command line checks the config before loading the stack
-    from flows.cli import run_cli
-    from nemo_rl_core.algorithms.ppo_config import PPOMasterConfig
+from flows.cli import flow_or_command
 
-    run_cli("ppo", PPOMasterConfig)
-else:
-    from flows.loop import training_flow
-    from nemo_rl_core.pipeline.algorithms import PPO
-
-    ppo = training_flow(PPO)
+ppo = flow_or_command("ppo", __name__)

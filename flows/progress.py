@@ -38,9 +38,10 @@ from flows.report import (
     summary_table,
 )
 from nemo_rl_core.experience.rollout_table import format_samples, rollout_table, write_parquet
+from nemo_rl_core.pipeline.context import BATCH
 from nemo_rl_core.pipeline.spec import Pipeline, split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from nemo_rl_core.storage.run_storage import ObjectRef
+from nemo_rl_core.storage.manifest import Manifest, StageEntry
 from nemo_rl_core.utils.logger import Logger
 
 ROLLOUT_STAGE = "reward"  # its batch holds every scored sample the iteration trains on
@@ -71,9 +72,10 @@ def metrics_markdown(
     return f"### run `{run.run_id}` iteration {iteration}\n\n{table}\n"
 
 
-def _final_round(stages: dict[str, Any], stage: str) -> dict[str, Any] | None:
-    rounds = [name for name in stages if split_round(name)[0] == stage]
-    return stages[max(rounds, key=lambda name: split_round(name)[1])] if rounds else None
+def _final_round(manifest: Manifest, stage: str) -> StageEntry | None:
+    rounds = [name for name in manifest.stages if split_round(name)[0] == stage]
+    last = max(rounds, key=lambda name: split_round(name)[1]) if rounds else None
+    return None if last is None else manifest.stages[last]
 
 
 class IterationReports:
@@ -115,30 +117,30 @@ class IterationReports:
 
     def iteration_done(self, iteration: int) -> dict[str, float]:
         """Print the iteration's line and publish its reports; returns its metrics."""
-        stages = open_storage(self.run).read_manifest(iteration).get("stages", {})
-        metrics = manifest_metrics(stages)
+        manifest = open_storage(self.run).read_manifest(iteration)
+        metrics = manifest_metrics(manifest)
         summary = IterationSummary.from_metrics(iteration, metrics)
         print(format_line(summary))
-        self._submit(self._publish, iteration, stages, metrics, summary)
+        self._submit(self._publish, iteration, manifest, metrics, summary)
         return metrics
 
     def _publish(
         self,
         iteration: int,
-        stages: dict[str, Any],
+        manifest: Manifest,
         metrics: dict[str, float],
         summary: IterationSummary,
     ) -> None:
         for record in nemo_rl_records(metrics, iteration):
             self.logger.log_metrics(record.metrics, record.step, prefix=record.prefix)
-        rollouts = self._table(stages, ROLLOUT_STAGE, iteration, "rollouts")
+        rollouts = self._table(manifest, ROLLOUT_STAGE, iteration, "rollouts")
         if rollouts is not None:
             create_table_artifact(
                 table=[shown_row(row) for row in rollouts.to_pylist()],
                 key=artifact_key(self.run.run_id, "rollouts", "iter", iteration),
                 description=f"run {self.run.run_id}: the samples of iteration {iteration}",
             )
-        validation = self._table(stages, VALIDATION_STAGE, iteration, "validation")
+        validation = self._table(manifest, VALIDATION_STAGE, iteration, "validation")
         to_print = self.config.logger.num_val_samples_to_print
         if validation is not None and to_print:
             print(
@@ -171,15 +173,14 @@ class IterationReports:
         self._summaries.update({s.iteration: s for s in stored if s.iteration < first})
 
     def _table(
-        self, stages: dict[str, Any], stage: str, iteration: int, folder: str
+        self, manifest: Manifest, stage: str, iteration: int, folder: str
     ) -> pa.Table | None:
         """The stage's batch as a readable table, written to ``<folder>/iter_N.parquet``
         (None when the stage did not run or keeps no samples: SFT's validation loss)."""
-        entry = _final_round(stages, stage)
-        if entry is None or "batch" not in entry["outputs"]:
+        entry = _final_round(manifest, stage)
+        if entry is None or BATCH not in entry.outputs:
             return None
-        storage = open_storage(self.run)
-        batch = storage.read_batch(ObjectRef.from_dict(entry["outputs"]["batch"]))
+        batch = open_storage(self.run).read_batch(entry.outputs[BATCH])
         table = rollout_table(batch, self.run.run_id, iteration)
         write_parquet(table, self.logger.run_dir / folder / f"iter_{iteration:06d}.parquet")
         return table

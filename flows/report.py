@@ -11,13 +11,14 @@ config are read; the PNG goes to the run's log folder unless ``--plot`` says whe
 import argparse
 import math
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
 from nemo_rl_core.pipeline.spec import split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.manifest import Manifest
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.logger import LoggerConfig, run_log_dir
 
@@ -37,17 +38,20 @@ NEMO_RL_TIMERS = {
     "train": "policy_training",
     "checkpoint": "checkpointing",
 }
-# Our metric name -> NeMo RL's, under ``train/``.
-NEMO_RL_NAMES = {"reward/mean_reward": "reward"}
+# Our metric name -> NeMo RL's, under ``train/``. NeMo RL's ``reward`` is the one the
+# advantages use: after reward scaling and shaping (``mean_total_reward``) where either is
+# on; the environments' own mean is then ``env_reward``.
+NEMO_RL_NAMES = {"reward/mean_reward": "reward", "reward/mean_total_reward": "reward"}
+PROCESSED_REWARD = "mean_total_reward"
 
 
-def manifest_metrics(stages: Mapping[str, Mapping]) -> dict[str, float]:
+def manifest_metrics(manifest: Manifest) -> dict[str, float]:
     """Flat ``stage/metric`` numbers and ``seconds/stage`` of a manifest's complete stage
     entries, in the order the stages finished (the manifest keeps them by name)."""
-    complete = [(s, e) for s, e in stages.items() if e.get("status", "complete") == "complete"]
+    complete = [(s, e) for s, e in manifest.stages.items() if e.complete]
     flat: dict[str, float] = {}
-    for stage, entry in sorted(complete, key=lambda item: item[1].get("finished_at", "")):
-        for key, value in (entry.get("metrics") or {}).items():
+    for stage, entry in sorted(complete, key=lambda item: item[1].finished_at):
+        for key, value in entry.metrics.items():
             if isinstance(value, int | float):
                 name = f"seconds/{stage}" if key == "seconds" else f"{stage}/{key}"
                 flat[name] = float(value)
@@ -56,7 +60,7 @@ def manifest_metrics(stages: Mapping[str, Mapping]) -> dict[str, float]:
 
 def iteration_metrics(run: RunRef, iteration: int) -> dict[str, float]:
     """Flat ``stage/metric`` numbers and ``seconds/stage`` from the iteration's manifest."""
-    return manifest_metrics(open_storage(run).read_manifest(iteration).get("stages", {}))
+    return manifest_metrics(open_storage(run).read_manifest(iteration))
 
 
 def _by_stage(metrics: Mapping[str, float]) -> Iterator[tuple[str, int, str, float]]:
@@ -93,6 +97,7 @@ def nemo_rl_records(metrics: Mapping[str, float], iteration: int) -> list[LogRec
     validation: dict[str, float] = {}
     validation_seconds: dict[str, float] = {}
     trained = False
+    processed = any(name.endswith(f"/{PROCESSED_REWARD}") for name in metrics)
     # Later refill rounds come last: their values replace the earlier rounds'.
     for stage, _, metric, value in sorted(_by_stage(metrics), key=lambda m: m[1]):
         trained = trained or stage not in (VALIDATION_STAGE, BOOKKEEPING_STAGE)
@@ -106,6 +111,8 @@ def nemo_rl_records(metrics: Mapping[str, float], iteration: int) -> list[LogRec
             timing[timer] = timing.get(timer, 0.0) + value
         elif metric.startswith("value_"):
             train[f"critic/{metric.removeprefix('value_')}"] = value
+        elif processed and f"{stage}/{metric}" == "reward/mean_reward":
+            train["env_reward"] = value
         else:
             train[NEMO_RL_NAMES.get(f"{stage}/{metric}", metric)] = value
     records = []
@@ -158,6 +165,8 @@ class IterationSummary:
 
     iteration: int
     reward: float | None
+    # the stored total_reward the advantages use, where scaling or shaping changed it
+    total_reward: float | None
     val_accuracy: float | None
     greedy_accuracy: float | None
     val_loss: float | None
@@ -174,6 +183,7 @@ class IterationSummary:
         return cls(
             iteration=iteration,
             reward=metrics.get("reward/mean_reward"),
+            total_reward=metrics.get(f"reward/{PROCESSED_REWARD}"),
             # DPO and reward models validate under NeMo RL's names: preference accuracy
             val_accuracy=metrics.get("validate/accuracy", metrics.get(PREFERENCE_VAL_ACCURACY)),
             greedy_accuracy=metrics.get("validate/greedy_accuracy"),
@@ -201,7 +211,12 @@ def format_line(summary: IterationSummary) -> str:
     s = summary
     parts = [f"iter {s.iteration:>3}"]
     if s.reward is not None:
-        parts.append(f"reward {s.reward:.3f}")
+        total = (
+            f" (scaled/shaped total_reward {reward_text(s.total_reward)})"
+            if s.total_reward is not None
+            else ""
+        )
+        parts.append(f"reward {reward_text(s.reward)}{total}")
     if s.val_accuracy is not None:
         greedy = f" (greedy {s.greedy_accuracy:.3f})" if s.greedy_accuracy is not None else ""
         parts.append(f"val acc {s.val_accuracy:.3f}{greedy}")
@@ -221,9 +236,18 @@ def format_line(summary: IterationSummary) -> str:
     return " | ".join(parts)
 
 
-_COLUMNS = (
+def reward_text(value: float) -> str:
+    """A reward with three decimals, or in scientific notation where those would show 0.000
+    (a reward model's scores around 1e-5)."""
+    return f"{value:.3f}" if value == 0 or abs(value) >= 5e-4 else f"{value:.2e}"
+
+
+_COLUMNS: tuple[
+    tuple[str, Callable[[IterationSummary], float | None], str | Callable[[float], str]], ...
+] = (
     ("iter", lambda s: s.iteration, "d"),
-    ("reward", lambda s: s.reward, ".3f"),
+    ("reward", lambda s: s.reward, reward_text),
+    ("total rwd", lambda s: s.total_reward, reward_text),
     ("val acc", lambda s: s.val_accuracy, ".3f"),
     ("greedy", lambda s: s.greedy_accuracy, ".3f"),
     ("val loss", lambda s: s.val_loss, ".4g"),
@@ -242,15 +266,27 @@ def summary_row(summary: IterationSummary) -> dict[str, str]:
     row = {}
     for name, get, spec in _COLUMNS:
         value = get(summary)
-        row[name] = "-" if value is None else f"{value:{spec}}"
+        if value is None:
+            row[name] = "-"
+        else:
+            row[name] = spec(value) if callable(spec) else f"{value:{spec}}"
     return row
+
+
+# Shown only where some iteration has a value (runs that scale or shape their rewards).
+_OPTIONAL_COLUMNS = ("total rwd",)
 
 
 def summary_table(run_id: str, summaries: list[IterationSummary]) -> str:
     """The run's table, one row per iteration, and how reward and accuracy moved."""
-    cells = [[name for name, _, _ in _COLUMNS]]
-    cells += [list(summary_row(summary).values()) for summary in summaries]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(_COLUMNS))]
+    rows = [summary_row(summary) for summary in summaries]
+    names = [
+        name
+        for name, _, _ in _COLUMNS
+        if name not in _OPTIONAL_COLUMNS or any(row[name] != "-" for row in rows)
+    ]
+    cells = [names, *([row[name] for name in names] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(names))]
     lines = [
         "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True))
         for row in cells
@@ -263,6 +299,7 @@ def _movement(summaries: list[IterationSummary]) -> list[str]:
     moved = []
     for label, get in (
         ("mean reward", lambda s: s.reward),
+        ("mean total_reward (scaled/shaped)", lambda s: s.total_reward),
         ("validation accuracy", lambda s: s.val_accuracy),
         ("greedy validation accuracy", lambda s: s.greedy_accuracy),
         ("validation loss", lambda s: s.val_loss),
@@ -270,12 +307,18 @@ def _movement(summaries: list[IterationSummary]) -> list[str]:
         points = [(s.iteration, get(s)) for s in summaries if get(s) is not None]
         if len(points) >= 2:
             (first_at, first), (last_at, last) = points[0], points[-1]
-            moved.append(f"{label}: {first:.3f} (iter {first_at}) -> {last:.3f} (iter {last_at})")
+            moved.append(
+                f"{label}: {reward_text(first)} (iter {first_at}) -> {reward_text(last)} "
+                f"(iter {last_at})"
+            )
     return moved
 
 
 _PANELS = (
-    ("mean reward / validation accuracy", ("reward", "val_accuracy", "greedy_accuracy")),
+    (
+        "mean reward / validation accuracy",
+        ("reward", "total_reward", "val_accuracy", "greedy_accuracy"),
+    ),
     ("loss / validation loss", ("loss", "val_loss")),
     ("KL penalty", ("kl",)),
     ("clip fraction", ("clip_fraction",)),
@@ -320,9 +363,7 @@ def plot_curves(run_id: str, summaries: list[IterationSummary], path: Path) -> P
 def run_summaries(storage: RunStorage) -> list[IterationSummary]:
     """Every stored iteration's summary, in order."""
     return [
-        IterationSummary.from_metrics(
-            iteration, manifest_metrics(storage.read_manifest(iteration).get("stages", {}))
-        )
+        IterationSummary.from_metrics(iteration, manifest_metrics(storage.read_manifest(iteration)))
         for iteration in storage.iterations()
     ]
 

@@ -39,7 +39,7 @@ def rerun_stage(
             f"stage {stage!r} is not one of {list(pipeline.stage_names)} "
             f"({pipeline.name} run {run_id!r})"
         )
-    entries = storage.read_manifest(iteration).get("stages", {})
+    entries = storage.read_manifest(iteration).stages
     refilled = pipeline.refill.stages if pipeline.refill else ()
 
     def recorded(name: str) -> str | None:
@@ -58,7 +58,7 @@ def rerun_stage(
             f"{missing}, which were never recorded; continue the run instead"
         )
     upstream = {
-        name: StageRef.from_dict(entries[found]["outputs"])
+        name: StageRef(entries[found].outputs)
         for name in spec.all_reads
         if (found := recorded(name)) is not None
     }

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,9 +263,13 @@ def kill_tree(pid: int) -> list[int]:
     return pids
 
 
-def start_stack(state_dir: Path) -> tuple[LocalStack, str]:
-    """``infra/stack.sh start`` into ``state_dir`` on free ports; returns the stack and
-    the script's output (per-service start times)."""
+def start_stack(
+    state_dir: Path, components: Sequence[str] = (), cpus: str | None = None
+) -> tuple[LocalStack, str]:
+    """``infra/stack.sh start [COMPONENTS]`` into ``state_dir`` on free ports (every
+    component when none is named); with ``cpus`` (``taskset -c`` syntax) every process of
+    the stack runs on those cores only. Returns the stack and the script's output
+    (per-service start times)."""
     ports = {"pg": _free_port(), "api": _free_port(), "s3": _free_port()}
     env = {
         **os.environ,
@@ -274,8 +278,13 @@ def start_stack(state_dir: Path) -> tuple[LocalStack, str]:
         "INFRA_API_PORT": str(ports["api"]),
         "INFRA_S3_PORT": str(ports["s3"]),
     }
+    pinned = [] if cpus is None else ["taskset", "-c", cpus]
     proc = subprocess.run(
-        [str(STACK_SH), "start"], env=env, capture_output=True, text=True, timeout=600
+        [*pinned, str(STACK_SH), "start", *components],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"infra/stack.sh start failed:\n{proc.stdout}\n{proc.stderr}")
@@ -294,16 +303,16 @@ def stop_stack(state_dir: Path) -> None:
 
 
 @contextmanager
-def running_stack() -> Iterator[LocalStack]:
-    """A stack in a fresh state dir for the life of the block, stopped and removed after,
-    even on failure."""
+def running_stack(components: Sequence[str] = (), cpus: str | None = None) -> Iterator[LocalStack]:
+    """A stack (``components`` of it, on ``cpus``: see ``start_stack``) in a fresh state
+    dir for the life of the block, stopped and removed after, even on failure."""
     # Not under pytest's tmp dir: that one is private to its owner, and PostgreSQL runs as
     # the `postgres` OS user when this runs as root.
     state_dir = Path(tempfile.mkdtemp(prefix="nemo-rl-stack-"))
     state_dir.chmod(0o755)
     try:
         started = time.monotonic()
-        stack, output = start_stack(state_dir)
+        stack, output = start_stack(state_dir, components, cpus)
         print(f"\nlocal stack up in {time.monotonic() - started:.1f} s:\n{output}", flush=True)
         yield stack
     finally:

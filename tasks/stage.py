@@ -7,18 +7,25 @@ dataloader versions it depends on) and goes through ``run_stage``: if the manife
 holds a complete entry for the same inputs, its stored outputs are returned and nothing is
 recomputed (a failed flow run, run again with the same run_id, continues at the failed
 stage); otherwise the stage computes, writes each output atomically and records it.
+
+The training stage of a world above one rank runs SPMD instead (``spmd_stage``): every rank
+runs ``tasks.spmd_rank``, started per node by torchrun (``launch_stage_node``: what a worker
+of the stage's pool calls once per node, with the same ``Rendezvous`` on every node of an
+attempt); rank 0 commits the stage as ``run_stage`` does.
 """
 
-import contextlib
+import json
 import logging
 import os
-import signal
 import socket
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-import psutil
+import torch
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
@@ -27,21 +34,21 @@ from prefect.futures import wait
 from prefect.task_engine import TaskRunTimeoutError
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.distributed.node_launch import Rendezvous, RendezvousNotes, launch_node
+from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks
+from nemo_rl_core.distributed.world import is_distributed
 from nemo_rl_core.pipeline.context import BATCH, StageContext, StageRef, StageResult
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
 from nemo_rl_core.pipeline.spec import SHARD_PREFIX, Stage, shard_part, split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.manifest import RanOn
 from nemo_rl_core.storage.outage import StorageUnreachableError
-from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, RunStorage, StorageError
+from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, StorageError
+from nemo_rl_core.utils.config import ConfigError
+from tasks.faults import StageFaults
 
-FAULT_ENV = "NEMO_RL_CORE_FAULT"
-STALL_SECONDS = 600.0  # a stalled stage outlasts any timeout a test sets
 T = TypeVar("T")
 P = ParamSpec("P")
-
-
-class InjectedFault(RuntimeError):
-    """Raised where ``NEMO_RL_CORE_FAULT`` asks for a failure (fault-injection tests)."""
 
 
 def stage_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -78,62 +85,20 @@ looks for a stored result, ~8 ms per task run for nothing (bench/RESULTS.md, iss
 """
 
 
-def where_this_runs() -> dict[str, str | None]:
+def where_this_runs() -> RanOn:
     """The work pool, worker, host and flow run executing this code (the manifest records
-    them with each stage); pool and worker are None outside a worker's flow run."""
+    them with each stage), and the number of ranks of a stage run across processes; pool
+    and worker are None outside a worker's flow run."""
     context = FlowRunContext.get()
     flow_run = context.flow_run if context is not None else None
-    return {
-        "pool": flow_run.work_pool_name if flow_run is not None else None,
-        "worker": os.environ.get("PREFECT__WORKER_NAME"),
-        "host": socket.gethostname(),
-        "flow_run": str(flow_run.id) if flow_run is not None else None,
-    }
-
-
-def injected_faults(stage: str, iteration: int) -> set[str]:
-    """The modes ``NEMO_RL_CORE_FAULT=stage@iteration[:mode],...`` asks of this stage.
-
-    ``raise`` (the default) fails before the stage computes; ``kill`` SIGKILLs the process
-    (with its children) after it computed but before its outputs are committed, like a worker lost in the
-    middle of a stage; ``damage`` flips one byte of each committed output (once per run:
-    not again once the manifest records its repair), so the next stage reads an object that
-    no longer matches the manifest;
-    ``stall`` hangs in the stage's work for ``STALL_SECONDS``, as a stuck backend does.
-    """
-    spec = os.environ.get(FAULT_ENV, "")
-    modes = set()
-    for item in filter(None, spec.split(",")):
-        target, _, mode = item.partition(":")
-        if target == f"{stage}@{iteration}":
-            modes.add(mode or "raise")
-    return modes
-
-
-def kill_process_tree() -> None:
-    """SIGKILL this process and everything it started (forked reward workers), as a lost
-    machine takes them along: a surviving child would hold the worker's pipe to this
-    process open, and Prefect would see the crash only when that child exits."""
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _damage_once(
-    storage: RunStorage, stage: str, iteration: int, refs: Mapping[str, ObjectRef]
-) -> None:
-    """Overwrite each output with one byte flipped, size unchanged, behind the manifest's
-    back (what a bad disk or a partial overwrite does); the re-executed stage is spared: its
-    repair is on the manifest, which a stage on another work pool reads as well."""
-    repairs = storage.read_manifest(iteration).get("repairs", [])
-    if {repair["key"] for repair in repairs} & {ref.key for ref in refs.values()}:
-        return
-    for ref in refs.values():
-        data = bytearray(storage._get_optional(ref.key) or b"")
-        data[len(data) // 2] ^= 0xFF
-        storage._put(ref.key, bytes(data))
-    stage_logger().warning("fault injected: damaged %s", sorted(r.key for r in refs.values()))
+    return RanOn(
+        pool=flow_run.work_pool_name if flow_run is not None else None,
+        worker=os.environ.get("PREFECT__WORKER_NAME"),
+        host=socket.gethostname(),
+        flow_run=str(flow_run.id) if flow_run is not None else None,
+        # rank 0 of a stage run across processes (tasks.spmd_rank)
+        ranks=torch.distributed.get_world_size() if is_distributed() else None,
+    )
 
 
 def run_stage(
@@ -164,21 +129,15 @@ def run_stage(
             iteration,
             label,
         )
-        return StageRef.from_dict(entry["outputs"])
-    faults = injected_faults(label, iteration)
-    if "raise" in faults:
-        raise InjectedFault(f"fault injected into stage {label!r} of iteration {iteration}")
+        return StageRef(entry.outputs)
+    faults = StageFaults.asked(label, iteration)
     # One log line per stage, at its commit: every line is a row the API server writes, and
     # the task run's own state already says that the stage is running.
     started = time.perf_counter()
-    if "stall" in faults:  # short sleeps: a timeout raised into this thread lands between them
-        stall_until = time.monotonic() + STALL_SECONDS
-        while time.monotonic() < stall_until:
-            time.sleep(0.05)
+    faults.before_compute()
     result = compute()
     metrics = {**result.metrics, "seconds": time.perf_counter() - started}
-    if "kill" in faults:
-        kill_process_tree()
+    faults.after_compute()
     refs: dict[str, ObjectRef] = {}
     for name, value in result.outputs.items():
         stored = name if part is None else f"{part}.{name}"
@@ -199,8 +158,8 @@ def run_stage(
         sorted(refs),
         metrics["seconds"],
     )
-    if "damage" in faults:
-        _damage_once(storage, label, iteration, refs)
+    if damaged := faults.after_commit(storage, refs):
+        log.warning("fault injected: damaged %s", damaged)
     return StageRef(refs)
 
 
@@ -265,6 +224,64 @@ def stage_shard(
     )
 
 
+# ---- a stage across processes: its ranks run tasks.spmd_rank ----------------------------
+
+
+def launch_stage_node(
+    run: RunRef,
+    iteration: int,
+    stage: str,
+    upstream: Mapping[str, StageRef],
+    node_rank: int,
+    rendezvous: Rendezvous,
+    log_path: Path | None = None,
+) -> None:
+    """Node ``node_rank``'s ranks of stage ``stage`` of ``iteration``, from ``upstream``'s
+    stored outputs; returns once they finished (rank 0 committed the stage), raises
+    ``RanksLost``/``RanksFailed``/``RendezvousIncomplete`` naming the ranks otherwise."""
+    with tempfile.TemporaryDirectory(prefix="spmd-stage-") as scratch:
+        upstream_file = Path(scratch) / "upstream.json"
+        upstream_file.write_text(
+            json.dumps({name: ref.to_dict() for name, ref in upstream.items()})
+        )
+        program = [
+            "-m",
+            "tasks.spmd_rank",
+            f"--run-id={run.run_id}",
+            f"--storage-root={run.storage_root}",
+            f"--iteration={iteration}",
+            f"--stage={stage}",
+            f"--upstream={upstream_file}",
+        ]
+        notes = RendezvousNotes(open_storage(run), iteration, stage, rendezvous.attempt)
+        launch_node(program, node_rank, rendezvous, notes, log_path=log_path)
+
+
+@task(name="stage", task_run_name="{name}-it{iteration}", **STAGE_TASK_OPTIONS)
+def spmd_stage(run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]) -> StageRef:
+    """Stage ``name`` on this machine's ``cluster.gpus_per_node`` ranks (torchrun
+    ``--standalone``). A lost rank fails the attempt; Prefect's retry starts a new one,
+    which restarts every rank."""
+    runtime = runtime_for(run)
+    inputs = stage_inputs(runtime, runtime.pipeline.stage(name), iteration, upstream)
+    storage = open_storage(run)
+    if (entry := storage.completed_stage(iteration, name, inputs)) is None:
+        attempt = f"{run.run_id}-it{iteration}-{name}-{uuid.uuid4().hex[:12]}"
+        rendezvous = Rendezvous.for_cluster(runtime.config, attempt)
+        if rendezvous.nnodes > 1:
+            raise ConfigError(
+                f"cluster.num_nodes={rendezvous.nnodes}: stage {name!r} spans "
+                f"{rendezvous.nnodes} machines; each worker of its pool "
+                f"(cluster.placement.{name}) launches one node (launch_stage_node), which "
+                "this flow does not submit yet"
+            )
+        launch_stage_node(run, iteration, name, upstream, 0, rendezvous)
+        entry = storage.read_manifest(iteration).complete(name)
+        if entry is None:
+            raise RuntimeError(f"stage {name!r}: its ranks ended without committing it")
+    return StageRef(entry.outputs)
+
+
 def shards_in(upstream: Mapping[str, StageRef]) -> list[str]:
     return [name for name in upstream if name.startswith(SHARD_PREFIX)]
 
@@ -282,7 +299,10 @@ def run_stage_tasks(
 ) -> StageRef:
     """Stage ``name`` as task runs: where ``orchestration.fan_out`` splits it, its shards
     first, concurrently (all of them finish, or fail, before the merge; a run continued
-    after a failed shard computes that shard alone), then the stage that merges them."""
+    after a failed shard computes that shard alone), then the stage that merges them. The
+    training stage of a world above one rank runs on this machine's ranks (``spmd_stage``)."""
+    if runs_across_ranks(config, runtime_for(run).pipeline.stage(name).commits):
+        return stage_task_for(config, name, spmd_stage)(run, iteration, name, upstream)
     count = config.orchestration.fan_out.get(split_round(name)[0], 1)
     if count > 1:
         shard_task = stage_task_for(config, name, stage_shard)

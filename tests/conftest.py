@@ -23,6 +23,8 @@ import flows  # noqa: F401, E402  (first: its process settings, e.g. OMP_WAIT_PO
 
 # Outage tests stop the store on purpose: give up after seconds, not the default minutes.
 os.environ.setdefault("NEMO_RL_CORE_STORAGE_BUDGET_S", "8")
+from nemo_rl_examples import MIRROR, export_examples  # noqa: E402
+
 from nemo_rl_core.models.local_models import build_tiny_model
 
 # The stack driver lives with the scripts it drives (infra/), shared with bench/soak.py.
@@ -52,6 +54,15 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(
         tmp_path_factory.mktemp("models") / "tiny-qwen2", "qwen2", tie_word_embeddings=False
     )
+
+
+@pytest.fixture(scope="session")
+def nemo_rl_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """NeMo RL v0.7.0's ``examples/configs`` (with its prompts beside), exported from the
+    mirror; the test skips, saying so, where there is no mirror."""
+    if not MIRROR.exists():
+        pytest.skip(f"no NeMo RL mirror at {MIRROR} (set NEMO_RL_MIRROR)")
+    return export_examples(tmp_path_factory.mktemp("nemo_rl"))
 
 
 @pytest.fixture(scope="session")

@@ -4,14 +4,13 @@ re-exports these names by NeMo RL's paths): the config check imports it without 
 """
 
 from abc import abstractmethod
-from typing import Annotated, Any, Protocol, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import Field, field_validator, model_validator
 
 from nemo_rl_core.algorithms.config import (
     ClippedPGLossConfig,
     GRPOAdvantageConfig,
-    StrictConfig,
     clipped_pg_config_problems,
 )
 from nemo_rl_core.algorithms.reward_config import (
@@ -19,15 +18,20 @@ from nemo_rl_core.algorithms.reward_config import (
     RewardShapingConfig,
     reward_shaping_config_problems,
 )
+from nemo_rl_core.config.base import StrictConfig
+from nemo_rl_core.config.checkpointing import CheckpointingConfig
+from nemo_rl_core.config.cluster import ClusterConfig
+from nemo_rl_core.config.logger import LoggerConfig
+from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import SFT_DATASETS, SFT_PROCESSOR, DataConfig
 from nemo_rl_core.data.datasets.builder import (
     DEFAULT_COUNTS,
     SPLITS,
     DataSetup,
     dataset_environments,
+    games_from_environment,
     processor_name,
 )
-from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.utils import (
     ENVIRONMENTS_BUILT,
     NOT_BUILT_ENVIRONMENTS,
@@ -38,13 +42,24 @@ from nemo_rl_core.environments.utils import (
     registered_env_section,
 )
 from nemo_rl_core.models.policy.config import PolicyConfig
-from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
-from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 from nemo_rl_core.utils.config import load_config_file
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, TypedSections, Wired
-from nemo_rl_core.utils.logger import LoggerConfig
+from nemo_rl_core.utils.key_support import (
+    Check,
+    Only,
+    PartOf,
+    ReadWhile,
+    SupportContext,
+    TypedSections,
+    Wired,
+    read_while_enabled,
+)
 
 _GRPO = "nemo_rl_core.algorithms.grpo"
+_GENERATION = "nemo_rl_core.algorithms.rollout_generation"
+_PROMPTS = "nemo_rl_core.algorithms.prompt_batches"
+_SCHEDULE = "nemo_rl_core.algorithms.schedule"
+_SCORING = "nemo_rl_core.algorithms.scoring"
+_VALIDATION = "nemo_rl_core.algorithms.validation"
 
 
 def _needs_cuda(value: bool, context: SupportContext) -> str | None:
@@ -58,22 +73,26 @@ class RolloutScheduleConfig(StrictConfig):
     ``distillation:``; NeMo RL's names and defaults): how many prompts and samples per step,
     how many steps, validation, the seed."""
 
-    num_prompts_per_step: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:make_dataloader")]
-    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:take_prompts")] = 1
-    max_rollout_turns: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:play_rollouts")] = 1
-    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")] = 1
-    max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:planned_steps")]
-    val_period: Annotated[int, Wired(f"{_GRPO}:validation_due")] = 0  # <= 0: never
+    num_prompts_per_step: Annotated[int, Field(ge=1), Wired(f"{_PROMPTS}:make_dataloader")]
+    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_PROMPTS}:take_prompts")] = 1
+    max_rollout_turns: Annotated[int, Field(ge=1), Wired(f"{_GENERATION}:play_rollouts")] = 1
+    max_num_epochs: Annotated[int, Field(ge=1), Wired(f"{_SCHEDULE}:planned_steps")] = 1
+    max_num_steps: Annotated[int, Field(ge=1), Wired(f"{_SCHEDULE}:planned_steps")]
+    val_period: Annotated[int, Wired(f"{_SCHEDULE}:validation_due")] = 0  # <= 0: never
     # None: every validation prompt in one batch (NeMo RL allows None for NeMo-Gym).
-    val_batch_size: Annotated[int | None, Field(ge=1), Wired(f"{_GRPO}:validate_batches")] = None
-    val_at_start: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
-    val_at_end: Annotated[bool, Wired(f"{_GRPO}:validation_due")] = False
-    max_val_samples: Annotated[int | None, Field(ge=1), Wired(f"{_GRPO}:validate_batches")] = None
-    seed: Annotated[int, Wired(f"{_GRPO}:sampling_seeds")] = 42
+    val_batch_size: Annotated[int | None, Field(ge=1), Wired(f"{_VALIDATION}:validate_batches")] = (
+        None
+    )
+    val_at_start: Annotated[bool, Wired(f"{_SCHEDULE}:validation_due")] = False
+    val_at_end: Annotated[bool, Wired(f"{_SCHEDULE}:validation_due")] = False
+    max_val_samples: Annotated[
+        int | None, Field(ge=1), Wired(f"{_VALIDATION}:validate_batches")
+    ] = None
+    seed: Annotated[int, Wired(f"{_GENERATION}:sampling_seeds")] = 42
     # Not in NeMo RL: a reward checker that raised, hung or died gives reward 0; past this
     # fraction of the batch the reward stage fails instead of training on broken rewards.
     max_env_failure_fraction: Annotated[
-        float, Field(ge=0.0, le=1.0), Wired(f"{_GRPO}:score_rollouts")
+        float, Field(ge=0.0, le=1.0), Wired(f"{_SCORING}:score_rollouts")
     ] = 0.5
 
     @model_validator(mode="after")
@@ -101,7 +120,7 @@ class RolloutLoopConfig(RolloutScheduleConfig):
     dynamic_sampling_max_gen_batches: Annotated[
         int, Field(ge=1), Wired(f"{_GRPO}:select_prompt_groups")
     ] = 10
-    batch_multiplier: Annotated[float, Field(gt=0), Wired(f"{_GRPO}:prompts_per_batch")] = 1.0
+    batch_multiplier: Annotated[float, Field(gt=0), Wired(f"{_PROMPTS}:prompts_per_batch")] = 1.0
     calculate_advantages_on_gpu: Annotated[
         bool, Check(_needs_cuda, "the advantages are computed on the GPU, which must be there")
     ] = False
@@ -127,36 +146,6 @@ class RolloutLoopConfig(RolloutScheduleConfig):
         return shaping
 
 
-class ValidationSchedule(Protocol):
-    """NeMo RL's validation keys, which ``grpo:``, ``ppo:`` and ``sft:`` all carry."""
-
-    val_period: int
-    val_at_start: bool
-    val_at_end: bool
-
-
-def validation_due(loop: ValidationSchedule, step: int, final_step: int) -> bool:
-    """Whether the weights after ``step`` updates are validated (NeMo RL's schedule:
-    ``val_at_start`` for step 0, every ``val_period`` steps, ``val_at_end`` for the weights
-    after the run's ``final_step``)."""
-    if step == 0:
-        return loop.val_at_start
-    periodic = loop.val_period > 0 and step % loop.val_period == 0
-    return periodic or (loop.val_at_end and step == final_step)
-
-
-def validates(loop: ValidationSchedule) -> bool:
-    return loop.val_period > 0 or loop.val_at_start or loop.val_at_end
-
-
-def planned_steps(loop: RolloutScheduleConfig, batches_per_epoch: int) -> int:
-    """Training steps of the whole run: ``max_num_steps``, or fewer when ``max_num_epochs``
-    passes over the data end first (as NeMo RL's loop stops at whichever comes first);
-    ``max_num_steps: -1`` (NeMo RL's reward-model default) sets no step limit."""
-    epochs = loop.max_num_epochs * batches_per_epoch
-    return epochs if loop.max_num_steps == -1 else min(loop.max_num_steps, epochs)
-
-
 _ONE_VERSION_PER_BATCH = (
     "each generated batch comes from one recorded weights version (the checkpoint "
     "max_trajectory_age_steps before its step), so that a resumed run or a rerun stage "
@@ -172,7 +161,9 @@ class AsyncGRPOConfig(StrictConfig):
     trajectory's age, reached by every batch here, so the schedule does not depend on
     timing)."""
 
-    enabled: Annotated[bool, Wired(f"{_GRPO}:async_depth")] = False
+    read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
+
+    enabled: Annotated[bool, Wired(f"{_SCHEDULE}:async_depth")] = False
     max_trajectory_age_steps: Annotated[int, PartOf("grpo.async_grpo.enabled")] = 1
     in_flight_weight_updates: Annotated[bool, Only(False, reason=_ONE_VERSION_PER_BATCH)] = False
     recompute_kv_cache_after_weight_updates: Annotated[
@@ -190,12 +181,6 @@ class AsyncGRPOConfig(StrictConfig):
         return steps
 
 
-def async_depth(loop: Any) -> int:
-    """How many steps ahead rollouts run (``max_trajectory_age_steps``); 0 when synchronous."""
-    settings = getattr(loop, "async_grpo", None)
-    return settings.max_trajectory_age_steps if settings and settings.enabled else 0
-
-
 _NO_TOOL_PARSING = (
     "this deployment's environments do not parse tool calls or <think> tags, so there are no "
     "such tokens to give an advantage to"
@@ -205,7 +190,7 @@ _NO_TOOL_PARSING = (
 class GRPOConfig(GRPOAdvantageConfig, RolloutLoopConfig):
     """``grpo:``: NeMo RL's keys and defaults (advantage and loop keys inherited)."""
 
-    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_GRPO}:take_prompts")]
+    num_generations_per_prompt: Annotated[int, Field(ge=1), Wired(f"{_PROMPTS}:take_prompts")]
     async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig)
     seq_logprob_error_threshold: Annotated[
         float | None, Field(gt=0), Wired(f"{_GRPO}:mask_by_sequence_logprob_error")
@@ -241,6 +226,14 @@ class DataPlaneConfig(StrictConfig):
     observability: Annotated[dict[str, Any] | None, PartOf(_DATA_PLANE)] = None
 
 
+def _named_environments_not_built(env: dict[str, Any], context: SupportContext) -> str | None:
+    """:func:`environments_not_built` of the sections a dataset of the run names: NeMo RL
+    builds only those, so a section no dataset names is never read (its DAPO recipes keep an
+    ``env.dapo``)."""
+    named = dataset_environments(context.value("data"), env)
+    return environments_not_built({name: env[name] for name in env if name in named})
+
+
 NEMO_GYM_SWITCHES = ("should_use_nemo_gym", "should_log_nemo_gym_responses")
 """NeMo RL's two switches beside the environment sections of ``env:``."""
 
@@ -254,7 +247,7 @@ class RolloutMasterConfig(StrictConfig):
     data: DataConfig
     env: Annotated[
         dict[str, dict[str, Any]],
-        Check(environments_not_built, ENVIRONMENTS_BUILT),
+        Check(_named_environments_not_built, f"{ENVIRONMENTS_BUILT} (those a dataset names)"),
         TypedSections(registered_env_section),
     ] = Field(default_factory=dict)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
@@ -288,7 +281,9 @@ class RolloutMasterConfig(StrictConfig):
     @model_validator(mode="after")
     def _datasets_are_prompts(self) -> Self:
         """SFT conversations (``sft_processor``, ``addition_sft``) hold their answers: there
-        is nothing left to generate and score."""
+        is nothing left to generate and score. (A puzzle run reads no dataset of ``data:``.)"""
+        if games_from_environment(self.data, self.env):
+            return self
         for split in SPLITS:
             for index, dataset in enumerate(self.data.datasets(split)):
                 if dataset.dataset_name in SFT_DATASETS or processor_name(dataset) == SFT_PROCESSOR:
@@ -305,8 +300,7 @@ class RolloutMasterConfig(StrictConfig):
         """Each ``env.<name>`` section validates into its environment's own config now,
         not when the first rollout reaches the environment. NeMo RL builds only the
         environments its datasets name, so a section of an unknown environment that no
-        dataset names loads (NeMo RL's DAPO recipes keep an ``env.dapo``), and the env
-        key's rule refuses it before any work."""
+        dataset names loads (NeMo RL's DAPO recipes keep an ``env.dapo``) and is not read."""
         named = dataset_environments(self.data, self.env)
         for name, settings in self.env.items():
             if name in NOT_BUILT_ENVIRONMENTS or (

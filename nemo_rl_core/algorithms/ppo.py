@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from nemo_rl_core.algorithms.advantage_estimator import create_advantage_estimator
-from nemo_rl_core.algorithms.grpo import train_policy
 from nemo_rl_core.algorithms.loss import MseValueLossFn
 
 # NeMo RL names the config classes here (noqa: re-exported); they live apart so that the
 # config check loads no torch.
 from nemo_rl_core.algorithms.ppo_config import PPOConfig, PPOMasterConfig  # noqa: F401
+from nemo_rl_core.algorithms.training import train_policy
 from nemo_rl_core.algorithms.utils import masked_mean
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.interfaces import PolicyInterface

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Self
 
 from pydantic import ConfigDict, model_validator
 
-from nemo_rl_core.algorithms.config import StrictConfig
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.utils.key_support import Wired
 
 _SHAPING = "nemo_rl_core.algorithms.reward_functions:apply_reward_shaping"
@@ -87,7 +87,8 @@ class RewardScalingConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _nonempty_source(self) -> Self:
-        if self.source_max <= self.source_min:
+        """Only while scaling is on: NeMo RL reads the range of nothing else."""
+        if self.enabled and self.source_max <= self.source_min:
             raise ValueError(
                 f"source_max ({self.source_max}) must be greater than source_min ({self.source_min})"
             )

@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from nemo_rl_core.algorithms.config import validate_section
 from nemo_rl_core.algorithms.reward_config import (
     DAPO_KEYS,
     RewardScalingConfig,
     RewardShapingConfig,
     reward_shaping_config_problems,
 )
+from nemo_rl_core.config.base import validate_section
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.utils.config import filled
 

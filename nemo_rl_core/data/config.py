@@ -14,11 +14,11 @@ on a deployment that cannot download (every deployment of this project).
 """
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired
+from nemo_rl_core.utils.key_support import Check, Only, PartOf, ReadWhile, SupportContext, Wired
 
 BUILTIN_DATASETS = (
     "arithmetic",
@@ -128,12 +128,22 @@ def _capped_here(cap: int | None, context: SupportContext) -> str | None:
     )
 
 
+def _read_by_the_run(section: Any, context: SupportContext) -> bool:
+    """A dataset is read unless the run's games come from the sliding puzzle's environment."""
+    # The builder imports this module; it knows which environment scores which dataset.
+    from nemo_rl_core.data.datasets.builder import games_from_environment
+
+    return not games_from_environment(context.value("data"), context.value("env") or {})
+
+
 class DatasetConfig(BaseModel):
     """One dataset of a split: NeMo RL's ``ResponseDatasetConfig`` keys, ``repeat`` (each row
     that many times, as NeMo RL's AIME datasets take it), plus ``num_samples`` (how many rows
-    a built-in generator draws)."""
+    a built-in generator draws). No rule of its keys applies where the run never reads it
+    (a puzzle run's games come from its environment)."""
 
     model_config = ConfigDict(extra="forbid")
+    read_while: ClassVar[ReadWhile] = ReadWhile(_read_by_the_run, still_read=())
 
     dataset_name: Annotated[
         str | None,
@@ -238,7 +248,7 @@ class DataConfig(BaseModel):
             "only data.*.system_prompt_file",
         ),
     ] = None
-    shuffle: Annotated[bool, Wired("nemo_rl_core.algorithms.grpo:make_dataloader")] = True
+    shuffle: Annotated[bool, Wired("nemo_rl_core.algorithms.prompt_batches:make_dataloader")] = True
     num_workers: Annotated[
         int,
         Check(

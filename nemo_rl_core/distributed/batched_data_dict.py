@@ -14,7 +14,7 @@ those indices puts results gathered from the shards back in the original order.
 import copy
 import math
 from collections import UserDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, NotRequired, Self, TypedDict, TypeVar, overload
 
 import torch
@@ -393,19 +393,25 @@ class BatchedDataDict(UserDict, Generic[DictT]):
             "dynamic_batching_args", dict(args), (*required, "input_lengths_key")
         )
         budget = args["max_tokens_per_microbatch"]
-        round_to = args["sequence_length_round"]
+        # NeMo RL's rule: a length rounded up to sequence_length_round, but never past the
+        # batch's own width (the padding a microbatch can have at most).
+        inputs = self.data[args["input_key"]]
+        width = inputs.shape[1] if isinstance(inputs, torch.Tensor) and inputs.dim() > 1 else None
+
+        def padded_length(length: int) -> int:
+            rounded = _round_up(length, args["sequence_length_round"])
+            return rounded if width is None else min(rounded, width)
+
         plan: list[list[_ChunkPlan]] = [[] for _ in range(shards)]
         for start in chunk_starts:
             chunk = range(start, min(start + batch_size, len(lengths)))
             by_length = sorted(chunk, key=lambda i: lengths[i])
             per_shard = [by_length[s::shards] for s in range(shards)]
-            groups = [_budget_groups(ids, lengths, budget, round_to) for ids in per_shard]
+            groups = [_budget_groups(ids, lengths, budget, padded_length) for ids in per_shard]
             most = max(len(g) for g in groups)
             for s, (ids, shard_groups) in enumerate(zip(per_shard, groups, strict=True)):
                 _split_to(shard_groups, most)
-                padded = [
-                    _round_up(max(lengths[ids[i]] for i in g), round_to) for g in shard_groups
-                ]
+                padded = [padded_length(max(lengths[ids[i]] for i in g)) for g in shard_groups]
                 plan[s].append(_ChunkPlan(ids, _ranges([len(g) for g in shard_groups]), padded))
         return plan
 
@@ -466,13 +472,13 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _budget_groups(
-    ids: list[int], lengths: list[int], budget: int, round_to: int
+    ids: list[int], lengths: list[int], budget: int, padded_length: Callable[[int], int]
 ) -> list[list[int]]:
     """Greedy groups of consecutive positions (ids sorted by length) within ``budget``
-    padded tokens: count x (longest length rounded up to ``round_to``)."""
+    padded tokens: count x (the longest length as ``padded_length`` pads it)."""
     groups: list[list[int]] = []
     for position, index in enumerate(ids):
-        padded = _round_up(lengths[index], round_to)
+        padded = padded_length(lengths[index])
         if padded > budget:
             raise ValueError(
                 f"sample {index} has length {lengths[index]} (padded {padded}), over "

@@ -1,66 +1,30 @@
-"""NeMo RL's ``cluster:`` section. Each stage runs as one process on this machine's devices
-(Megatron's ranks under ``torchrun --standalone``); a cluster that asks for more GPUs or
-nodes than the machine has is refused before any work.
+"""NeMo RL's ``nemo_rl.distributed.virtual_cluster`` path of the ``cluster:`` section, which
+lives in the config package (:mod:`nemo_rl_core.config.cluster`), and the training world
+it sizes."""
 
-Two keys of ours place stages on Prefect work pools instead (``placement``, and how long a
-placed stage may wait for a worker, ``placement_wait_seconds``): a placed stage runs as a
-flow run of the ``stage`` deployment of its pool, on whatever machine serves that pool
-(``flows.placement``). Where a stage runs never changes what it computes, so these keys are
-left out of the config digest that decides whether a stored output still holds.
-"""
+from typing import Any
 
-from typing import TYPE_CHECKING, Annotated, Any
-
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
-
-from nemo_rl_core.utils.config import ConfigError
-from nemo_rl_core.utils.key_support import Check, Only, Wired, needs_gpus
-
-if TYPE_CHECKING:
-    from nemo_rl_core.pipeline.spec import Pipeline
-
-PLACEMENT_KEYS = frozenset({"placement", "placement_wait_seconds"})
-"""The keys of ``cluster:`` that say where stages run, not what they compute."""
-
-NO_RAY_PORTS = Check(
-    lambda value, context: None,
-    "rendezvous ports of NeMo RL's Ray workers; ranks here rendezvous through torchrun's "
-    "--standalone store and take no port from this range",
-)
+from nemo_rl_core.config.cluster import ClusterConfig
 
 
-class ClusterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    gpus_per_node: Annotated[int, needs_gpus(lambda value: value, "cluster.gpus_per_node")] = Field(
-        default=0, ge=0
-    )
-    num_nodes: Annotated[
-        int, Only(1, reason="stages run on one machine; multi-node clusters are not built")
-    ] = Field(default=1, ge=1)
-    master_port_range_low: Annotated[int, NO_RAY_PORTS] = 25000
-    master_port_range_high: Annotated[int, NO_RAY_PORTS] = 28000
-    segment_size: Annotated[
-        int | None,
-        Only(None, reason="NVLink-domain alignment needs a multi-node GPU cluster"),
-    ] = None
-    placement: Annotated[dict[str, str], Wired("flows.placement:run_placed_stage")] = Field(
-        default_factory=dict
-    )
-    placement_wait_seconds: Annotated[
-        PositiveFloat, Wired("flows.placement:wait_for_stage_run")
-    ] = 600.0
+def training_world(config: Any) -> tuple[int, int]:
+    """``(nodes, ranks per node)`` of the training stage: NeMo RL's ``cluster`` when it asks
+    for more than one rank, else Megatron's own ``tensor x data parallel`` ranks."""
+    cluster = config.cluster
+    nodes, per_node = cluster.num_nodes, max(cluster.gpus_per_node, 1)
+    if nodes * per_node == 1:
+        megatron = config.policy.megatron_cfg
+        if config.policy.training_backend == "megatron" and megatron is not None:
+            per_node = megatron.tensor_model_parallel_size * megatron.data_parallel_size
+    return nodes, per_node
 
 
-def check_placed_stages(config: Any, pipeline: "Pipeline") -> None:
-    """Refuse a placement of a stage the algorithm does not declare, or on an empty pool
-    name, by its dotted key (whether the pool exists is the orchestrator's to say)."""
-    names = list(pipeline.stage_names)
-    for stage, pool in config.cluster.placement.items():
-        if stage not in names:
-            raise ConfigError(
-                f"cluster.placement.{stage}: {pipeline.name} has no stage {stage!r}; its "
-                f"stages are {names}"
-            )
-        if not pool.strip():
-            raise ConfigError(f"cluster.placement.{stage}: name a Prefect work pool, not {pool!r}")
+def runs_across_ranks(config: Any, stage_commits: bool) -> bool:
+    """Whether a stage runs SPMD: the training (committing) stage of a world above one rank."""
+    if not stage_commits:
+        return False
+    nodes, per_node = training_world(config)
+    return nodes * per_node > 1
+
+
+__all__ = ["ClusterConfig", "runs_across_ranks", "training_world"]

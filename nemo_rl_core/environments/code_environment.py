@@ -1,14 +1,16 @@
 """Model-written Python run against test cases in a sandbox (``env.code``).
 
-The last fenced code block of the model's answer runs once per test case, each run in a
-fresh bubblewrap sandbox of ``code_sandbox`` (namespaces, seccomp, rlimits, a cgroup where
-delegated; the environment refuses to start where that sandbox cannot be built). A test
-case is ``{"input": stdin, "output": expected stdout}`` (compared after stripping trailing
-whitespace per line) or ``{"assert": "assert f(2) == 4"}``, split by ``code_assertions``
-so that the sandbox only computes the solution's values and this process compares them
-with the expected ones. Expected outputs never enter the sandbox. Reward 1.0 when every
-test passes; whatever the program does (hang, crash, early exit, escape attempt) fails
-that sample only, and the reason is in its metadata.
+The last fenced code block of the model's answer runs against the sample's test cases in
+one fresh bubblewrap sandbox per sample (``code_sandbox``: namespaces, seccomp, rlimits, a
+cgroup where delegated; the environment refuses to start where that sandbox cannot be
+built). A test case is ``{"input": stdin, "output": expected stdout}`` (a run of the
+program of its own, its stdout compared here after stripping trailing whitespace per
+line) or ``{"assert": "assert f(2) == 4"}`` (``code_assertions``: judged in a judge's
+sandbox, which asks the sample's sandbox only for what the solution's calls return; the
+asserts of one sample are judged against one run of its code, as a test file's asserts
+run after one import). Expected values never enter the sample's sandbox. Reward 1.0 when
+every test passes; whatever the program does (hang, crash, early exit, escape attempt,
+a costly answer) fails that sample only, and the reason is in its metadata.
 """
 
 import re
@@ -21,10 +23,16 @@ import torch
 from nemo_rl_core.data.interfaces import LLMMessageLogType
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.code_assertions import AssertTest, compile_assert_test
-from nemo_rl_core.environments.code_sandbox import SandboxLimits, require_sandbox, run_sandboxed
+from nemo_rl_core.environments.code_sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    require_sandbox,
+    run_sample,
+)
 from nemo_rl_core.environments.config import CodeEnvConfig
 from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
 from nemo_rl_core.environments.metrics import reward_metrics
+from nemo_rl_core.environments.sandbox_judge import JudgePool
 
 _CODE_BLOCK = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -72,20 +80,28 @@ def _parse_tests(i: int, tests: object) -> list[_StdoutTest | AssertTest]:
     return parsed
 
 
-def _check(code: str, test: _StdoutTest | AssertTest, limits: SandboxLimits) -> tuple[bool, str]:
-    if isinstance(test, AssertTest):
-        result = run_sandboxed(code, "", limits, probes=test.probes)
-        if result.reason:
-            tail = result.stderr.strip().splitlines()[-1:] or [""]
-            return False, f"{result.reason}: {tail[0]}"[:300]
-        return test.verdict(result.probes)
-    result = run_sandboxed(code, test.stdin, limits)
+def _program_verdict(result: SandboxResult, expected: str) -> tuple[bool, str]:
     if not result.ok:
         tail = result.stderr.strip().splitlines()[-1:] or [""]
         return False, f"{result.reason}: {tail[0]}"[:300]
-    if _normalized(result.stdout) != _normalized(test.expected):
+    if _normalized(result.stdout) != _normalized(expected):
         return False, "wrong output"
     return True, "passed"
+
+
+def _check(
+    code: str, tests: list[_StdoutTest | AssertTest], limits: SandboxLimits, judges: JudgePool
+) -> list[tuple[bool, str]]:
+    """(passed, why) per test, in order, from one sandbox run of the sample."""
+    stdout_tests = [t for t in tests if isinstance(t, _StdoutTest)]
+    assert_tests = [t for t in tests if isinstance(t, AssertTest)]
+    result = run_sample(code, [t.stdin for t in stdout_tests], assert_tests, limits, judges)
+    programs = iter(zip(result.programs, [t.expected for t in stdout_tests], strict=True))
+    verdicts = iter(result.verdicts)
+    return [
+        _program_verdict(*next(programs)) if isinstance(test, _StdoutTest) else next(verdicts)
+        for test in tests
+    ]
 
 
 class CodeEnvironment(EnvironmentInterface[CodeEnvMetadata]):
@@ -96,6 +112,8 @@ class CodeEnvironment(EnvironmentInterface[CodeEnvMetadata]):
     def __init__(self, cfg: CodeEnvConfig | dict[str, Any] | None = None):
         self.cfg = CodeEnvConfig.model_validate(cfg or {})
         self.boundary = require_sandbox()  # refuses to start without a real sandbox
+        limits = self.cfg.limits()
+        self._judges = JudgePool(self.boundary, limits.memory_mb << 20, limits.output_bytes)
         self._executor = ThreadPoolExecutor(self.cfg.num_workers)
 
     def step(
@@ -112,10 +130,9 @@ class CodeEnvironment(EnvironmentInterface[CodeEnvMetadata]):
             last = log[-1]["content"] if log and log[-1]["role"] == "assistant" else ""
             codes.append(extract_code(last))
         jobs = {
-            (i, j): self._executor.submit(_check, code, test, limits)
+            i: self._executor.submit(_check, code, tests[i], limits, self._judges)
             for i, code in enumerate(codes)
             if code is not None
-            for j, test in enumerate(tests[i])
         }
         rewards, observations, answers = [], [], []
         new_metadata: list[CodeEnvMetadata] = []
@@ -123,7 +140,7 @@ class CodeEnvironment(EnvironmentInterface[CodeEnvMetadata]):
             if code is None:
                 passed, reason = 0, "no fenced code block in the response"
             else:
-                results = [jobs[(i, j)].result() for j in range(len(meta["tests"]))]
+                results = jobs[i].result()
                 passed = sum(ok for ok, _ in results)
                 failures = [f"test {j}: {why}" for j, (ok, why) in enumerate(results) if not ok]
                 reason = "; ".join(failures) if failures else "all tests passed"
@@ -153,3 +170,4 @@ class CodeEnvironment(EnvironmentInterface[CodeEnvMetadata]):
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)
+        self._judges.close()

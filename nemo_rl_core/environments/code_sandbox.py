@@ -1,59 +1,46 @@
-"""Run untrusted, model-written Python behind a real boundary: bubblewrap, one sandbox per run.
+"""Run untrusted, model-written Python behind a real boundary: one bubblewrap sandbox per sample.
 
-Each run gets, from bubblewrap (``bwrap``, a Debian package) and the kernel:
+``run_sample`` runs a sample against all its tests in one sandbox (``sandbox_box``: the
+namespaces, mounts, seccomp filter, cgroup and uid it gets). Its first process
+(``code_harness``) runs each stdout test as a program of its own, fed the test's stdin,
+then serves its assert tests to a judge (``sandbox_judge``, ``code_judge``) in a sandbox
+of its own, which evaluates each assert and asks the sample's sandbox only for what the
+solution computes: expected values never enter the sample's sandbox. ``run_sandboxed``
+runs one program.
 
-- new user, pid, network, ipc, uts and cgroup namespaces; no capabilities; no-new-privs; no
-  further user namespaces; a new terminal session; killed with its parent;
-- a mount namespace holding only the interpreter, its standard library and the system
-  libraries (read-only), a minimal ``/proc`` of its own processes and ``/dev`` (read-only),
-  and a private size-capped tmpfs, ``/box``, the only writable place (mode 0700, seen by
-  no other run); nothing of the host's ``/tmp``, ``/dev/shm``, ``/var/tmp`` or sockets;
-- a seccomp filter (built with libseccomp through ctypes: its Python binding is not in the
-  venv, and Debian's python3-seccomp serves only the system Python) that denies the
-  syscalls a Python program never needs and kernel exploits love (ptrace, mount, keyctl,
-  bpf, io_uring, ...);
-- rlimits, set by the harness before the sample runs, on CPU seconds, address space, file
-  size (stdin, stdout and stderr are memfds; output is capped), open files, core dumps and
-  processes (counted per user namespace, so per run); and a cgroup per run where the host
-  delegates one (``sandbox_cgroup``), joined by the run's pid 1 while bubblewrap holds it
-  (``--block-fd``), for the memory, process and CPU use of all its processes together;
-- when started as root, an unprivileged host uid of its own from a pool (``setpriv`` runs
-  bubblewrap as it); a uid goes back to the pool only once no process runs under it.
+Per test: the wall time (kept by the box's first process for a program, by the judge for
+an assert test), rlimits on CPU seconds, address space, file size (stdout and stderr are
+memfds; output is capped), open files, core dumps and processes (counted per user
+namespace, so per sample), set in the process that runs the sample. Per sample: one wall
+time per test and one to start, kept here, and the cgroup's memory, process and CPU
+bounds. What a sandbox reports is read within size bounds and never trusted: stdout is
+compared here as text, values are decoded and judged only in the judge, whose CPU is bounded.
 
-The run is the harness (``code_harness``) as the namespace's pid 1, so killing it kills
-every process of the run, setsid daemons included; the sample's code, job and report pass
-through memfds, never through a host directory. If bubblewrap cannot build this here,
-``require_sandbox`` raises ``SandboxUnavailableError``: there is no weaker fallback.
+If bubblewrap cannot build this here, ``require_sandbox`` raises
+``SandboxUnavailableError``: there is no weaker fallback.
 """
 
 import contextlib
 import functools
 import json
-import marshal
 import os
-import secrets
-import select
 import signal
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from nemo_rl_core.environments import code_harness
-from nemo_rl_core.environments.code_harness import decode_plain
-from nemo_rl_core.environments.sandbox_cgroup import RunCgroup
+from nemo_rl_core.environments.code_assertions import AssertTest
+from nemo_rl_core.environments.code_plain import PROGRAM_ENDED
+from nemo_rl_core.environments.sandbox_box import Box, memfd
 from nemo_rl_core.environments.sandbox_host import Boundary, SandboxUnavailableError, host_boundary
-from nemo_rl_core.environments.sandbox_uids import UidPool
+from nemo_rl_core.environments.sandbox_judge import JudgePool
 
-BOX = "/box"
-_INSIDE_UID = 1000
-_HARNESS = Path(code_harness.__file__).read_text()
+_STDERR_TAIL = 2000
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits of one run."""
+    """Resource limits of each test of a sample."""
 
     wall_time_s: float = 10.0
     cpu_time_s: int = 5
@@ -65,32 +52,25 @@ class SandboxLimits:
 
 
 @dataclass(frozen=True)
-class ProbeOutcome:
-    """One probe's plain value, or ``error`` saying why it has none."""
-
-    value: object = None
-    error: str = ""
-
-
-@dataclass(frozen=True)
 class SandboxResult:
-    """What one run did; ``reason`` says why it failed ("" when it exited 0 and reported).
-
-    ``probes`` holds one outcome per probe in probe mode, in order, and is empty otherwise.
-    """
+    """What one program did; ``reason`` says why it failed ("" when it exited 0)."""
 
     exit_code: int | None
     stdout: str
     stderr: str
     reason: str
-    probes: tuple[ProbeOutcome, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.reason
 
 
-_UIDS = UidPool()
+@dataclass(frozen=True)
+class SampleResult:
+    """One sample's outcome: a program per stdout test, a (passed, why) per assert test."""
+
+    programs: tuple[SandboxResult, ...]
+    verdicts: tuple[tuple[bool, str], ...]
 
 
 @functools.cache
@@ -102,15 +82,15 @@ def require_sandbox() -> Boundary:
 def probe_boundary(bwrap: str) -> Boundary:
     """Build the boundary with the ``bwrap`` executable given and prove it runs a program."""
     boundary = host_boundary(bwrap)
-    limits = SandboxLimits()
     try:
-        result = _run(boundary, _job("print('sandbox ok')", None, limits, True), "", limits)
+        result = _run(boundary, "print('sandbox ok')", [""], (), SandboxLimits(), None, True)
+        program = result.programs[0]
     except (SandboxUnavailableError, OSError) as error:
-        result = SandboxResult(None, "", str(error), "it did not start")
-    if result.stdout.strip() != "sandbox ok":
+        program = SandboxResult(None, "", str(error), "it did not start")
+    if program.stdout.strip() != "sandbox ok":
         raise SandboxUnavailableError(
-            f"bubblewrap ({boundary.bwrap}) could not start a sandbox here ({result.reason}): "
-            f"{result.stderr.strip()[-500:]!r}. It needs unprivileged user namespaces "
+            f"bubblewrap ({boundary.bwrap}) could not start a sandbox here ({program.reason}): "
+            f"{program.stderr.strip()[-500:]!r}. It needs unprivileged user namespaces "
             "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone = 1, and "
             "no AppArmor/SELinux rule against them; in a container: a seccomp profile that "
             "allows unshare/clone of namespaces). The code environment does not fall back."
@@ -118,240 +98,191 @@ def probe_boundary(bwrap: str) -> Boundary:
     return boundary
 
 
-def _job(
-    code: str, probes: Sequence[str] | None, limits: SandboxLimits, first_filter: bool
-) -> dict:
+def run_sandboxed(
+    code: str, stdin: str = "", limits: SandboxLimits | None = None, first_filter: bool = True
+) -> SandboxResult:
+    """Run ``code`` as a program fed ``stdin`` in a fresh sandbox; never raises for what it does.
+
+    ``first_filter=False`` leaves out the audit-hook filter, so tests can show that the
+    boundary holds on its own.
+    """
+    limits = limits or SandboxLimits()
+    return _run(require_sandbox(), code, [stdin], (), limits, None, first_filter).programs[0]
+
+
+def run_sample(
+    code: str,
+    stdins: Sequence[str],
+    asserts: Sequence[AssertTest],
+    limits: SandboxLimits,
+    judges: JudgePool,
+) -> SampleResult:
+    """Run ``code`` against its stdout tests (their stdins) and assert tests in one sandbox."""
+    return _run(require_sandbox(), code, stdins, asserts, limits, judges, True)
+
+
+def _rlimits(limits: SandboxLimits, cpu_s: int) -> dict[str, list[int]]:
     return {
-        "nonce": secrets.token_hex(16),
-        "source": code,
-        "probes": None if probes is None else list(probes),
-        "rlimits": {
-            "RLIMIT_CPU": [limits.cpu_time_s] * 2,
-            "RLIMIT_AS": [limits.memory_mb << 20] * 2,
-            "RLIMIT_FSIZE": [limits.output_bytes] * 2,
-            "RLIMIT_NOFILE": [limits.max_open_files] * 2,
-            "RLIMIT_NPROC": [limits.max_processes] * 2,
-            "RLIMIT_CORE": [0, 0],
-        },
-        "first_filter": first_filter,
+        "RLIMIT_CPU": [cpu_s] * 2,
+        "RLIMIT_AS": [limits.memory_mb << 20] * 2,
+        "RLIMIT_FSIZE": [limits.output_bytes] * 2,
+        "RLIMIT_NOFILE": [limits.max_open_files] * 2,
+        "RLIMIT_NPROC": [limits.max_processes] * 2,
+        "RLIMIT_CORE": [0, 0],
     }
 
 
-def run_sandboxed(
-    code: str,
-    stdin: str = "",
-    limits: SandboxLimits | None = None,
-    probes: Sequence[str] | None = None,
-    first_filter: bool = True,
-) -> SandboxResult:
-    """Run ``code`` in a fresh sandbox; never raises for what the program does.
-
-    Without ``probes`` the code runs as a program fed ``stdin``. With ``probes`` it runs as
-    a module and each probe expression is evaluated after it; their plain values come back
-    in ``SandboxResult.probes``. ``first_filter=False`` leaves out the audit-hook filter,
-    so tests can show that the boundary holds on its own.
-    """
-    limits = limits or SandboxLimits()
-    return _run(require_sandbox(), _job(code, probes, limits, first_filter), stdin, limits)
-
-
-def _run(boundary: Boundary, job: dict, stdin: str, limits: SandboxLimits) -> SandboxResult:
-    uid = _UIDS.take() if boundary.setpriv else None
-    cgroup = None
-    try:
-        if boundary.cgroups is not None:
-            cgroup = RunCgroup(boundary.cgroups, limits.memory_mb << 20, limits.max_processes)
-        return _spawn(boundary, job, stdin, limits, uid, cgroup)
-    finally:
-        if cgroup is not None:
-            cgroup.remove()
-        if uid is not None:
-            _UIDS.give(uid)
-
-
-def _memfd(name: str, data: bytes = b"") -> int:
-    fd = os.memfd_create(name)
-    os.write(fd, data)
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def _bwrap_command(
-    boundary: Boundary, limits: SandboxLimits, fds: dict[str, int], uid: int | None
-) -> list[str]:
-    # setpriv instead of Popen(user=...): that would fork this (often large) process
-    # rather than vfork it, ~10 ms per run with torch loaded
-    command = [] if uid is None or boundary.setpriv is None else [
-        boundary.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
-    ]  # fmt: skip
-    command += [
-        boundary.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-        "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--clearenv",
-        "--uid", str(_INSIDE_UID), "--gid", str(_INSIDE_UID),
-    ]  # fmt: skip
-    for path in boundary.binds:
-        command += ["--ro-bind", path, path]
-    for link, target in boundary.links:
-        command += ["--symlink", target, link]
-    command += [
-        "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-        "--perms", "0700", "--size", str(limits.box_mb << 20), "--tmpfs", BOX,
-        "--remount-ro", "/", "--chdir", BOX,
-        "--setenv", "HOME", BOX, "--setenv", "TMPDIR", BOX, "--setenv", "LANG", "C.UTF-8",
-        "--seccomp", str(fds["seccomp"]), "--json-status-fd", str(fds["status"]),
-        "--block-fd", str(fds["block"]),
-        "--", boundary.interpreter, "-I", "-S", "-B", "-c", _HARNESS, str(fds["job"]), str(fds["result"]),
-    ]  # fmt: skip
-    return command
-
-
-def _spawn(
+def _run(
     boundary: Boundary,
-    job: dict,
-    stdin: str,
+    code: str,
+    stdins: Sequence[str],
+    asserts: Sequence[AssertTest],
     limits: SandboxLimits,
-    uid: int | None,
-    cgroup: RunCgroup | None,
-) -> SandboxResult:
+    judges: JudgePool | None,
+    first_filter: bool,
+) -> SampleResult:
     with contextlib.ExitStack() as stack:
-        fds = {
-            "job": _memfd("job", marshal.dumps(job)),
-            "result": _memfd("result"),
-            "stdin": _memfd("stdin", stdin.encode()),
-            "stdout": _memfd("stdout"),
-            "stderr": _memfd("stderr"),
-            "seccomp": _memfd("seccomp", boundary.seccomp_filter),
-        }
-        for fd in fds.values():
+        stdio = (memfd("stdin"), memfd("stdout"), memfd("stderr"))
+        result = memfd("result")
+        for fd in (*stdio, result):
             stack.callback(os.close, fd)
-        status_read, status = os.pipe()  # bubblewrap reports its child's pid here
-        block, unblock = os.pipe()  # and waits on this before it runs the harness
-        stack.callback(os.close, status_read)
-        stack.callback(os.close, unblock)
-        start = time.monotonic()
+        job = {
+            "source": code,
+            "stdins": list(stdins),
+            "serve": bool(asserts),
+            "result_fd": result,
+            "rlimits": _rlimits(limits, limits.cpu_time_s),
+            "server_rlimits": _rlimits(limits, limits.cpu_time_s * max(1, len(asserts))),
+            "first_filter": first_filter,
+            "wall_time_s": limits.wall_time_s,
+            "output_bytes": limits.output_bytes,
+        }
+        pass_fds: tuple[int, ...] = (result,)
+        if asserts:  # requests from the judge to the sample, the sample's replies back
+            requests, to_sample = os.pipe()
+            from_sample, replies = os.pipe()
+            job |= {"requests_fd": requests, "replies_fd": replies}
+            pass_fds += (requests, replies)
+        deadline = time.monotonic() + limits.wall_time_s * (len(stdins) + len(asserts) + 1)
         try:
-            process = subprocess.Popen(
-                _bwrap_command(boundary, limits, {**fds, "status": status, "block": block}, uid),
-                stdin=fds["stdin"],
-                stdout=fds["stdout"],
-                stderr=fds["stderr"],
-                pass_fds=(fds["job"], fds["result"], fds["seccomp"], status, block),
-                env={},
-                start_new_session=True,
+            box = Box(
+                boundary,
+                "code_harness",
+                job,
+                memory_bytes=limits.memory_mb << 20,
+                max_pids=limits.max_processes + 1,  # and the box's first process
+                box_mb=limits.box_mb,
+                stdio=stdio,
+                pass_fds=pass_fds,
             )
-        finally:
-            os.close(status)  # bubblewrap holds the only copies of these two now
-            os.close(block)
-        monitor = os.pidfd_open(process.pid)
-        stack.callback(os.close, monitor)
-        init = None
-        try:
-            pid, init = _namespace_init(status_read, start + limits.wall_time_s)
-            if cgroup is not None:
-                cgroup.add(pid)  # before it runs: all it starts is born inside
-            os.write(unblock, b"x")
-            remaining = start + limits.wall_time_s - time.monotonic()
-            exited = _readable(monitor, remaining)
-        except SandboxUnavailableError as error:
-            _kill_namespace(process, init)
-            stderr = _read(fds["stderr"], 2000).strip()
-            raise SandboxUnavailableError(
-                f"{error} (exit code {process.returncode}): {stderr!r}"
-            ) from None
-        _kill_namespace(process, init)
-        reason = "" if exited else f"wall time limit of {limits.wall_time_s:g}s exceeded"
-        return _result(process.returncode, reason, job, fds, limits)
+        except BaseException:
+            for fd in pass_fds[1:] + ((to_sample, from_sample) if asserts else ()):
+                os.close(fd)
+            raise
+        stack.callback(box.close)
+        verdicts: list[tuple[bool, str]] = []
+        if asserts:
+            os.close(requests)  # the box holds these two now
+            os.close(replies)
+            assert judges is not None, "assert tests need a JudgePool"
+            verdicts = judges.verdicts(
+                asserts, to_sample, from_sample, limits.wall_time_s, box, deadline
+            )
+        # Programs run to their end; a server whose judge is done has nothing left to say,
+        # unless it ended on its own, and how it ended is the reason of its tests.
+        ended_on_its_own = any(why == PROGRAM_ENDED for _, why in verdicts)
+        waiting = not asserts or ended_on_its_own
+        if not box.wait(max(0.0, deadline - time.monotonic()) if waiting else 0.0):
+            box.kill()
+        records = _records(result, len(stdins) + bool(asserts), limits.output_bytes)
+        programs = tuple(
+            _program_result(records[i] if i < len(records) else None, limits)
+            for i in range(len(stdins))
+        )
+        if ended_on_its_own:
+            server = records[len(stdins)] if len(records) > len(stdins) else None
+            why = _ended_reason(server, stdio[2], limits)
+            verdicts = [(ok, why if reason == PROGRAM_ENDED else reason) for ok, reason in verdicts]
+        return SampleResult(programs, tuple(verdicts))
 
 
-def _readable(fd: int, timeout_s: float) -> bool:
-    """Whether ``fd`` becomes readable within ``timeout_s`` (poll: fds past 1024 work too)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(max(0, int(timeout_s * 1000))))
+def _records(fd: int, count: int, output_bytes: int) -> list[tuple[dict, bytes, bytes]]:
+    """The box's records (a JSON header line, stdout, stderr), read within size bounds.
 
-
-def _namespace_init(status_read: int, deadline: float) -> tuple[int, int]:
-    """The host pid of the run's pid 1 and a pidfd to kill it by, from bubblewrap's status.
-
-    Bubblewrap reports the pid, then blocks until unblocked, so the pid is still ours here.
+    The box's processes could forge them: a malformed one ends the list.
     """
-    data = b""
-    while b"\n" not in data:
-        if not _readable(status_read, deadline - time.monotonic()):
-            raise SandboxUnavailableError("bubblewrap did not start the sandbox in time")
-        chunk = os.read(status_read, 4096)
-        if not chunk:
-            raise SandboxUnavailableError("bubblewrap did not start the sandbox")
-        data += chunk
-    pid = json.loads(data.split(b"\n", 1)[0])["child-pid"]
-    try:
-        return pid, os.pidfd_open(pid)
-    except ProcessLookupError:
-        raise SandboxUnavailableError("bubblewrap's sandbox died before it ran") from None
-
-
-def _kill_namespace(process: subprocess.Popen, init: int | None) -> None:
-    """SIGKILL the namespace's pid 1, which takes every process of the run with it."""
-    if init is not None:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(init, signal.SIGKILL)
-        os.close(init)
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()  # --die-with-parent takes the namespace down with bubblewrap
-        process.wait()
-
-
-def _result(
-    code: int | None, reason: str, job: dict, fds: dict[str, int], limits: SandboxLimits
-) -> SandboxResult:
-    stdout, stderr = (_read(fds[name], limits.output_bytes) for name in ("stdout", "stderr"))
-    capped = (
-        max(os.fstat(fds["stdout"]).st_size, os.fstat(fds["stderr"]).st_size) >= limits.output_bytes
-    )
-    probes: tuple[ProbeOutcome, ...] = ()
-    if not reason and capped:
-        reason = f"output limit of {limits.output_bytes} bytes exceeded"
-    elif not reason and code is not None and code > 128 and code - 128 in signal.valid_signals():
-        reason = _signal_reason(code - 128, limits)
-    elif not reason and code != 0:
-        reason = f"exited with code {code}"
-    elif not reason and job["probes"] is not None:
+    data = os.pread(fd, count * (output_bytes + _STDERR_TAIL + 4096), 0)
+    records: list[tuple[dict, bytes, bytes]] = []
+    at = 0
+    while len(records) < count and (end := data.find(b"\n", at, at + 4096)) >= 0:
         try:
-            probes = _read_report(fds["result"], job, limits)
-        except ValueError as error:
-            reason = str(error)
-    return SandboxResult(code, stdout, stderr, reason, probes)
+            header = json.loads(data[at:end])
+        except ValueError:
+            break
+        if not _well_formed(header, output_bytes):
+            break
+        stdout_end = end + 1 + header["stdout"]
+        at = stdout_end + header["stderr"]
+        records.append((header, data[end + 1 : stdout_end], data[stdout_end:at]))
+    return records
 
 
-def _read_report(fd: int, job: dict, limits: SandboxLimits) -> tuple[ProbeOutcome, ...]:
-    """The harness's report, checked: this run's nonce, one plain outcome per probe."""
-    data = os.pread(fd, limits.output_bytes, 0)
-    nonce, _, body = data.partition(b"\n")
-    if not data:
-        raise ValueError("the program ended before the harness reported (an early exit?)")
-    if nonce != job["nonce"].encode():
-        raise ValueError("the harness's report does not carry this run's nonce")
+def _well_formed(header: object, output_bytes: int) -> bool:
+    kinds = {"status": int, "timed_out": bool, "capped": bool, "stdout": int, "stderr": int}
+    return (
+        type(header) is dict
+        and set(header) == set(kinds)
+        and all(type(header[key]) is kind for key, kind in kinds.items())
+        and 0 <= header["stdout"] <= output_bytes
+        and 0 <= header["stderr"] <= _STDERR_TAIL
+    )
+
+
+def _exit_code(status: int) -> int | None:
+    """A wait status as a shell would report it: the exit code, or 128 + the signal."""
     try:
-        results = json.loads(body)["results"]
-        if type(results) is not list or len(results) != len(job["probes"]):
-            raise ValueError("wrong number of results")
-        outcomes = []
-        for entry in results:
-            if type(entry) is dict and set(entry) == {"error"} and type(entry["error"]) is str:
-                outcomes.append(ProbeOutcome(error=entry["error"]))
-            elif type(entry) is dict and set(entry) == {"value"}:
-                outcomes.append(ProbeOutcome(value=decode_plain(entry["value"])))
-            else:
-                raise ValueError(f"malformed result {str(entry)[:100]}")
-        return tuple(outcomes)
-    except (ValueError, TypeError, KeyError, RecursionError) as error:  # a forged report
-        raise ValueError(f"the harness's report is not plain JSON: {error}") from None
+        code = os.waitstatus_to_exitcode(status)
+    except ValueError:
+        return None
+    return 128 - code if code < 0 else code
 
 
-def _read(fd: int, limit: int) -> str:
-    return os.pread(fd, limit, 0).decode("utf-8", errors="replace")
+def _program_result(
+    record: tuple[dict, bytes, bytes] | None, limits: SandboxLimits
+) -> SandboxResult:
+    if record is None:
+        why = f"wall time limit of {limits.wall_time_s:g}s exceeded (the sandbox was stopped)"
+        return SandboxResult(None, "", "", why)
+    header, stdout, stderr = record
+    code = _exit_code(header["status"])
+    reason = _reason(code, header["timed_out"], header["capped"], limits)
+    text = (stdout.decode("utf-8", errors="replace"), stderr.decode("utf-8", errors="replace"))
+    return SandboxResult(code, *text, reason)
+
+
+def _reason(code: int | None, timed_out: bool, capped: bool, limits: SandboxLimits) -> str:
+    if timed_out:
+        return f"wall time limit of {limits.wall_time_s:g}s exceeded"
+    if capped:
+        return f"output limit of {limits.output_bytes} bytes exceeded"
+    if code is not None and code > 128 and code - 128 in signal.valid_signals():
+        return _signal_reason(code - 128, limits)
+    return "" if code == 0 else f"exited with code {code}"
+
+
+def _ended_reason(
+    server: tuple[dict, bytes, bytes] | None, stderr: int, limits: SandboxLimits
+) -> str:
+    """Why a sample's assert tests got no answer: how its server ended, and its last words."""
+    if server is None:
+        why = f"wall time limit of {limits.wall_time_s:g}s exceeded (the sandbox was stopped)"
+    else:
+        code = _exit_code(server[0]["status"])
+        why = _reason(code, False, False, limits) or f"{PROGRAM_ENDED} (an early exit?)"
+    size = os.fstat(stderr).st_size
+    tail = os.pread(stderr, _STDERR_TAIL, max(0, size - _STDERR_TAIL))
+    lines = tail.decode("utf-8", errors="replace").strip().splitlines()
+    return f"{why}: {lines[-1]}"[:300] if lines else why[:300]
 
 
 def _signal_reason(signum: int, limits: SandboxLimits) -> str:

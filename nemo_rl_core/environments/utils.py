@@ -97,7 +97,7 @@ def check_env_config(env_name: str, env_config: Any) -> None:
 def env_section(env_name: str, env_config: Any) -> tuple[str, BaseModel] | None:
     """The section's path below ``env.`` and its validated model (None: the environment
     declares no config class); an unknown environment or a wrong key is refused."""
-    from nemo_rl_core.algorithms.config import validate_section
+    from nemo_rl_core.config.base import validate_section
 
     entry = registry_entry(env_name)
     if "config_class_fqn" in entry:

@@ -13,10 +13,11 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from nemo_rl_core.algorithms.config import StrictConfig
+from nemo_rl_core.config.base import StrictConfig
+from nemo_rl_core.config.cluster import ClusterConfig
+from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import BUILTIN_DATASETS, input_file
 from nemo_rl_core.data.datasets.builder import SPLITS
-from nemo_rl_core.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_core.environments.utils import (
     ENVIRONMENTS_BUILT,
     NOT_BUILT_ENVIRONMENTS,
@@ -26,10 +27,10 @@ from nemo_rl_core.environments.utils import (
 )
 from nemo_rl_core.models.generation.config import GenerationConfig, VllmSpecificArgs
 from nemo_rl_core.models.policy.config import TokenizerConfig
-from nemo_rl_core.pipeline.orchestration import OrchestrationConfig
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, TypedSections, Wired
 
 _EVAL = "nemo_rl_core.evals.eval"
+_EVAL_ROWS = "nemo_rl_core.evals.config_check"
 MAX_CONS_SUBSETS = 1_000_000  # cons@k enumerates them, as NeMo RL does
 # NeMo RL's eval datasets that it downloads (load_eval_dataset's names); a name with "://"
 # is a URL it downloads too.
@@ -68,7 +69,7 @@ class EvalConfig(StrictConfig):
     k_value: Annotated[int, Field(ge=1), Wired(f"{_EVAL}:eval_metrics")] = 1
     # Not NeMo RL's JSON: each run's evaluation_data.parquet and config.json go to
     # <save_path>/<run_id>/; null writes no files (the run's storage keeps every sample).
-    save_path: Annotated[str | None, Wired("flows.eval:write_results")] = None
+    save_path: Annotated[str | None, Wired("flows.evaluation:write_results")] = None
 
     @model_validator(mode="after")
     def _k_fits(self) -> Self:
@@ -134,9 +135,9 @@ class EvalDataConfig(StrictConfig):
     max_input_seq_length: Annotated[int | None, Wired(f"{_EVAL}:build_eval_dataset")] = Field(
         None, ge=1
     )
-    problem_key: Annotated[str, Wired(f"{_EVAL}:eval_rows")] = "problem"
-    solution_key: Annotated[str, Wired(f"{_EVAL}:eval_rows")] = "expected_answer"
-    split: Annotated[str | None, Wired(f"{_EVAL}:eval_rows")] = None
+    problem_key: Annotated[str, Wired(f"{_EVAL_ROWS}:eval_rows")] = "problem"
+    solution_key: Annotated[str, Wired(f"{_EVAL_ROWS}:eval_rows")] = "expected_answer"
+    split: Annotated[str | None, Wired(f"{_EVAL_ROWS}:eval_rows")] = None
     file_format: Annotated[
         str | None,
         Only(
@@ -148,8 +149,8 @@ class EvalDataConfig(StrictConfig):
     ] = None
     env_name: Annotated[str | None, Wired(f"{_EVAL}:build_eval_dataset")] = None
     # Not in NeMo RL: how many rows a built-in generator draws, from which seed.
-    num_samples: Annotated[int | None, Wired(f"{_EVAL}:eval_rows")] = Field(None, ge=1)
-    seed: Annotated[int, Wired(f"{_EVAL}:eval_rows")] = 42
+    num_samples: Annotated[int | None, Wired(f"{_EVAL_ROWS}:eval_rows")] = Field(None, ge=1)
+    seed: Annotated[int, Wired(f"{_EVAL_ROWS}:eval_rows")] = 42
 
     def with_files_from(self, config_dir: Path) -> "EvalDataConfig":
         """Relative prompt files, and a dataset given as a file path, made absolute from

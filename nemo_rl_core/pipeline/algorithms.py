@@ -21,14 +21,15 @@ training step may hold only it (``val_at_end``) and the checkpoint bookkeeping.
 
 from typing import Any
 
-from nemo_rl_core.algorithms import distillation, dpo, grpo, sft
+from nemo_rl_core.algorithms import distillation, dpo, grpo_config, prompt_batches, sft
 from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
 from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
-from nemo_rl_core.algorithms.dpo import DPOMasterConfig
-from nemo_rl_core.algorithms.grpo import MasterConfig, validation_due
-from nemo_rl_core.algorithms.ppo import PPOMasterConfig
-from nemo_rl_core.algorithms.rm import RMMasterConfig
-from nemo_rl_core.algorithms.sft import SFTMasterConfig
+from nemo_rl_core.algorithms.dpo_config import DPOMasterConfig
+from nemo_rl_core.algorithms.grpo_config import MasterConfig
+from nemo_rl_core.algorithms.ppo_config import PPOMasterConfig
+from nemo_rl_core.algorithms.rm_config import RMMasterConfig
+from nemo_rl_core.algorithms.schedule import async_depth, validation_due
+from nemo_rl_core.algorithms.sft_config import SFTMasterConfig
 from nemo_rl_core.evals.config import EvalMasterConfig
 from nemo_rl_core.pipeline import stages
 from nemo_rl_core.pipeline.spec import (
@@ -47,28 +48,28 @@ def validation_is_due(config: Any, iteration: int, final_step: int) -> bool:
 
 VALIDATE = Stage(
     "validate",
-    stages.validate,
+    stages.rollout_validation,
     versions=("policy",),
     reported=("accuracy", "greedy_accuracy"),
     due=validation_is_due,
 )
 ROLLOUT = (
-    Stage("prompts", stages.prompts, versions=("dataloader",)),
+    Stage("prompts", stages.rollout_prompts, versions=("dataloader",)),
     Stage(
         "generate",
-        stages.generate,
+        stages.rollout_generate,
         reads=("prompts",),
         versions=("policy",),
         reported=("mean_gen_tokens_per_sample",),
     ),
     Stage(
         "reward",
-        stages.reward,
+        stages.rollout_reward,
         reads=("generate",),
-        reported=("mean_reward",),
-        fan_out=FanOut(stages.reward_shard, stages.reward_merge),
+        reported=("mean_reward", "mean_total_reward"),
+        fan_out=FanOut(stages.rollout_reward_shard, stages.rollout_reward_merge),
     ),
-    Stage("logprob", stages.logprob, reads=("reward",), versions=("policy",)),
+    Stage("logprob", stages.rollout_logprob, reads=("reward",), versions=("policy",)),
 )
 POLICY_METRICS = ("loss", "kl_penalty", "probs_ratio_clamped_fraction", "grad_norm")
 # DAPO's dynamic sampling: generate and score more prompts until a step's batch is full.
@@ -82,7 +83,7 @@ DYNAMIC_SAMPLING = Refill(
 ASYNC_ROLLOUTS = RunAhead(
     stages=("prompts", "generate", "reward"),
     lagged=("generate",),
-    depth=lambda config: grpo.async_depth(config.algorithm),
+    depth=lambda config: async_depth(config.algorithm),
 )
 RETENTION = Stage(
     "checkpoint",
@@ -101,15 +102,15 @@ GRPO = register_pipeline(
         identity_keys=("policy.model_name", "data", "grpo.seed"),
         refill=DYNAMIC_SAMPLING,
         run_ahead=ASYNC_ROLLOUTS,
-        dataloader=grpo.make_dataloader,
-        data_setup=grpo.data_setup,
+        dataloader=prompt_batches.make_dataloader,
+        data_setup=grpo_config.data_setup,
         stages=(
             VALIDATE,
             *ROLLOUT,
             Stage("advantage", stages.grpo_advantage, reads=("logprob",)),
             Stage(
                 "train",
-                stages.train,
+                stages.grpo_train,
                 reads=("advantage", "prompts"),
                 versions=("policy",),
                 reported=POLICY_METRICS,
@@ -127,16 +128,16 @@ PPO = register_pipeline(
         default_config="examples/configs/ppo_tiny.yaml",
         identity_keys=("policy.model_name", "value.model_name", "data", "ppo.seed"),
         refill=DYNAMIC_SAMPLING,
-        dataloader=grpo.make_dataloader,
-        data_setup=grpo.data_setup,
+        dataloader=prompt_batches.make_dataloader,
+        data_setup=grpo_config.data_setup,
         stages=(
             VALIDATE,
             *ROLLOUT,
-            Stage("value", stages.value, reads=("logprob",), versions=("value",)),
-            Stage("advantage", stages.gae_advantage, reads=("value",)),
+            Stage("value", stages.ppo_value, reads=("logprob",), versions=("value",)),
+            Stage("advantage", stages.ppo_advantage, reads=("value",)),
             Stage(
                 "train",
-                stages.train_policy_and_value,
+                stages.ppo_train,
                 reads=("advantage", "prompts"),
                 versions=("policy", "value"),
                 reported=(*POLICY_METRICS, "value_loss"),
@@ -159,7 +160,7 @@ SFT = register_pipeline(
         stages=(
             Stage(
                 "validate",
-                stages.validation_loss,
+                stages.sft_validation,
                 versions=("policy",),
                 reported=("val_loss",),
                 due=validation_is_due,
@@ -215,13 +216,13 @@ DPO = register_pipeline(
         stages=(
             Stage(
                 "validate",
-                stages.preference_validation,
+                stages.dpo_validation,
                 versions=("policy",),
                 reported=PREFERENCE_VALIDATION,
                 due=validation_is_due,
             ),
             Stage("batch", stages.preference_batch, versions=("dataloader",)),
-            Stage("reference", stages.reference_logprobs, reads=("batch",)),
+            Stage("reference", stages.dpo_reference, reads=("batch",)),
             Stage(
                 "train",
                 stages.dpo_train,
@@ -247,7 +248,7 @@ RM = register_pipeline(
         stages=(
             Stage(
                 "validate",
-                stages.reward_model_validation,
+                stages.rm_validation,
                 versions=("policy",),
                 reported=PREFERENCE_VALIDATION,
                 due=validation_is_due,
@@ -255,7 +256,7 @@ RM = register_pipeline(
             Stage("batch", stages.preference_batch, versions=("dataloader",)),
             Stage(
                 "train",
-                stages.reward_model_train,
+                stages.rm_train,
                 reads=("batch",),
                 versions=("policy",),
                 reported=("loss", "accuracy", "grad_norm"),
@@ -272,8 +273,8 @@ DISTILLATION = register_pipeline(
         config_class=DistillationMasterConfig,
         default_config="examples/configs/distillation_tiny.yaml",
         identity_keys=("policy.model_name", "teacher.model_name", "data", "distillation.seed"),
-        dataloader=grpo.make_dataloader,
-        data_setup=grpo.data_setup,
+        dataloader=prompt_batches.make_dataloader,
+        data_setup=grpo_config.data_setup,
         reference_policy=False,
         preflight=distillation.check_teacher_fits,
         stages=(
@@ -281,12 +282,12 @@ DISTILLATION = register_pipeline(
             *ROLLOUT[:2],
             Stage(
                 "reward",
-                stages.score,
+                stages.distillation_reward,
                 reads=("generate",),
                 reported=("mean_reward",),
-                fan_out=FanOut(stages.reward_shard, stages.scored_merge),
+                fan_out=FanOut(stages.rollout_reward_shard, stages.distillation_reward_merge),
             ),
-            Stage("teacher", stages.teacher_topk, reads=("reward",)),
+            Stage("teacher", stages.distillation_teacher, reads=("reward",)),
             Stage(
                 "train",
                 stages.distillation_train,

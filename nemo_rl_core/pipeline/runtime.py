@@ -7,38 +7,40 @@ place from the newest weights (from the warm policy's memory when it holds them,
 from the checkpoint on storage) instead of being restarted.
 """
 
+import hashlib
+import json
 import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from nemo_rl_core.algorithms.grpo import (
-    digest_json,
-    make_task_to_env,
-    planned_steps,
-)
+from nemo_rl_core.algorithms.schedule import planned_steps
+from nemo_rl_core.algorithms.scoring import make_task_to_env
+from nemo_rl_core.config.cluster import PLACEMENT_KEYS
+from nemo_rl_core.config.orchestration import SECTION
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import DataSetup, build_dataset
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.distributed.virtual_cluster import PLACEMENT_KEYS
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
 from nemo_rl_core.models.generation import configure_generation_config, make_generation
 from nemo_rl_core.models.generation.interfaces import GenerationInterface
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy import make_policy
+from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import make_value_model
 from nemo_rl_core.models.value.interfaces import ValueInterface
-from nemo_rl_core.pipeline.orchestration import SECTION
-from nemo_rl_core.pipeline.spec import Pipeline, Version, declared, pipeline_for_config
+from nemo_rl_core.pipeline.registry import pipeline_for_config
+from nemo_rl_core.pipeline.spec import Pipeline, Version, declared
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
+from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.checkpoint import (
     INITIAL_STEP,
     MODEL_DIRS,
@@ -50,6 +52,22 @@ from nemo_rl_core.utils.checkpoint import (
     read_training_info,
     weights_version,
 )
+from nemo_rl_core.utils.checkpoint_copy import checkpoint_copy, copy_name
+from nemo_rl_core.utils.worker_env import WorkerEnvironment
+
+
+def digest_json(value: Any) -> str:
+    """A stable digest of JSON-able data (configs, dataloader states)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def training_env_vars(model: TrainedModelConfig, section: str) -> tuple[dict | None, str]:
+    """The ``env_vars`` of the backend that trains ``model`` (NeMo RL's worker reads those of
+    the section in use), and their key."""
+    if model.training_backend == "megatron":
+        megatron = model.megatron_cfg
+        return (megatron.env_vars if megatron else None), f"{section}.megatron_cfg.env_vars"
+    return model.dtensor_cfg.env_vars, f"{section}.dtensor_cfg.env_vars"
 
 
 class RefitSource(Protocol):
@@ -80,8 +98,11 @@ class RunRuntime:
     _initial_dataloader_state: dict | None = None
     _committed_infos: dict[int, TrainingInfo] = field(default_factory=dict)
     _scratch: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
+    # The models' env_vars, set in this process while the run's warm objects live.
+    _environment: WorkerEnvironment = field(default_factory=WorkerEnvironment)
     # Under async GRPO the rollouts of later iterations run in a thread beside training:
-    # one stage at a time drives the engine, and one fetch at a time fills the scratch dir.
+    # one stage at a time drives the engine, and one fetch at a time fills the scratch dir
+    # (retention waits for it).
     _generation_lock: threading.Lock = field(default_factory=threading.Lock)
     _fetch_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -96,10 +117,12 @@ class RunRuntime:
             self._tokenizer = load_tokenizer(self.config.policy)
         return self._tokenizer
 
-    @property
+    @cached_property
     def config_digest(self) -> str:
         """What of the config decides stage outputs: all of it but ``orchestration`` and
-        where stages run (``cluster.placement``)."""
+        where stages run (``cluster.placement``). Every stage names it in its inputs; the
+        runtime's config never changes, so it is computed once (dumping the config is
+        ~0.5 ms a stage)."""
         exclude: dict[str, Any] = {SECTION: True, "cluster": set(PLACEMENT_KEYS)}
         return digest_json(self.config.model_dump(mode="json", exclude=exclude))
 
@@ -130,13 +153,13 @@ class RunRuntime:
             return dict(self._initial_dataloader_state or {})
         if step in self._committed_infos or self.storage.is_committed(step):
             return self._committed_info(step).dataloader_state
-        entry = self.storage.read_manifest(step - 1)["stages"].get("prompts", {})
-        if entry.get("status") != "complete":
+        entry = self.storage.read_manifest(step - 1).complete("prompts")
+        if entry is None:
             raise FileNotFoundError(
                 f"run {self.run.run_id}: iteration {step} has no committed checkpoint and "
                 f"iteration {step - 1} no complete prompts stage to take its dataloader from"
             )
-        return self.storage.read_json(ObjectRef.from_dict(entry["outputs"]["dataloader_state"]))
+        return self.storage.read_json(entry.outputs["dataloader_state"])
 
     def _committed_info(self, step: int) -> TrainingInfo:
         """Checkpoint ``step``'s training info, read once: every stage's inputs name the
@@ -150,10 +173,35 @@ class RunRuntime:
     # ---- warm models -----------------------------------------------------------------
 
     def weights_dir(self, step: int) -> Path:
+        """A local folder with the weights (and optimizer state) of ``step`` that does not
+        change while this runtime lasts: the initial model, or this process's verified copy
+        of checkpoint ``step`` (``checkpoint_copy``), made once. The rollout thread's refit
+        and the flow thread's policy ask for the same step: a second fetch into the folder
+        the first caller was reading tore its files (issue 34)."""
         if step == INITIAL_STEP:
             return self.model_dir
+        info = self._committed_info(step)
+        folder = Path(self._scratch.name) / copy_name(step, info)
         with self._fetch_lock:
-            return self.storage.fetch_checkpoint(step, Path(self._scratch.name) / f"step_{step}")
+            if not folder.is_dir():  # only a verified copy is ever renamed to that name
+                checkpoint_copy(self.storage, step, info, folder)
+        return folder
+
+    def prune_checkpoints(self) -> list[int]:
+        """Retention of the run's checkpoints (``checkpointing:``; ``RunStorage.
+        prune_checkpoints``), never while this process copies one: the rollout thread's
+        fetch never has its source deleted under it. The newest ``ahead_depth + 1`` stay:
+        the rollouts still ahead generate from them; with ``checkpointing.enabled: false``
+        only they do (NeMo RL keeps no checkpoint; a continued run starts from the newest)."""
+        settings = self.config.checkpointing
+        with self._fetch_lock:
+            return self.storage.prune_checkpoints(
+                settings.keep_top_k if settings.enabled else 0,
+                metric_name=settings.metric_name,
+                higher_is_better=settings.higher_is_better,
+                save_period=settings.save_period,
+                keep_newest=self.pipeline.ahead_depth(self.config) + 1,
+            )
 
     def policy(self, step: int) -> PolicyInterface:
         """The policy holding the weights (and optimizer state) of ``step``."""
@@ -165,6 +213,7 @@ class RunRuntime:
         optimizer_dir = source / OPTIMIZER_DIR
         # model_name -> the resolved local directory: the reference model is its weights.
         policy_config = self.config.policy.model_copy(update={"model_name": str(self.model_dir)})
+        self._environment.apply(*training_env_vars(policy_config, "policy"))
         self._policy = make_policy(
             policy_config,
             tokenizer=self.tokenizer,
@@ -204,6 +253,7 @@ class RunRuntime:
         value_config = self.config.value.model_copy(
             update={"model_name": str(self.value_model_dir)}
         )
+        self._environment.apply(*training_env_vars(value_config, "value"))
         self._value = make_value_model(
             value_config,
             tokenizer=self.tokenizer,
@@ -225,6 +275,7 @@ class RunRuntime:
         if self._teacher is None:
             teacher = self.config.teacher
             resolved = str(resolve_model(teacher.model_name))
+            self._environment.apply(*training_env_vars(teacher, "teacher"))
             self._teacher = make_policy(
                 teacher.model_copy(update={"model_name": resolved}),
                 tokenizer=self.tokenizer,
@@ -260,6 +311,8 @@ class RunRuntime:
                 settings = configure_generation_config(
                     self.config.policy.generation, self.tokenizer
                 )
+                if settings.backend == "vllm":
+                    self._environment.apply(settings.vllm_cfg.env_vars, "vllm_cfg.env_vars")
                 self._generation = make_generation(
                     settings, str(self.weights_dir(step)), seed=self.config.algorithm.seed
                 )
@@ -313,6 +366,7 @@ class RunRuntime:
         for engine in (self._generation, self._policy, self._value, self._teacher):
             if engine is not None:
                 engine.shutdown()
+        self._environment.restore()
         self._scratch.cleanup()
         self.storage.forget_writes()
 

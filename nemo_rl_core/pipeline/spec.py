@@ -244,25 +244,7 @@ def register_pipeline(pipeline: Pipeline) -> Pipeline:
     return pipeline
 
 
-def pipeline_named(name: str) -> Pipeline:
-    _load_declarations()
-    if name not in _PIPELINES:
-        raise KeyError(f"no algorithm {name!r}; known: {sorted(_PIPELINES)}")
-    return _PIPELINES[name]
-
-
-def pipeline_for_config(config: dict[str, Any]) -> Pipeline:
-    """The algorithm a (stored) config belongs to: the one whose section it holds."""
-    _load_declarations()
-    found = [p for name, p in _PIPELINES.items() if name in config]
-    if len(found) != 1:
-        sections = sorted(_PIPELINES)
-        raise ValueError(
-            f"a run config must hold exactly one algorithm section of {sections}; "
-            f"found {[p.name for p in found]}"
-        )
-    return found[0]
-
-
-def _load_declarations() -> None:
-    from nemo_rl_core.pipeline import algorithms  # noqa: F401 - registers the declarations
+def registered_pipelines() -> dict[str, Pipeline]:
+    """The pipelines registered so far, by name (every declared one once
+    :mod:`~nemo_rl_core.pipeline.registry` is imported)."""
+    return dict(_PIPELINES)

@@ -2,13 +2,29 @@
 
 Each function is what a declaration (:mod:`nemo_rl_core.pipeline.algorithms`) names as a
 stage's ``compute``; it holds no orchestration and no algorithm branches: where GRPO and
-PPO differ, they declare different functions.
+PPO differ, they declare different functions. Each name says whose stage it is: ``grpo_``,
+``ppo_``, ``sft_``, ``dpo_``, ``rm_``, ``distillation_``, ``eval_``; ``rollout_`` stages are
+shared by the algorithms that generate (GRPO and PPO all of them, distillation its prompts,
+generation and validation), ``preference_`` ones by DPO and RM, and every trainer retains
+its checkpoints with ``retain_checkpoints``.
 """
 
 import time
 from typing import Any
 
-from nemo_rl_core.algorithms import distillation, dpo, grpo, ppo, rm, sft
+from nemo_rl_core.algorithms import (
+    distillation,
+    dpo,
+    grpo,
+    ppo,
+    prompt_batches,
+    rm,
+    rollout_generation,
+    scoring,
+    sft,
+    training,
+    validation,
+)
 from nemo_rl_core.algorithms.loss import DPOLossFn, NLLLossFn, PreferenceLossFn
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.evals import eval as evaluation
@@ -16,12 +32,12 @@ from nemo_rl_core.pipeline.context import PREVIOUS, StageContext, StageResult
 from nemo_rl_core.pipeline.spec import shard_bounds
 
 
-def validate(ctx: StageContext) -> StageResult:
+def rollout_validation(ctx: StageContext) -> StageResult:
     """Accuracy, pass@k and greedy accuracy of the weights this iteration starts from, on the
     held-out prompts; every sample's result is kept."""
     rt = ctx.runtime
     with rt.generation(ctx.iteration) as engine:
-        results, metrics = grpo.validate_batches(
+        results, metrics = validation.validate_batches(
             engine,
             rt.validation_batches(),
             rt.tokenizer,
@@ -32,24 +48,24 @@ def validate(ctx: StageContext) -> StageResult:
     return StageResult({"batch": results, "metrics": metrics}, metrics)
 
 
-def prompts(ctx: StageContext) -> StageResult:
+def rollout_prompts(ctx: StageContext) -> StageResult:
     """The dataloader's next batch, each prompt repeated per generation (a refill round
     continues where its previous round left the dataloader)."""
     if PREVIOUS in ctx.upstream:
         start = ctx.json(PREVIOUS, "dataloader_state")
     else:
         start = ctx.runtime.dataloader_state(ctx.iteration)
-    first = ctx.round_index * grpo.prompts_per_batch(ctx.config.algorithm)
-    batch, state = grpo.take_prompts(ctx.runtime.dataloader, ctx.config, start, first)
+    first = ctx.round_index * prompt_batches.prompts_per_batch(ctx.config.algorithm)
+    batch, state = prompt_batches.take_prompts(ctx.runtime.dataloader, ctx.config, start, first)
     return StageResult({"batch": batch, "dataloader_state": state}, {"num_samples": batch.size})
 
 
-def generate(ctx: StageContext) -> StageResult:
+def rollout_generate(ctx: StageContext) -> StageResult:
     """Responses (multi-turn tasks: whole episodes) from the engine at this iteration's
     weights, or under async GRPO at the weights ``max_trajectory_age_steps`` older."""
     rt = ctx.runtime
     with rt.generation(ctx.weights_step) as engine:
-        rollouts, metrics = grpo.generate_rollouts(
+        rollouts, metrics = rollout_generation.generate_rollouts(
             engine,
             ctx.batch("prompts"),
             rt.tokenizer,
@@ -61,26 +77,26 @@ def generate(ctx: StageContext) -> StageResult:
     return StageResult({"batch": rollouts}, {**metrics, "weights_step": ctx.weights_step})
 
 
-def reward(ctx: StageContext) -> StageResult:
+def rollout_reward(ctx: StageContext) -> StageResult:
     """The environments score each rollout; the rewards are scaled and shaped, truncated
     responses filtered, and under dynamic sampling the informative groups kept (with
     those of earlier rounds) until a step's batch is complete. Unsplit: one shard, merged."""
-    return reward_merge(ctx, [reward_shard(ctx, 0, 1)])
+    return rollout_reward_merge(ctx, [rollout_reward_shard(ctx, 0, 1)])
 
 
-def reward_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
+def rollout_reward_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
     """The environments' rewards of one slice of the rollouts."""
     rollouts = ctx.batch("generate")
     start, end = shard_bounds(rollouts.size, index, count)
-    return grpo.score_samples(rollouts.slice(start, end), ctx.runtime.task_to_env, ctx.config)
+    return scoring.score_samples(rollouts.slice(start, end), ctx.runtime.task_to_env, ctx.config)
 
 
-def reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
+def rollout_reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
     """The scored slices joined in order; then what needs the whole batch: the metrics,
     scaling and shaping, filtering, dynamic sampling's selection."""
     config = ctx.config
     scored: BatchedDataDict[Any] = BatchedDataDict.from_batches(shards)
-    metrics = grpo.reward_metrics(scored, config)
+    metrics = scoring.reward_metrics(scored, config)
     scored, processing = grpo.process_rewards(scored, config)
     metrics |= processing
     if not config.algorithm.use_dynamic_sampling:
@@ -94,7 +110,7 @@ def reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResul
     )
 
 
-def logprob(ctx: StageContext) -> StageResult:
+def rollout_logprob(ctx: StageContext) -> StageResult:
     """The policy's and the reference policy's logprobs of the rollouts."""
     rt = ctx.runtime
     train_data = grpo.compute_logprobs(
@@ -103,7 +119,7 @@ def logprob(ctx: StageContext) -> StageResult:
     return StageResult({"batch": train_data})
 
 
-def value(ctx: StageContext) -> StageResult:
+def ppo_value(ctx: StageContext) -> StageResult:
     """The value model's estimates V_t of every rollout token (PPO)."""
     with_values = ppo.compute_values(ctx.runtime.value(ctx.iteration), ctx.batch("logprob"))
     return StageResult({"batch": with_values})
@@ -115,18 +131,18 @@ def grpo_advantage(ctx: StageContext) -> StageResult:
     return StageResult({"batch": with_advantages}, metrics)
 
 
-def gae_advantage(ctx: StageContext) -> StageResult:
+def ppo_advantage(ctx: StageContext) -> StageResult:
     """GAE advantages and value targets from the value model's estimates (PPO)."""
     with_advantages, metrics = ppo.compute_advantages(ctx.batch("value"), ctx.config)
     return StageResult({"batch": with_advantages}, metrics)
 
 
-def train(ctx: StageContext) -> StageResult:
+def grpo_train(ctx: StageContext) -> StageResult:
     """One policy update, committed as the checkpoint the next iteration starts from."""
     rt, step = ctx.runtime, ctx.iteration
     policy = rt.policy_for_update(step)
     started = time.perf_counter()
-    metrics = grpo.train_policy(
+    metrics = training.train_policy(
         policy, ctx.batch("advantage"), grpo.build_loss_fn(ctx.config), ctx.config, step
     )
     # The stage's own seconds also hold the checkpoint commit: keep the two apart.
@@ -134,7 +150,7 @@ def train(ctx: StageContext) -> StageResult:
     return _committed(ctx, {"policy": policy}, metrics)
 
 
-def train_policy_and_value(ctx: StageContext) -> StageResult:
+def ppo_train(ctx: StageContext) -> StageResult:
     """The policy update and the value model's update toward the GAE returns (PPO), both in
     one checkpoint."""
     rt, step = ctx.runtime, ctx.iteration
@@ -152,7 +168,7 @@ def train_policy_and_value(ctx: StageContext) -> StageResult:
     return _committed(ctx, {"policy": policy, "value": value_model}, metrics)
 
 
-def validation_loss(ctx: StageContext) -> StageResult:
+def sft_validation(ctx: StageContext) -> StageResult:
     """SFT's ``val_loss`` of the weights this iteration starts from, on the held-out
     conversations (eval mode: no update)."""
     rt = ctx.runtime
@@ -174,7 +190,7 @@ def sft_train(ctx: StageContext) -> StageResult:
     checkpoint the next iteration starts from."""
     step = ctx.iteration
     policy = ctx.runtime.policy_for_update(step)
-    metrics = grpo.train_policy(policy, ctx.batch("batch"), NLLLossFn(), ctx.config, step)
+    metrics = training.train_policy(policy, ctx.batch("batch"), NLLLossFn(), ctx.config, step)
     return _committed(ctx, {"policy": policy}, metrics, data_stage="batch")
 
 
@@ -191,21 +207,16 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
     the committing stage wrote the new one; this decides about the older ones. Validation
     metrics of this iteration's weights join their checkpoint's training info first, as
     ``val:<name>``, so that ``metric_name: val:accuracy`` ranks by them. Under async GRPO
-    the checkpoints that rollouts still in flight generate from stay too."""
-    settings = ctx.config.checkpointing
+    the checkpoints that rollouts still in flight generate from stay too. With
+    ``checkpointing.enabled: false`` only those stay (the newest: what a continued run
+    starts from)."""
     storage = ctx.runtime.storage
     if "validate" in ctx.upstream and ctx.iteration > 0:
         validation = ctx.json("validate", "metrics")
         storage.record_checkpoint_metrics(
             ctx.iteration, {f"val:{name}": value for name, value in validation.items()}
         )
-    deleted = storage.prune_checkpoints(
-        settings.keep_top_k,
-        metric_name=settings.metric_name,
-        higher_is_better=settings.higher_is_better,
-        save_period=settings.save_period,
-        keep_newest=ctx.runtime.pipeline.ahead_depth(ctx.config) + 1,
-    )
+    deleted = ctx.runtime.prune_checkpoints()
     kept = storage.committed_checkpoints()
     return StageResult(
         {"retention": {"kept": kept, "deleted": deleted}}, {"checkpoints_kept": len(kept)}
@@ -245,19 +256,19 @@ def eval_score(ctx: StageContext) -> StageResult:
     return StageResult({"scores": scores}, scores)
 
 
-def score(ctx: StageContext) -> StageResult:
+def distillation_reward(ctx: StageContext) -> StageResult:
     """The environments score each rollout, for the metrics only (on-policy distillation
     trains on the teacher's logits, not on rewards). Unsplit: one shard, merged."""
-    return scored_merge(ctx, [reward_shard(ctx, 0, 1)])
+    return distillation_reward_merge(ctx, [rollout_reward_shard(ctx, 0, 1)])
 
 
-def scored_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
+def distillation_reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
     """The scored slices joined in order, with their reward metrics."""
     scored: BatchedDataDict[Any] = BatchedDataDict.from_batches(shards)
-    return StageResult({"batch": scored}, grpo.reward_metrics(scored, ctx.config))
+    return StageResult({"batch": scored}, scoring.reward_metrics(scored, ctx.config))
 
 
-def teacher_topk(ctx: StageContext) -> StageResult:
+def distillation_teacher(ctx: StageContext) -> StageResult:
     """The teacher's top-k logits on the student's rollouts (``distillation.topk_logits_k``),
     stored with the training inputs the student trains on."""
     rt = ctx.runtime
@@ -273,11 +284,11 @@ def distillation_train(ctx: StageContext) -> StageResult:
     step = ctx.iteration
     policy = ctx.runtime.policy_for_update(step)
     loss_fn = distillation.build_loss_fn(ctx.config)
-    metrics = grpo.train_policy(policy, ctx.batch("teacher"), loss_fn, ctx.config, step)
+    metrics = training.train_policy(policy, ctx.batch("teacher"), loss_fn, ctx.config, step)
     return _committed(ctx, {"policy": policy}, metrics)
 
 
-def preference_validation(ctx: StageContext) -> StageResult:
+def dpo_validation(ctx: StageContext) -> StageResult:
     """DPO's validation of the weights this iteration starts from on the held-out pairs
     (eval mode: no update): loss, preference accuracy, chosen and rejected rewards."""
     rt, config = ctx.runtime, ctx.config
@@ -298,7 +309,7 @@ def preference_batch(ctx: StageContext) -> StageResult:
     return StageResult({"batch": batch, "dataloader_state": state}, {"num_samples": batch.size})
 
 
-def reference_logprobs(ctx: StageContext) -> StageResult:
+def dpo_reference(ctx: StageContext) -> StageResult:
     """The frozen reference policy's logprobs of the stored pairs: stored, so a rerun of
     ``train`` reads the same tensors."""
     rt = ctx.runtime
@@ -313,7 +324,7 @@ def dpo_train(ctx: StageContext) -> StageResult:
     return _preference_step(ctx, ctx.batch("reference"), DPOLossFn(ctx.config.algorithm))
 
 
-def reward_model_validation(ctx: StageContext) -> StageResult:
+def rm_validation(ctx: StageContext) -> StageResult:
     """The reward model's Bradley-Terry loss, accuracy and rewards on the held-out pairs, at
     the weights this iteration starts from (eval mode: no update)."""
     rt, config = ctx.runtime, ctx.config
@@ -322,7 +333,7 @@ def reward_model_validation(ctx: StageContext) -> StageResult:
     return StageResult({"metrics": metrics}, metrics)
 
 
-def reward_model_train(ctx: StageContext) -> StageResult:
+def rm_train(ctx: StageContext) -> StageResult:
     """One optimizer step of the Bradley-Terry loss (``PreferenceLossFn``) on the stored
     pairs, committed as the checkpoint the next iteration starts from."""
     return _preference_step(ctx, ctx.batch("batch"), PreferenceLossFn())
@@ -330,9 +341,11 @@ def reward_model_train(ctx: StageContext) -> StageResult:
 
 def _preference_step(ctx: StageContext, batch: BatchedDataDict, loss_fn: Any) -> StageResult:
     """One optimizer step on all the pairs, each pair's two sequences in one microbatch
-    (NeMo RL doubles gbs and mbs), committed."""
+    (NeMo RL doubles gbs and mbs), committed; a batch with no pair short enough to train
+    on fails the stage, naming the key to change."""
     step, config = ctx.iteration, ctx.config
+    dpo.require_pairs_to_train(batch, config, step)
     policy = ctx.runtime.policy_for_update(step)
     mbs = 2 * config.policy.train_micro_batch_size
-    metrics = grpo.train_policy(policy, batch, loss_fn, config, step, gbs=batch.size, mbs=mbs)
+    metrics = training.train_policy(policy, batch, loss_fn, config, step, gbs=batch.size, mbs=mbs)
     return _committed(ctx, {"policy": policy}, metrics, data_stage="batch")

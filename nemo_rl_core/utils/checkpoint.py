@@ -1,8 +1,6 @@
-"""Checkpoints: NeMo RL's ``checkpointing:`` section, what a committed checkpoint holds, and
-which weights version a stage worked from.
-
-``checkpoint_dir`` is the storage root of the run: a local path or an fsspec URL
-(``s3://bucket/prefix``); runs, stage outputs and checkpoints all live below it.
+"""Checkpoints: what a committed checkpoint holds, and which weights version a stage worked
+from. NeMo RL's ``checkpointing:`` section is :mod:`nemo_rl_core.config.checkpointing`'s,
+importable here by NeMo RL's path.
 
 A checkpoint is committed by the stage that trained it and is how weights reach the next
 iteration. It holds each trained model in HF layout (the policy at its root, so vLLM and
@@ -14,17 +12,17 @@ digest of every model's weights, the dataloader position and the step's metrics 
 
 import hashlib
 import json
+import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict
 
-from nemo_rl_core.utils.key_support import Only, Wired, inert
-from nemo_rl_core.utils.timer import convert_to_seconds
+from nemo_rl_core.config.checkpointing import CheckpointingConfig  # noqa: F401 - NeMo RL's path
 
 if TYPE_CHECKING:  # run storage loads torch and pyarrow; the config check reads this file
     from nemo_rl_core.storage.run_storage import RunStorage
@@ -34,65 +32,6 @@ MODEL_DIRS = {"policy": "", "value": "value"}
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_DIR = "optimizer"
 INITIAL_STEP = 0  # step 0 is the model the run started from, never a stored checkpoint
-
-
-_RETENTION = Wired("nemo_rl_core.pipeline.stages:retain_checkpoints")
-
-
-class CheckpointingConfig(BaseModel):
-    """NeMo RL's ``checkpointing:``. Every iteration commits a checkpoint (the next one
-    starts from it); ``save_period``, ``keep_top_k`` and ``metric_name`` decide which stay."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: Annotated[
-        bool,
-        Only(
-            True,
-            reason="stages hand weights to the next iteration through checkpoints, so a "
-            "staged run needs checkpointing enabled",
-        ),
-    ] = True
-    checkpoint_dir: Annotated[str, Wired("flows.run_setup:open_run")] = "results"
-    metric_name: Annotated[str | None, _RETENTION] = None
-    higher_is_better: Annotated[bool, _RETENTION] = True
-    keep_top_k: Annotated[int | None, _RETENTION] = Field(default=None, ge=1)
-    save_period: Annotated[int, _RETENTION] = Field(default=1, ge=1)
-    # DD:HH:MM:SS after the flow run starts; it stops one average iteration early.
-    checkpoint_must_save_by: Annotated[str | None, Wired("flows.loop:run_iterations")] = None
-    # null: NeMo RL's "the policy worker's own format" (its v1 DTensor worker's); the one
-    # policy backend here writes HF safetensors.
-    model_save_format: Annotated[
-        str | None,
-        Only(
-            "safetensors",
-            None,
-            reason="checkpoints are HF safetensors directories that transformers, vLLM and "
-            "the next stage load; torch_save (DCP) is not written",
-        ),
-    ] = "safetensors"
-    save_consolidated: Annotated[
-        bool,
-        inert(
-            "consolidated or sharded across NeMo RL's DTensor ranks: the one training process "
-            "here writes one consolidated HF directory either way",
-        ),
-    ] = True
-    save_optimizer: Annotated[
-        bool,
-        Only(
-            True,
-            reason="each iteration's train stage resumes the optimizer from the checkpoint "
-            "before it; without the saved state every step would start a fresh optimizer",
-        ),
-    ] = True
-
-    @field_validator("checkpoint_must_save_by")
-    @classmethod
-    def _deadline_format(cls, value: str | None) -> str | None:
-        if value is not None:
-            convert_to_seconds(value)
-        return value
 
 
 class Checkpointable(Protocol):
@@ -163,13 +102,37 @@ def commit_trained_checkpoint(
 ) -> tuple[str, TrainingInfo]:
     """Save every trained model of ``models`` (keys of :data:`MODEL_DIRS`) with its optimizer
     state into checkpoint ``step``, record its training info and commit it; returns its URL
-    and the info as a reader of ``training_info.json`` gets it."""
+    and the info as a reader of ``training_info.json`` gets it.
+
+    Across the ranks of a training stage every rank calls it: the models gather their full
+    state to rank 0 (collectives), which writes and commits; the others get its result."""
+    from nemo_rl_core.distributed.world import from_writer, is_writer
+
+    if is_writer():
+        result = _commit(storage, step, models, dataloader_state, train_metrics)
+    else:
+        with tempfile.TemporaryDirectory(prefix="rank-ckpt-") as scratch:
+            _save_models(Path(scratch), models)  # collectives; nothing is written here
+        result = ("", {})
+    url, record = from_writer(result)
+    return url, TrainingInfo.model_validate(json.loads(json.dumps(record)))
+
+
+def _save_models(local: Path, models: Mapping[str, Checkpointable]) -> None:
+    for role, model in models.items():
+        folder = local / MODEL_DIRS[role]
+        model.save_checkpoint(weights_path=str(folder), optimizer_path=str(folder / OPTIMIZER_DIR))
+
+
+def _commit(
+    storage: "RunStorage",
+    step: int,
+    models: Mapping[str, Checkpointable],
+    dataloader_state: dict[str, Any],
+    train_metrics: Mapping[str, Any],
+) -> tuple[str, dict[str, Any]]:
     with storage.staged_checkpoint(step) as local:
-        for role, model in models.items():
-            folder = local / MODEL_DIRS[role]
-            model.save_checkpoint(
-                weights_path=str(folder), optimizer_path=str(folder / OPTIMIZER_DIR)
-            )
+        _save_models(local, models)
         files = recorded_files(local)
         info = TrainingInfo(
             current_step=step,
@@ -187,20 +150,23 @@ def commit_trained_checkpoint(
             },
         )
         record = info.model_dump(mode="json")
-        url = storage.write_checkpoint(step, local, record)
-    return url, TrainingInfo.model_validate(json.loads(json.dumps(record)))
+        return storage.write_checkpoint(step, local, record), record
 
 
 def recorded_files(folder: Path) -> dict[str, RecordedFile]:
-    """Size and sha256 of every file under ``folder``, hashed two at a time (sha256 releases
-    the GIL, so the files are read and hashed side by side)."""
+    """Size and sha256 of every file under ``folder``."""
     paths = sorted(p for p in folder.rglob("*") if p.is_file())
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        digests = list(pool.map(file_digest, paths))
     return {
         path.relative_to(folder).as_posix(): RecordedFile(size=path.stat().st_size, sha256=digest)
-        for path, digest in zip(paths, digests, strict=True)
+        for path, digest in zip(paths, file_digests(paths), strict=True)
     }
+
+
+def file_digests(paths: list[Path]) -> list[str]:
+    """sha256 of each file, hashed two at a time (sha256 releases the GIL, so the files are
+    read and hashed side by side)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(file_digest, paths))
 
 
 def read_training_info(storage: "RunStorage", step: int) -> TrainingInfo:

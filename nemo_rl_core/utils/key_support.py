@@ -11,6 +11,11 @@ rule in its type (``Annotated[int, Only(1, reason=...)]``):
 - :class:`PartOf` — the key tunes a feature that another key switches on; it matters only
   while that feature is on, and the feature's own rule decides whether it can be.
 
+A section that NeMo RL reads only while it is in use (``megatron_cfg`` while Megatron
+trains, ``vllm_cfg`` while vLLM generates, ``lora_cfg`` while LoRA is on) says so with a
+:class:`ReadWhile` class attribute ``read_while``: while it is not in use, the rules of its
+keys do not apply (NeMo RL would not read them), except the keys that decide whether it is.
+
 Schema validation (pydantic) stays machine-independent, so NeMo RL's own configs validate
 everywhere; :func:`check_support` is the second gate, run before a flow does anything, that
 refuses what cannot run here. ``tests/utils/test_key_support.py`` holds every leaf key of
@@ -18,6 +23,7 @@ every master config to carrying exactly one rule, so a key cannot be accepted an
 """
 
 import importlib
+import os
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -32,9 +38,10 @@ from nemo_rl_core.utils.cuda_devices import visible_cuda_devices
 
 @dataclass(frozen=True)
 class Machine:
-    """What this process can run on: its CUDA devices."""
+    """What this process can run on: its CUDA devices and CPU cores."""
 
     cuda_devices: int
+    cpu_cores: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     @staticmethod
     @cache
@@ -71,6 +78,11 @@ class SupportContext:
         """The value of a key by its path from the top-level section holding ``key``: the
         sections the policy and the value model share read their own model's keys."""
         return self.value(f"{self.key.partition('.')[0]}.{dotted}")
+
+    def sibling_value(self, name: str) -> Any:
+        """The value of the key ``name`` beside ``key`` (in the same section)."""
+        parent = self.key.rpartition(".")[0]
+        return self.value(f"{parent}.{name}" if parent else name)
 
 
 class KeyRule:
@@ -142,21 +154,25 @@ class PartOf(KeyRule):
         return f"tunes `{self.feature}` (matters only while it is on)"
 
 
+@dataclass(frozen=True)
+class ReadWhile:
+    """A section's ``read_while``: NeMo RL reads the section only while ``test(section,
+    context)`` holds (``context.key`` is the section's dotted path). While it does not, only
+    the rules of ``still_read`` apply: the switch that turns the section on, or the keys
+    another reader takes from it."""
+
+    test: Callable[[Any, SupportContext], bool]
+    still_read: tuple[str, ...] = ("enabled",)
+
+
+def read_while_enabled(section: Any, context: SupportContext) -> bool:
+    """The ``test`` of a section that its own ``enabled`` key switches on."""
+    return bool(section.enabled)
+
+
 def inert(why: str) -> Check:
     """The rule of a key whose value changes nothing here, at any value; ``why`` says so."""
     return Check(lambda value, context: None, why)
-
-
-def needs_gpus(count: Callable[[Any], int], what: str) -> Check:
-    """Refuse a value that asks for more CUDA devices than this machine has."""
-
-    def test(value: Any, context: SupportContext) -> str | None:
-        wanted = count(value)
-        if wanted <= max(context.machine.cuda_devices, 1):
-            return None
-        return f"{what} needs {wanted} GPUs, this machine has {context.machine.gpus_phrase()}"
-
-    return Check(test, f"{what}: as many GPUs as it asks for must be present")
 
 
 def gpu_memory_knob(off: Any, what: str) -> Check:
@@ -210,7 +226,7 @@ def check_support(
     context = SupportContext(config, machine or Machine.current())
     refusals = [
         Refusal(key, value, reason)
-        for key, value, rule in _rules_with_values(config, "")
+        for key, value, rule in _rules_with_values(config, "", context)
         if (reason := rule.refusal(value, replace(context, key=key))) is not None
     ]
     if refusals:
@@ -226,9 +242,19 @@ class TypedSections:
         self.model_for = model_for
 
 
-def _rules_with_values(model: BaseModel, prefix: str) -> Iterator[tuple[str, Any, KeyRule]]:
+def _rules_with_values(
+    model: BaseModel, prefix: str, context: SupportContext
+) -> Iterator[tuple[str, Any, KeyRule]]:
+    """Every key of ``model`` with its value and rule; a section not in use (its
+    ``read_while``) gives only the keys that are still read."""
+    read_while: ReadWhile | None = getattr(type(model), "read_while", None)
+    only: tuple[str, ...] | None = None  # the keys still read of a section not in use
+    if read_while is not None and not read_while.test(model, replace(context, key=prefix[:-1])):
+        only = read_while.still_read
     for name, info in type(model).model_fields.items():
         key = f"{prefix}{info.alias or name}"
+        if only is not None and (info.alias or name) not in only:
+            continue
         value = getattr(model, name)
         rule = key_rule(info.metadata)
         if rule is not None:
@@ -238,20 +264,20 @@ def _rules_with_values(model: BaseModel, prefix: str) -> Iterator[tuple[str, Any
             for section, raw in value.items():
                 if (found := typed[0].model_for(section, raw)) is not None:
                     path, section_model = found
-                    yield from _rules_with_values(section_model, f"{key}.{path}.")
+                    yield from _rules_with_values(section_model, f"{key}.{path}.", context)
             continue
-        yield from _nested(value, key)
+        yield from _nested(value, key, context)
 
 
-def _nested(value: Any, key: str) -> Iterator[tuple[str, Any, KeyRule]]:
+def _nested(value: Any, key: str, context: SupportContext) -> Iterator[tuple[str, Any, KeyRule]]:
     if isinstance(value, BaseModel):
-        yield from _rules_with_values(value, f"{key}.")
+        yield from _rules_with_values(value, f"{key}.", context)
     elif isinstance(value, dict):
         for name, item in value.items():
-            yield from _nested(item, f"{key}.{name}")
+            yield from _nested(item, f"{key}.{name}", context)
     elif isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            yield from _nested(item, f"{key}.{index}")
+            yield from _nested(item, f"{key}.{index}", context)
 
 
 @dataclass(frozen=True)

@@ -1,144 +1,43 @@
-"""NeMo RL's ``logger:`` section and the metrics logger of a run.
+"""The metrics logger of a run (NeMo RL's ``logger:`` section is
+:mod:`nemo_rl_core.config.logger`'s, importable here by NeMo RL's paths).
 
-Each run logs into one folder of its own, ``<log_dir>/<run_id>/``, and never to the network:
+Each run logs into one folder of its own, ``<log_dir>/<run_id>/`` (NeMo RL's runners log
+into ``<log_dir>/exp_<n>/``), and never to the network; the backends' folders inside it
+are NeMo RL's:
 
     metrics.jsonl     always: one record per ``log_metrics`` call, with the run id and step
     tensorboard/      TensorBoard event files (``tensorboard_enabled``)
-    mlflow.db         MLflow's local SQLite store (``mlflow_enabled``; MLflow 3 keeps its
-                      plain-file store in maintenance mode, ``tracking_uri: file:...`` still
+    mlflow/           the artifacts of an MLflow experiment created here (``mlflow_enabled``)
+    mlflow.db         MLflow's local SQLite store unless ``tracking_uri`` names one (MLflow 3
+                      keeps its plain-file store in maintenance mode, ``file:...`` still
                       selects it)
-    wandb/            a W&B offline run (``wandb_enabled``), for ``wandb sync`` later
+    wandb/wandb/      a W&B offline run (``wandb_enabled``, W&B's ``dir`` is ``wandb/``), for
+                      ``wandb sync`` later
 
 Metric names are NeMo RL's: ``prefix/name`` (``train/loss``, ``validation/accuracy``).
 """
 
-import importlib.util
 import json
 import math
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+# NeMo RL's paths of the section's classes (nemo_rl.utils.logger.LoggerConfig, ...).
+from nemo_rl_core.config.logger import (  # noqa: F401
+    GPUMonitoringConfig,
+    LoggerConfig,
+    MLflowConfig,
+    SwanlabConfig,
+    TensorboardConfig,
+    WandbConfig,
+)
 from nemo_rl_core.utils.gpu_monitor import GpuMonitor
-from nemo_rl_core.utils.key_support import Check, Machine, Only, PartOf, SupportContext, Wired
-
-_LOGGER = "nemo_rl_core.utils.logger"
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-def _missing_package(package: str, key: str, enabled: bool) -> str | None:
-    if enabled and importlib.util.find_spec(package) is None:
-        return f"{key} needs the {package} package, which is not installed"
-    return None
-
-
-def _needs_package(package: str, key: str) -> Check:
-    """Refuse turning a logger on when its package is not installed."""
-    return Check(
-        lambda enabled, _: _missing_package(package, key, enabled),
-        f"works where the {package} package is installed",
-    )
-
-
-def _local_mlflow_store(enabled: bool, context: SupportContext) -> str | None:
-    uri = context.value("logger.mlflow.tracking_uri")
-    if enabled and uri is not None and not str(uri).startswith(("sqlite:", "file:")):
-        return (
-            f"logger.mlflow.tracking_uri={uri!r} names a tracking server; this deployment "
-            "logs to a local store only (leave it unset for <log_dir>/<run_id>/mlflow.db, "
-            "or give a sqlite: or file: URI)"
-        )
-    return _missing_package("mlflow", "logger.mlflow_enabled", enabled)
-
-
-def _gpus_to_monitor(enabled: bool, context: SupportContext) -> str | None:
-    if not enabled:
-        return None
-    if context.machine.cuda_devices == 0:
-        return None  # no GPU to sample: the monitor does not start (said in the run's log)
-    if shutil.which("nvidia-smi") is None:
-        return "GPU monitoring reads nvidia-smi, which is not on PATH"
-    return None
-
-
-class WandbConfig(_Section):
-    """``logger.wandb``: passed to ``wandb.init`` (offline; ``name`` defaults to the run id)."""
-
-    project: Annotated[str | None, PartOf("logger.wandb_enabled")] = None
-    name: Annotated[str | None, PartOf("logger.wandb_enabled")] = None
-    entity: Annotated[str | None, PartOf("logger.wandb_enabled")] = None
-
-
-class SwanlabConfig(_Section):
-    project: Annotated[str | None, PartOf("logger.swanlab_enabled")] = None
-    name: Annotated[str | None, PartOf("logger.swanlab_enabled")] = None
-
-
-class TensorboardConfig(_Section):
-    """``logger.tensorboard``: ``log_dir`` moves the event files (``<log_dir>/<run_id>``)."""
-
-    log_dir: Annotated[str | None, PartOf("logger.tensorboard_enabled")] = None
-
-
-class MLflowConfig(_Section):
-    """``logger.mlflow``: ``run_id`` continues that MLflow run; otherwise the run tagged with
-    this run's id continues, or a new one named ``run_name`` (default: the run id) starts."""
-
-    experiment_name: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
-    run_id: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
-    run_name: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
-    tracking_uri: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
-    artifact_location: Annotated[str | None, PartOf("logger.mlflow_enabled")] = None
-
-
-class GPUMonitoringConfig(_Section):
-    collection_interval: Annotated[float, Field(gt=0), PartOf("logger.monitor_gpus")] = 10
-    flush_interval: Annotated[float, Field(gt=0), PartOf("logger.monitor_gpus")] = 10
-
-
-class LoggerConfig(_Section):
-    """NeMo RL's ``logger:`` keys."""
-
-    log_dir: Annotated[str, Wired(f"{_LOGGER}:run_log_dir")] = "logs"
-    num_val_samples_to_print: Annotated[
-        int, Field(ge=0), Wired("nemo_rl_core.experience.rollout_table:format_samples")
-    ] = 0
-    wandb_enabled: Annotated[bool, _needs_package("wandb", "logger.wandb_enabled")] = False
-    tensorboard_enabled: Annotated[
-        bool, _needs_package("tensorboard", "logger.tensorboard_enabled")
-    ] = False
-    mlflow_enabled: Annotated[
-        bool, Check(_local_mlflow_store, "a local MLflow store, where mlflow is installed")
-    ] = False
-    swanlab_enabled: Annotated[
-        bool,
-        Only(
-            False,
-            reason="SwanLab logging is not built in this deployment (its package is not "
-            "installed); use tensorboard_enabled, mlflow_enabled or wandb_enabled",
-        ),
-    ] = False
-    monitor_gpus: Annotated[
-        bool,
-        Check(
-            _gpus_to_monitor, "samples the GPUs through nvidia-smi; none here: nothing to sample"
-        ),
-    ] = False
-    wandb: WandbConfig = Field(default_factory=WandbConfig)
-    swanlab: SwanlabConfig = Field(default_factory=SwanlabConfig)
-    tensorboard: TensorboardConfig = Field(default_factory=TensorboardConfig)
-    mlflow: MLflowConfig = Field(default_factory=MLflowConfig)
-    gpu_monitoring: GPUMonitoringConfig = Field(default_factory=GPUMonitoringConfig)
+from nemo_rl_core.utils.key_support import Machine
 
 
 def run_log_dir(config: LoggerConfig, run_id: str) -> Path:
@@ -222,7 +121,8 @@ class MLflowBackend:
         experiment_id = "0"  # MLflow's default experiment, as NeMo RL uses without a name
         if config.experiment_name is not None:
             found = self.client.get_experiment_by_name(config.experiment_name)
-            location = config.artifact_location or str(run_dir.resolve() / "mlflow-artifacts")
+            # NeMo RL's: the experiment's artifacts default to <log folder>/mlflow
+            location = config.artifact_location or str(run_dir.resolve() / "mlflow")
             experiment_id = (
                 found.experiment_id
                 if found
@@ -284,7 +184,7 @@ class WandbBackend:
             name=config.name or run_id,
             id=run_id,
             resume="allow",
-            dir=str(run_dir),
+            dir=str(_made(run_dir / "wandb")),  # NeMo RL's: W&B's own wandb/ goes inside
             mode="offline",
             # No system-metrics sampler beside the training on a few cores.
             settings=wandb.Settings(
@@ -306,6 +206,11 @@ class WandbBackend:
         # finish() may return before W&B's service has written the run file (seen on
         # wandb 0.31 offline); shutting the service down waits for it.
         self._wandb.teardown()
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -334,9 +239,7 @@ class Logger:
         self._lock = threading.Lock()
         self.backends: list[Backend] = [JsonlBackend(self.run_dir / "metrics.jsonl", run_id)]
         if config.tensorboard_enabled:
-            board = config.tensorboard.log_dir
-            where = Path(board) / run_id if board else self.run_dir / "tensorboard"
-            self.backends.append(TensorBoardBackend(where))
+            self.backends.append(TensorBoardBackend(self.run_dir / "tensorboard"))
         if config.mlflow_enabled:
             self.backends.append(MLflowBackend(config.mlflow, self.run_dir, run_id))
         if config.wandb_enabled:

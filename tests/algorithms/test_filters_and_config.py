@@ -7,11 +7,7 @@ import pytest
 import torch
 import yaml
 
-from nemo_rl_core.algorithms.config import (
-    ClippedPGLossConfig,
-    PPOAdvEstimatorConfig,
-    validate_section,
-)
+from nemo_rl_core.algorithms.config import ClippedPGLossConfig, PPOAdvEstimatorConfig
 from nemo_rl_core.algorithms.filters import (
     accumulate_dynamic_sampling_batch,
     apply_overlong_filtering,
@@ -24,6 +20,7 @@ from nemo_rl_core.algorithms.loss import (
     aggregate_microbatch_metrics,
 )
 from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
+from nemo_rl_core.config.base import validate_section
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 TINY_GRPO = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_math_tiny.yaml"

@@ -10,8 +10,8 @@ from nemo_rl_core.algorithms.grpo import (
     compute_advantages,
     compute_logprobs,
     load_master_config,
-    train_policy,
 )
+from nemo_rl_core.algorithms.training import train_policy
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy import make_policy
 from nemo_rl_core.utils.config import ConfigError

@@ -5,12 +5,9 @@ import copy
 import pytest
 from transformers import AutoTokenizer
 
-from nemo_rl_core.algorithms.grpo import (
-    generate_rollouts,
-    load_master_config,
-    make_dataloader,
-    take_prompts,
-)
+from nemo_rl_core.algorithms.grpo import load_master_config
+from nemo_rl_core.algorithms.prompt_batches import make_dataloader, take_prompts
+from nemo_rl_core.algorithms.rollout_generation import generate_rollouts
 from nemo_rl_core.models.generation import configure_generation_config, make_generation
 
 CONFIG = "examples/configs/grpo_math_tiny.yaml"

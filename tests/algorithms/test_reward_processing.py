@@ -8,10 +8,10 @@ from nemo_rl_core.algorithms.grpo import (
     DynamicSamplingExhaustedError,
     GRPOConfig,
     process_rewards,
-    prompts_per_batch,
     select_prompt_groups,
 )
 from nemo_rl_core.algorithms.ppo import PPOConfig
+from nemo_rl_core.algorithms.prompt_batches import prompts_per_batch
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
@@ -60,6 +60,8 @@ def test_scaling_then_shaping_then_overlong_filtering():
     assert batch["total_reward"].tolist() == pytest.approx([1.0, -1.25, 0.25])
     assert batch["loss_multiplier"].tolist() == [1.0, 1.0, 0.0]  # the truncated one leaves the loss
     assert metrics["overlong_filtered_fraction"] == pytest.approx(1 / 3)
+    # the stored total_reward's mean, beside the environments' mean_reward
+    assert metrics["mean_total_reward"] == pytest.approx((1.0 - 1.25 + 0.25) / 3)
 
 
 def test_nothing_changes_with_the_defaults():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_rl_core.algorithms.grpo import load_master_config, train_policy
+from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.algorithms.loss import NLLLossFn
 from nemo_rl_core.algorithms.sft import (
     SFTMasterConfig,
@@ -16,6 +16,7 @@ from nemo_rl_core.algorithms.sft import (
     validation_batches,
     validation_loss,
 )
+from nemo_rl_core.algorithms.training import train_policy
 from nemo_rl_core.models.policy import make_policy
 from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 

@@ -14,8 +14,8 @@ from nemo_rl_core.algorithms.grpo import (
     compute_advantages,
     compute_logprobs,
     load_master_config,
-    merge_step_metrics,
 )
+from nemo_rl_core.algorithms.training import merge_step_metrics
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy import make_policy
 

@@ -4,12 +4,9 @@ final step) and the metrics of a validation table, against hand-computed values.
 import pytest
 import torch
 
-from nemo_rl_core.algorithms.grpo import (
-    RolloutLoopConfig,
-    planned_steps,
-    validation_due,
-    validation_metrics,
-)
+from nemo_rl_core.algorithms.grpo_config import RolloutLoopConfig
+from nemo_rl_core.algorithms.schedule import planned_steps, validation_due
+from nemo_rl_core.algorithms.validation import validation_metrics
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 

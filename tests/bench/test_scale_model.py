@@ -8,7 +8,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-from scale_model import StageFit, fit_line, predict  # noqa: E402
+from scale_model import SpreadCosts, StageFit, break_even, fit_line, predict  # noqa: E402
+
+FITS = {
+    "generate": StageFit(fixed_s=1.0, per_sequence_s=0.01, bytes_per_sequence=0),
+    "reward": StageFit(fixed_s=0.5, per_sequence_s=0.001, bytes_per_sequence=0),
+    "train": StageFit(fixed_s=1.0, per_sequence_s=0.02, bytes_per_sequence=1e6),
+}
+COSTS = SpreadCosts(placed_s=0.4, spmd_launch_s=0.3, efficiency=1.0)
 
 
 def test_a_line_through_two_sizes() -> None:
@@ -16,13 +23,21 @@ def test_a_line_through_two_sizes() -> None:
     assert fit_line((32, 128), (2.0, 2.0)) == (2.0, 0.0)
 
 
-def test_generate_splits_over_workers_and_train_over_gpus() -> None:
-    fits = {
-        "generate": StageFit(fixed_s=1.0, per_sequence_s=0.01, bytes_per_sequence=0),
-        "reward": StageFit(fixed_s=0.5, per_sequence_s=0.001, bytes_per_sequence=0),
-        "train": StageFit(fixed_s=1.0, per_sequence_s=0.02, bytes_per_sequence=1e6),
-    }
-    one = predict(fits, 100, workers=1, gpus=1, bandwidth_mb_s=100, efficiency=1.0)
+def test_unspread_stages_pay_no_spreading_cost() -> None:
+    one = predict(FITS, 100, workers=1, ranks=1, bandwidth_mb_s=100, costs=COSTS)
     assert one == pytest.approx(1.0 + 1.0 + 0.5 + 0.1 + 1.0 + 2.0 + 1.0)
-    many = predict(fits, 100, workers=4, gpus=2, bandwidth_mb_s=100, efficiency=1.0)
-    assert many == pytest.approx(1.0 + 0.25 + 0.5 + 0.1 + 1.0 + 1.0 + 1.0)
+
+
+def test_fan_out_pays_a_placed_shard_and_a_merge_and_ranks_pay_a_launch() -> None:
+    many = predict(FITS, 100, workers=4, ranks=2, bandwidth_mb_s=100, costs=COSTS)
+    generate = 1.0 + 0.4 + 1.0 + 0.25  # own fixed cost, placed shards, merge, a quarter
+    train = 1.0 + 0.3 + 1.0 + 1.0  # own fixed cost, launch, half the compute, handoff
+    assert many == pytest.approx(generate + 0.5 + 0.1 + train)
+
+
+def test_break_even_is_where_the_saving_covers_the_cost() -> None:
+    fit = FITS["generate"]
+    n = break_even(fit, 2, 1.4)
+    assert n == pytest.approx(280)
+    assert fit.per_sequence_s * n * (1 - 1 / 2) == pytest.approx(1.4)
+    assert break_even(fit, 2, 1.4, efficiency=0.5) == float("inf")  # 2 ranks at half speed

@@ -177,7 +177,11 @@ def test_dynamic_batching_respects_the_token_budget(
                 for row, length in enumerate(mb["input_lengths"].tolist()):
                     assert (mb["input_ids"][row, :length] != 0).all()
             assert seen == part.size
-            assert all(length % round_to == 0 for length in part.micro_batch_lengths[0])
+            # rounded up to round_to, but never past the batch's own width (NeMo RL's cap)
+            width = batch["input_ids"].shape[1]
+            assert all(
+                length % round_to == 0 or length == width for length in part.micro_batch_lengths[0]
+            )
 
 
 def test_dynamic_batching_sorts_and_deals_by_length() -> None:
@@ -188,6 +192,16 @@ def test_dynamic_batching_sorts_and_deals_by_length() -> None:
     assert order == [1, 3, 0, 5, 4, 6, 7, 2]
     assert shards[0].micro_batch_indices == [[[0, 2], [2, 3], [3, 4]]]
     assert shards[0].micro_batch_lengths == [[4, 6, 8]]
+
+
+def test_a_rounded_length_is_capped_at_the_batch_width_as_nemo_rl_caps_it() -> None:
+    """150 tokens round up to 192 (sequence_length_round 64), over a 160-token budget; the
+    batch is only 160 wide, so NeMo RL pads to 160 and runs, one sample per microbatch."""
+    batch = _padded_batch([150, 20, 160])
+    shards, _ = batch.shard_by_batch_size(1, dynamic_batching_args=_dynamic(160, 64))
+    assert shards[0]["input_lengths"].tolist() == [20, 150, 160]
+    assert shards[0].micro_batch_lengths == [[64, 160, 160]]
+    assert shards[0].micro_batch_indices == [[[0, 1], [1, 2], [2, 3]]]
 
 
 def test_dynamic_batching_errors_name_the_setting() -> None:

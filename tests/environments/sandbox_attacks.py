@@ -42,6 +42,12 @@ def processes_with(text: str) -> list[int]:
     return pids
 
 
+def reward_of(env, code: str, tests: list[dict]) -> tuple[float, str]:
+    """The reward and its reason for one sample answering with ``code``."""
+    result = env.step([answer(code)], [{"tests": tests}])
+    return result.rewards.item(), result.metadata[0]["reward_reason"]
+
+
 def answer(code: str) -> list[dict]:
     """A message log whose last turn answers with ``code`` in a fenced block."""
     return [

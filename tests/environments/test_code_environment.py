@@ -5,7 +5,9 @@ import os
 import resource
 import socket
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 from sandbox_attacks import answer
 
@@ -24,8 +26,15 @@ ADD_TESTS = [{"assert": "assert add(2, 3) == 5"}, {"assert": "assert add(-1, 1) 
 
 
 def sandbox_processes() -> list[int]:
-    """Live processes owned by any sandbox uid right now."""
-    return [pid for uid in SANDBOX_UIDS for pid in live_processes(uid)] if os.geteuid() == 0 else []
+    """Live processes of samples' sandboxes right now (the environment's judges live on)."""
+    if os.geteuid() != 0:
+        return []
+    pids = [pid for uid in SANDBOX_UIDS for pid in live_processes(uid)]
+    return [
+        pid
+        for pid in pids
+        if not Path(f"/proc/{pid}/cmdline").read_bytes().endswith(b"\0code_judge\0")
+    ]
 
 
 def step(env, code: str, tests=None):
@@ -55,6 +64,73 @@ def test_assert_tests_compare_typed_values_in_the_parent(code_env):
     reward, meta = step(code_env, good.replace("(x, x + 1)", "[x, x + 1]"), tests)
     assert reward == 0.0 and meta["tests_passed"] == 2
     assert "test 0: assertion failed: pair(1) == (1, 2)" in meta["reward_reason"]
+
+
+def test_the_judge_evaluates_asserts_and_calls_the_solution_for_its_values(code_env):
+    """Comparisons inside comprehensions, methods of the solution's classes, generators over
+    its calls: each runs in the judge, which asks the sample's sandbox for one call at a time."""
+    code = (
+        "class Solution:\n    def two_sum(self, nums, target):\n        seen = {}\n"
+        "        for i, n in enumerate(nums):\n            if target - n in seen:\n"
+        "                return [seen[target - n], i]\n            seen[n] = i\n"
+        "def is_even(n):\n    return n % 2 == 0\n"
+        "def rev(s):\n    return s[::-1]\n"
+        "def largest(xs):\n    return max(xs)\n"
+        "if __name__ == '__main__':\n    print(rev(input()))\n"
+    )
+    tests = [
+        {"input": "abc\n", "output": "cba"},
+        {"assert": "assert Solution().two_sum([2, 7, 11], 9) == [0, 1]"},
+        {"assert": "assert all(is_even(n) == (n % 2 == 0) for n in range(6))"},
+        {"assert": "assert sum(is_even(n) for n in range(6)) == 3 and rev('ab') == 'ba'"},
+        # arguments far past the 4096-byte output limit, which bounds only what comes back
+        {"assert": "assert largest(list(range(5000))) == 4999"},
+    ]
+    assert step(code_env, code, tests) == (
+        1.0,
+        {"tests": tests, "tests_passed": 5, "reward_reason": "all tests passed"},
+    )
+    opaque = "def f():\n    return object()"
+    reward, meta = step(code_env, opaque, [{"assert": "assert f() == 1"}])
+    assert reward == 0.0
+    assert (
+        "test 0: f() == 1 raised TypeError: the solution's value is not plain"
+        in meta["reward_reason"]
+    )
+
+
+def test_an_assert_test_past_its_wall_time_fails_and_the_rest_are_not_judged(code_env):
+    code = "import time\ndef slow():\n    time.sleep(60)\ndef add(a, b):\n    return a + b"
+    tests = [
+        {"assert": "assert add(1, 1) == 2"},
+        {"assert": "assert slow() is None"},
+        {"assert": "assert add(2, 2) == 4"},
+    ]
+    start = time.monotonic()
+    reward, meta = step(code_env, code, tests)
+    assert reward == 0.0 and meta["tests_passed"] == 1
+    assert meta["reward_reason"] == (
+        "test 1: wall time limit of 4s exceeded; "
+        "test 2: not judged: the program was still busy with test 1"
+    )
+    assert time.monotonic() - start < 20
+
+
+def test_a_judge_that_died_is_replaced_for_the_next_sample(code_env):
+    add = "def add(a, b):\n    return a + b"
+    assert step(code_env, add, ADD_TESTS)[0] == 1.0
+    judges = [  # this process's own judges only
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.cmdline()[-1:] == ["code_judge"]
+    ]
+    assert judges
+    for judge in judges:
+        judge.kill()
+    assert step(code_env, add, ADD_TESTS) == (
+        1.0,
+        {"tests": ADD_TESTS, "tests_passed": 2, "reward_reason": "all tests passed"},
+    )
 
 
 def test_wrong_or_missing_code_fails(code_env):
@@ -177,6 +253,22 @@ def test_program_runs_unprivileged_with_limits():
     assert security.split() == ["0000000000000000", "1", "2"]
 
 
+def test_a_sample_runs_all_its_tests_in_one_sandbox(code_env):
+    """Issue 33: one sandbox per sample, not one per test. Its programs (one per stdout test)
+    share the sample's box, and its assert tests are judged against one run of its code,
+    as the asserts of a test file run after one import of the module."""
+    appender = (
+        "import os\nwith open('/box/runs', 'a') as log:\n    log.write('x')\n"
+        "print(os.path.getsize('/box/runs'))"
+    )
+    reward, meta = step(code_env, appender, [{"input": "", "output": str(n)} for n in (1, 2, 3)])
+    assert reward == 1.0, meta
+    counter = "calls = []\ndef count():\n    calls.append(1)\n    return len(calls)"
+    tests = [{"assert": "assert count() == 1"}, {"assert": "assert count() == 2"}]
+    reward, meta = step(code_env, counter, tests)
+    assert reward == 1.0, meta
+
+
 def test_a_batch_with_attacks_still_scores_the_good_samples(code_env):
     codes = ["print(input()[::-1])", "import os\nwhile True: os.fork()", "print(input()[::-1])"]
     result = code_env.step([answer(c) for c in codes], [{"tests": REVERSE_TESTS}] * 3)
@@ -193,17 +285,10 @@ def test_extract_code_takes_the_last_block():
 def test_bad_tests_metadata_names_the_sample(code_env):
     with pytest.raises(KeyError, match="sample 0"):
         code_env.step([answer("print(1)")], [{"tests": [{"input": "x"}]}])
-    with pytest.raises(ValueError, match="sample 0, test 1: the 'assert' test compares"):
+    with pytest.raises(ValueError, match="sample 0, test 1: the 'assert' test may hold only"):
         code_env.step(
             [answer("print(1)")],
-            [
-                {
-                    "tests": [
-                        {"assert": "assert f(1) == 1"},
-                        {"assert": "assert all(f(i) == i for i in [1])"},
-                    ]
-                }
-            ],
+            [{"tests": [{"assert": "assert f(1) == 1"}, {"assert": "x = f(1)\nassert x"}]}],
         )
 
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_attacks import UNHOOKED, answer, processes_with, token
+from sandbox_attacks import UNHOOKED, answer, processes_with, reward_of, token
 
 from nemo_rl_core.environments.code_sandbox import run_sandboxed
 
@@ -44,11 +44,6 @@ EXIT_TRICKS = {
 # The old sandbox's one-line off switch (its path checks called builtins.any): the copy
 # and dataset hacks below start with it, so they meet whatever boundary is really there.
 SWITCH_OFF_PATH_CHECKS = "import builtins\nbuiltins.any = lambda items: True\n"
-
-
-def reward_of(env, code: str, tests: list[dict]) -> tuple[float, str]:
-    result = env.step([answer(code)], [{"tests": tests}])
-    return result.rewards.item(), result.metadata[0]["reward_reason"]
 
 
 def test_the_honest_answer_scores(code_env):
@@ -140,15 +135,16 @@ def test_a_leftover_process_cannot_rewrite_a_later_sample(code_env):
     assert processes_with(canary) == []
 
 
-def test_a_report_forged_with_the_nonce_still_has_to_decode(code_env):
-    """A sample can find the nonce in its own process; a malformed report still fails."""
+def test_an_answer_forged_on_the_judges_channel_still_has_to_decode(code_env):
+    """A sample can find its sandbox's channel to the judge and write to it itself; an
+    answer nested past the limit fails that sample only, as any malformed answer."""
     steal = (
         WRONG_ADD + "import os, sys\n"
-        "harness = sys._getframe(2).f_locals\n"
-        "nested = '[' * 100000 + ']' * 100000\n"
-        "report = harness['job']['nonce'] + '\\n{\"results\": ' + nested + '}'\n"
-        "os.write(harness['result_fd'], report.encode())\nos._exit(0)\n"
+        "replies = sys._getframe(1).f_locals['replies']\n"
+        "nested = '{\"list\": [' * 300 + ']}' * 300\n"
+        "answer = ('{\"value\": ' + nested + '}').encode()\n"
+        "os.write(replies, len(answer).to_bytes(4, 'big') + answer)\n"
     )
-    result = run_sandboxed(steal, probes=["add(2, 3)"])
-    assert "not plain JSON" in result.reason, result
-    assert reward_of(code_env, steal, ADD_TESTS[:1])[0] == 0.0
+    reward, reason = reward_of(code_env, steal, ADD_TESTS[:1])
+    assert reward == 0.0 and "malformed value: nested deeper than 100 levels" in reason, reason
+    assert reward_of(code_env, RIGHT_ADD, ADD_TESTS[:1]) == (1.0, "all tests passed")

@@ -7,6 +7,7 @@ processes the tests create themselves.
 """
 
 import errno
+import marshal
 import os
 import shutil
 import socket
@@ -19,6 +20,7 @@ import pytest
 from sandbox_attacks import UNHOOKED, processes_with, token
 
 from nemo_rl_core.environments.code_sandbox import SandboxLimits, require_sandbox, run_sandboxed
+from nemo_rl_core.environments.sandbox_box import BOOTSTRAP, PROGRAMS, compiled_modules, memfd
 from nemo_rl_core.environments.sandbox_uids import UidPool, live_processes
 
 
@@ -145,7 +147,8 @@ def test_host_processes_are_invisible():
             f"print(len(found), any({canary.encode()!r} in c for c in found))"
         )
         result = run_sandboxed(code, first_filter=False)
-        assert result.stdout.split() == ["1", "False"], result  # only its own pid 1
+        # only the box's own: its first process and the program
+        assert result.stdout.split() == ["2", "False"], result
     finally:
         host.kill()
         host.wait()
@@ -252,3 +255,124 @@ def test_bubblewrap_holds_no_host_descriptor_for_the_sample():
     result = run_sandboxed(code, first_filter=False)
     fds = eval(result.stdout)  # noqa: S307 -- a list of ints printed by the test's own code
     assert fds[:3] == [0, 1, 2] and len(fds) == 4, fds  # the 4th: the listing's own
+
+
+def test_only_unix_sockets_can_be_made():
+    """Issue 33: AF_VSOCK reached the hypervisor; the interpreter needs AF_UNIX at most."""
+    code = (
+        "import socket\n"
+        "for name in ('AF_INET', 'AF_INET6', 'AF_NETLINK', 'AF_PACKET', 'AF_VSOCK'):\n"
+        "    family = getattr(socket, name, None)\n"
+        "    if family is None:\n        continue\n"
+        "    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_RAW):\n"
+        "        try:\n            socket.socket(family, kind).close()\n"
+        "            print(name, kind, 'made')\n"
+        "        except OSError:\n            pass\n"
+        "a, b = socket.socketpair()\na.sendall(b'unix ok')\nprint(b.recv(16).decode())\n"
+    )
+    result = run_sandboxed(code, first_filter=False)
+    assert result.ok, result
+    assert result.stdout.splitlines() == ["unix ok"], result.stdout
+
+
+def test_no_terminal_and_only_the_devices_python_uses():
+    """Issue 33: /dev/ptmx handed out host ptys (826 of 3,072 in one run)."""
+    code = (
+        "import os\nprint(sorted(os.listdir('/dev')))\n"
+        "for opener in (os.openpty, lambda: os.open('/dev/ptmx', os.O_RDWR),"
+        " lambda: os.open('/dev/tty', os.O_RDWR)):\n"
+        "    try:\n        opener()\n        print('opened')\n"
+        "    except OSError as error:\n        print(type(error).__name__)\n"
+        "print(len(os.urandom(8)), open('/dev/zero', 'rb').read(2), open('/dev/null').read())\n"
+    )
+    result = run_sandboxed(code, first_filter=False)
+    assert result.ok, result
+    devices, *opened, reads = result.stdout.splitlines()
+    assert devices == str(
+        sorted(["fd", "full", "null", "random", "stderr", "stdin", "stdout", "urandom", "zero"])
+    )
+    assert opened == ["FileNotFoundError"] * 3
+    assert reads == "8 b'\\x00\\x00' "
+
+
+def test_only_the_interpreter_its_stdlib_and_their_libraries_are_bound():
+    """Issue 33: all of /usr/lib was readable; the box holds what the interpreter loads."""
+    boundary = require_sandbox()
+    query = (
+        "import os, sysconfig\nstdlib = sysconfig.get_paths()['stdlib']\n"
+        "for top in ('/usr', '/lib', '/lib64'):\n"
+        "    for root, dirs, files in os.walk(top):\n"
+        "        real = os.path.realpath(root)\n"
+        "        if real == stdlib or real.startswith(stdlib + '/'):\n            continue\n"
+        "        for name in files:\n            print(os.path.realpath(os.path.join(root, name)))\n"
+    )
+    result = run_sandboxed(query, first_filter=False)
+    assert result.ok, result
+    visible = result.stdout.split()
+    assert boundary.interpreter in visible
+    others = [path for path in set(visible) if path != boundary.interpreter]
+    assert others and all(".so" in os.path.basename(path) for path in others), others
+    assert len(others) < 60, others  # the interpreter's and its extensions' libraries
+    # a library the interpreter never loads, present on the host, stays out
+    unused = [p for p in Path("/usr/lib").rglob("libpam*.so*") if p.is_file()]
+    assert not set(map(str, unused)) & set(visible)
+
+
+def test_the_audit_filter_keeps_its_lists_when_the_sample_rebinds_names():
+    """Issue 33: the filter read its lists from module globals the sample could rebind."""
+    code = (
+        "import sys\n"
+        "for module in list(sys.modules.values()):\n"
+        "    for name in dir(module):\n"
+        "        if name.startswith('_BLOCKED'):\n"
+        "            setattr(module, name, type(getattr(module, name))())\n"
+        "for attempt in ('import os\\nos.fork()', 'import ctypes'):\n"
+        "    try:\n        exec(attempt)\n        print('allowed')\n"
+        "    except PermissionError as error:\n        print(error)\n"
+    )
+    result = run_sandboxed(code)
+    assert result.stdout.splitlines() == [
+        "sandbox: os.fork is not allowed",
+        "sandbox: import of ctypes is not allowed",
+    ], result
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the harness as a pool uid, with setpriv")
+def test_the_harness_refuses_to_run_outside_a_sandbox():
+    """Its clean-up kills every other process of its pid namespace (kill(-1) as pid 1);
+    anywhere else that would reach every process its user may signal. Run here as a pool
+    uid of its own beside a canary of that uid, so a regression harms nothing else."""
+    boundary, pool = require_sandbox(), UidPool()
+    uid = pool.take()
+    as_uid = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    canary = subprocess.Popen([*as_uid, "sleep", "30"])
+    code = compiled_modules(boundary.interpreter)
+    job = {
+        "modules": [(name, code[name]) for name in PROGRAMS["code_harness"]],
+        "main": "code_harness",
+        "source": "print(1)",
+        "stdins": [""],
+        "serve": False,
+        "rlimits": {},
+        "first_filter": False,
+        "wall_time_s": 5,
+        "output_bytes": 1000,
+    }
+    result_fd = memfd("result")
+    job_fd = memfd("job", marshal.dumps({**job, "result_fd": result_fd}))
+    try:
+        run = subprocess.run(
+            [*as_uid, boundary.interpreter, "-I", "-S", "-B", "-c", BOOTSTRAP, str(job_fd)],
+            pass_fds=(job_fd, result_fd),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert run.returncode != 0 and "only as the first process" in run.stderr, run
+        assert canary.poll() is None
+    finally:
+        os.close(job_fd)
+        os.close(result_fd)
+        canary.kill()
+        canary.wait()
+        pool.give(uid)

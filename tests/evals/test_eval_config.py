@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_core.evals.config import EvalDataConfig
-from nemo_rl_core.evals.eval import check_eval_config, eval_rows
+from nemo_rl_core.evals.config_check import check_eval_config, eval_rows
 from nemo_rl_core.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from flows.grpo import grpo
 from flows.rerun_stage import rerun_stage
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_addition_tiny.yaml"

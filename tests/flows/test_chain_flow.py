@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from flows.chain import DEFAULT_CONFIGS, check_chain, link_overrides, sft_grpo_eval
 from nemo_rl_core.utils.config import ConfigError
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 OVERRIDES = [

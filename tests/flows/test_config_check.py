@@ -63,7 +63,6 @@ def refuse(
         ),
         (["data.default.prompt_file=no_such_prompt.txt"], "no_such_prompt.txt"),
         (["data.default.env_name=maths"], "data.train.env_name: 'maths'"),
-        (["+env.maths.num_workers=1"], "no environment 'maths' is built here"),
         (["policy.model_name=no-such-model"], "policy.model_name: model 'no-such-model'"),
         (
             ["policy.generation.backend=vllm", "policy.generation.vllm_cfg.tensor_parallel_size=4"],
@@ -106,7 +105,6 @@ def refuse(
         "missing-data-file",
         "missing-prompt-file",
         "unknown-environment",
-        "unknown-env-section",
         "unknown-model",
         "backend-needs-gpus",
         "gpu-advantages",
@@ -208,3 +206,14 @@ def test_async_training_under_ppo_is_refused_by_name() -> None:
         check_run_config(
             PPOMasterConfig, str(CONFIGS / "ppo_tiny.yaml"), ["++ppo.async_grpo.enabled=true"]
         )
+
+
+def test_an_environment_no_dataset_names_is_not_read_and_the_log_says_so() -> None:
+    """NeMo RL builds only the environments its datasets name: a section of another name
+    (a typo included) runs there unread, and here too, said once in the log."""
+    from flows.run_setup import config_notes
+
+    config = check_run_config(
+        MasterConfig, str(CONFIGS / "grpo_math_tiny.yaml"), ["+env.maths.num_workers=1"]
+    )
+    assert any(note.startswith("env.maths: not read") for note in config_notes(config))

@@ -18,7 +18,7 @@ from nemo_rl_core.pipeline.algorithms import DISTILLATION
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.utils.config import ConfigError
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "distillation_tiny.yaml"

@@ -10,7 +10,7 @@ from flow_testing import assert_bit_identical, checkpoint_dir, stages_of
 from flows.dpo import dpo
 from flows.rerun_stage import rerun_stage
 from nemo_rl_core.pipeline.algorithms import DPO
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "dpo_tiny.yaml"

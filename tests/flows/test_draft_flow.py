@@ -12,7 +12,7 @@ from flows.sft import sft
 from nemo_rl_core.pipeline.algorithms import SFT
 from nemo_rl_core.pipeline.spec import declared
 from nemo_rl_core.utils.key_support import UnsupportedConfigError
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "sft_tiny.yaml"

@@ -18,7 +18,7 @@ from flows.grpo import grpo
 from flows.rerun_stage import rerun_stage
 from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
 from nemo_rl_core.environments.utils import register_env
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 ITERATIONS = 2

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from flows.grpo import grpo
 from flows.rerun_stage import rerun_stage
 from nemo_rl_core.utils.config import ConfigError
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 CONFIG = Path(__file__).resolve().parents[2] / "examples/configs/grpo_math_tiny_fast.yaml"

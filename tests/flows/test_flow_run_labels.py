@@ -18,7 +18,7 @@ from prefect.client.schemas.sorting import FlowRunSort
 
 from flows.grpo import grpo
 from flows.labels import flow_run_name
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 FAST = Path(__file__).resolve().parents[2] / "examples" / "configs" / "grpo_math_tiny_fast.yaml"

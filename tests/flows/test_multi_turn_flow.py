@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from flows.grpo import grpo
 from flows.rerun_stage import rerun_stage
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 ITERATIONS = 2

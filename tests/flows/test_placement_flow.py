@@ -90,7 +90,7 @@ def beat_then_stop(root: str) -> float | None:
     waiter = Heartbeat(run_ref, 1, "train", str(context.flow_run.id), first_beat_s=1.5)
     with stage_heartbeat(run_ref, 1, "train"):
         record = open_storage(run_ref).read_stage_run(1, "train")
-        assert record is not None and record["host"] == socket.gethostname(), record
+        assert record is not None and record.ran_on.host == socket.gethostname(), record
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline:
             assert waiter.silent_for() is None

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from flows.ppo import ppo
 from nemo_rl_core.pipeline.algorithms import PPO
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 ITERATIONS = 2

@@ -109,6 +109,27 @@ def test_terminal_line_shows_what_was_measured():
     assert quiet == "iter   0 | 1.0 s (validate 1.0)"
 
 
+def test_scaled_rewards_show_both_and_log_the_scaled_one_as_nemo_rl_does():
+    """With reward scaling or shaping on, the stored total_reward (what the advantages use,
+    NeMo RL's train/reward) differs from the environments' mean: both show, each named."""
+    metrics = {"reward/mean_reward": 0.25, "reward/mean_total_reward": -0.5, "train/loss": 1.0}
+    line = format_line(IterationSummary.from_metrics(0, metrics))
+    assert line.startswith("iter   0 | reward 0.250 (scaled/shaped total_reward -0.500) |")
+    train = {record.prefix: record for record in nemo_rl_records(metrics, 0)}["train"]
+    assert train.metrics["reward"] == -0.5 and train.metrics["env_reward"] == 0.25
+    table = summary_table("run-s", [IterationSummary.from_metrics(0, metrics)])
+    assert table.splitlines()[1].split()[:4] == ["iter", "reward", "total", "rwd"]
+    assert "mean total_reward" not in summary_table("run-a", summaries())
+
+
+def test_tiny_rewards_do_not_print_as_zero():
+    line = format_line(IterationSummary.from_metrics(0, {"reward/mean_reward": 1.2e-5}))
+    assert line.startswith("iter   0 | reward 1.20e-05 |")
+    assert "reward 0.000" in format_line(
+        IterationSummary.from_metrics(0, {"reward/mean_reward": 0})
+    )
+
+
 def summaries() -> list[IterationSummary]:
     rewards = [0.125, 0.25, 0.5]
     return [

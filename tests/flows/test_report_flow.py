@@ -90,7 +90,8 @@ def test_each_logger_wrote_the_run(observed):
         mlflow.set_tracking_uri(None)
     assert runs["tags.nemo_rl_core.run_id"].tolist() == [RUN]
     assert runs["params.grpo.max_num_steps"].tolist() == [str(STEPS)]
-    assert list((run_dir / "wandb").glob(f"offline-run-*-{RUN}/run-{RUN}.wandb"))
+    # NeMo RL's layout: W&B's dir is <log folder>/wandb, where W&B makes its own wandb/
+    assert list((run_dir / "wandb" / "wandb").glob(f"offline-run-*-{RUN}/run-{RUN}.wandb"))
 
 
 def test_rollouts_and_validation_samples_are_queryable(observed):

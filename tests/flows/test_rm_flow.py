@@ -18,7 +18,7 @@ from nemo_rl_core.environments.reward_model_environment import RewardModelEnviro
 from nemo_rl_core.pipeline.algorithms import RM
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import ObjectRef
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 pytestmark = pytest.mark.e2e
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
@@ -118,3 +118,15 @@ def test_grpo_is_rewarded_by_the_trained_checkpoint(first_run, tmp_path):
     rewards = storage.read_batch(ObjectRef.from_dict(reward["outputs"]["batch"]))["total_reward"]
     # a Bradley-Terry score, not the math environment's 0/1
     assert not torch.isin(rewards, torch.tensor([0.0, 1.0])).all()
+
+
+def test_a_run_whose_pairs_are_all_too_long_fails_naming_the_key(tmp_path):
+    """Every pair over policy.max_total_sequence_length is ignored (as in NeMo RL): the train
+    stage refuses to commit a step that trained nothing, instead of ending green with an
+    all-zero head."""
+    no_validation = ["rm.val_period=0", "rm.val_at_start=false", "rm.val_at_end=false"]
+    overrides = ["rm.max_num_steps=1", *no_validation, "policy.max_total_sequence_length=8"]
+    with pytest.raises(Exception, match=r"fits policy.max_total_sequence_length=8") as err:
+        rm(config_path=str(CONFIG), overrides=overrides, run_id="long", storage_root=str(tmp_path))
+    assert "would train nothing" in str(err.value)
+    assert open_storage(RunRef(str(tmp_path), "long")).committed_checkpoints() == []

@@ -114,7 +114,7 @@ def test_a_grpo_iteration_of_the_core_steps_runs_on_the_gpu(tiny_model_dir: Path
     """Prompts -> HF generation -> math rewards -> logprobs -> advantages -> a train step,
     all with the policy on the GPU, whatever the generation backends installed
     (``bench/gpu_check.sh`` runs the flow's iteration with vLLM-CUDA)."""
-    from nemo_rl_core.algorithms import grpo
+    from nemo_rl_core.algorithms import grpo, prompt_batches, rollout_generation, scoring, training
 
     config = grpo.load_master_config(
         "examples/configs/grpo_math_tiny.yaml",
@@ -122,19 +122,19 @@ def test_a_grpo_iteration_of_the_core_steps_runs_on_the_gpu(tiny_model_dir: Path
     )
     policy = make_policy(config.policy)
     tokenizer = policy.tokenizer
-    envs = grpo.make_task_to_env(config)
+    envs = scoring.make_task_to_env(config)
     settings = configure_generation_config(config.policy.generation, tokenizer)
     engine = make_generation(settings, tiny_model_dir, seed=config.grpo.seed)
-    loader = grpo.make_dataloader(config, tokenizer)
-    prompts, _ = grpo.take_prompts(loader, config, loader.state_dict())
-    rollouts, _ = grpo.generate_rollouts(engine, prompts, tokenizer, envs, config, 0)
-    scored, reward_metrics = grpo.score_rollouts(rollouts, envs, config)
+    loader = prompt_batches.make_dataloader(config, tokenizer)
+    prompts, _ = prompt_batches.take_prompts(loader, config, loader.state_dict())
+    rollouts, _ = rollout_generation.generate_rollouts(engine, prompts, tokenizer, envs, config, 0)
+    scored, reward_metrics = scoring.score_rollouts(rollouts, envs, config)
     train_data = grpo.compute_logprobs(policy, scored, tokenizer, config)
     mask = train_data["token_mask"].bool()
     gap = (train_data["prev_logprobs"] - train_data["generation_logprobs"])[mask].abs()
     assert gap.max() < 1e-3, "the GPU policy scores the sampled tokens as the sampler did"
     train_data, _ = grpo.compute_advantages(train_data, config)
-    metrics = grpo.train_policy(policy, train_data, grpo.build_loss_fn(config), config, 0)
+    metrics = training.train_policy(policy, train_data, grpo.build_loss_fn(config), config, 0)
     assert torch.isfinite(torch.tensor(float(reward_metrics["mean_reward"])))
     assert torch.isfinite(torch.as_tensor(metrics["loss"])).all(), metrics
     for env in envs.values():

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nemo_rl_core.algorithms.grpo import data_setup, load_master_config
+from nemo_rl_core.algorithms.grpo import load_master_config
+from nemo_rl_core.algorithms.grpo_config import data_setup
 from nemo_rl_core.data.datasets.builder import build_dataset, load_rows
 from nemo_rl_core.data.datasets.generators import addition_problems
 from nemo_rl_core.models.local_models import ModelNotFoundError, resolve_model, train_tokenizer

@@ -5,13 +5,8 @@ import pytest
 
 from nemo_rl_core.pipeline.algorithms import GRPO, PPO
 from nemo_rl_core.pipeline.context import StageResult
-from nemo_rl_core.pipeline.spec import (
-    Pipeline,
-    RunAhead,
-    Stage,
-    pipeline_for_config,
-    pipeline_named,
-)
+from nemo_rl_core.pipeline.registry import pipeline_for_config, pipeline_named
+from nemo_rl_core.pipeline.spec import Pipeline, RunAhead, Stage
 
 
 def _noop(ctx):

@@ -8,7 +8,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from nemo_rl_core.algorithms.grpo import load_master_config
-from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
+from nemo_rl_core.storage.run_storage import RunStorage
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "examples" / "configs" / "grpo_math_tiny_fast.yaml"
@@ -35,20 +35,20 @@ def assert_no_half_written_objects(storage: RunStorage) -> None:
     """No temporary object anywhere under the run; every manifest output exists whole,
     with the size and sha256 its entry records, and every other object of an iteration is
     its manifest (no output of an uncommitted stage); every checkpoint is COMMITTED."""
-    base = storage._run_path + "/"
-    keys = [path.removeprefix(base) for path in storage.fs.find(storage._run_path)]
+    base = storage.objects.run_path + "/"
+    keys = [path.removeprefix(base) for path in storage.fs.find(storage.objects.run_path)]
     leftovers = [key for key in keys if ".tmp-" in key]
     assert leftovers == [], f"temporary objects left behind: {leftovers}"
     referenced = set()
     for manifest_key in [k for k in keys if k.startswith("iter_") and k.endswith("MANIFEST.json")]:
         iteration = int(manifest_key.split("/")[0].removeprefix("iter_"))
-        for stage, entry in storage.read_manifest(iteration)["stages"].items():
-            for name, ref in entry["outputs"].items():
+        for stage, entry in storage.read_manifest(iteration).stages.items():
+            for name, ref in entry.outputs.items():
                 # read_json/read_batch verify size and sha256 (IntegrityError otherwise)
-                read = storage.read_json if ref["key"].endswith(".json") else storage.read_batch
-                read(ObjectRef.from_dict(ref))
-                assert ref["key"].startswith(manifest_key.split("/")[0]), (stage, name)
-                referenced.add(ref["key"])
+                read = storage.read_json if ref.key.endswith(".json") else storage.read_batch
+                read(ref)
+                assert ref.key.startswith(manifest_key.split("/")[0]), (stage, name)
+                referenced.add(ref.key)
     unreferenced = [
         key
         for key in keys

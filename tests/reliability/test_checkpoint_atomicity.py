@@ -24,14 +24,14 @@ WRITER = textwrap.dedent(
     root, source = sys.argv[1], Path(sys.argv[2])
     storage = RunStorage(root, "ckpt-run")
     storage.write_checkpoint(1, source, {"step": 1})
-    real_put = storage._put
+    real_put = storage.objects.put
 
     def put_then_die(key, data):
         if key.endswith(COMMITTED):
             os.kill(os.getpid(), signal.SIGKILL)
         return real_put(key, data)
 
-    storage._put = put_then_die
+    storage.objects.put = put_then_die
     storage.write_checkpoint(2, source, {"step": 2})
     """
 )
@@ -73,7 +73,7 @@ def test_killed_checkpoint_write_keeps_previous_as_newest_committed(
     options = None if env is None else request.getfixturevalue("s3_server").storage_options
     storage = RunStorage(root, "ckpt-run", storage_options=options)
     # The weights of step 2 reached storage, its marker did not.
-    assert storage._exists("checkpoints/step_000002/model.safetensors")
+    assert storage.objects.exists("checkpoints/step_000002/model.safetensors")
     assert storage.committed_checkpoints() == [1]
     assert storage.latest_checkpoint() == 1
     assert first_iteration(GRPO, storage) == 1, "resume must start after the last committed step"
@@ -113,3 +113,42 @@ def test_staged_checkpoint_commits_by_rename_and_a_dead_save_is_pruned(tmp_path:
     assert first_iteration(GRPO, storage) == 1
     storage.prune_checkpoints(keep_top_k=None)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000001"]
+
+
+class _Killed(BaseException):
+    """The process dying at this point (raised where a SIGKILL would land)."""
+
+
+@pytest.mark.parametrize("backend", ["file", "s3"])
+def test_a_prune_cut_short_leaves_no_committed_checkpoint_with_files_missing(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention, or a re-save replacing a step, killed after it deleted the optimizer state
+    of a checkpoint and before the rest: a resume must not trust what is left."""
+    if backend == "file":
+        storage = RunStorage(str(tmp_path / "store"), "ckpt-run")
+    else:
+        options = dict(request.getfixturevalue("s3_server").storage_options)
+        bucket = request.getfixturevalue("s3_bucket")
+        storage = RunStorage(f"s3://{bucket}/p", "ckpt-run", storage_options=options)
+    for step in (1, 2):
+        storage.write_checkpoint(step, _checkpoint_source(tmp_path / f"s{step}"), {"step": step})
+    optimizer = f"{storage.objects.run_path}/checkpoints/step_000001/optimizer/optim.pt"
+    delete = storage.fs.rm
+
+    def die_after_the_optimizer(path: str | list[str], *args: object, **kwargs: object) -> None:
+        paths = [path] if isinstance(path, str) else list(path)
+        if any(optimizer == p or optimizer.startswith(p.rstrip("/") + "/") for p in paths):
+            delete([optimizer])
+            raise _Killed
+        delete(path, *args, **kwargs)
+
+    monkeypatch.setattr(storage.fs, "rm", die_after_the_optimizer)
+    with pytest.raises(_Killed):
+        storage.prune_checkpoints(keep_top_k=1)
+    monkeypatch.undo()
+    assert not storage.fs.exists(optimizer)
+    assert storage.committed_checkpoints() == [2]
+    with pytest.raises(StorageError, match="step_000001 is not a committed checkpoint"):
+        storage.fetch_checkpoint(1, tmp_path / "fetched")
+    assert storage.prune_checkpoints(keep_top_k=1) == [1], "the leftover goes at the next prune"

@@ -22,7 +22,8 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.pipeline.context import DamagedInputError, StageResult, read_input
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
-from tasks.stage import FAULT_ENV, is_transient, run_stage
+from tasks.faults import FAULT_ENV
+from tasks.stage import is_transient, run_stage
 
 
 def _stages(root: Path, run_id: str) -> dict:
@@ -53,10 +54,10 @@ def test_damaged_input_is_re_made_by_its_producer_within_the_iteration(
     assert run_iteration(one_iteration, run, 2) == ["iter_000002/produce/batch.arrow"]
     assert calls == {"produce": 2, "consume": 2}  # the first read found the damage
     manifest = RunStorage(str(tmp_path), "unit").read_manifest(2)
-    assert manifest["stages"]["consume"]["status"] == "complete"
-    [repair] = manifest["repairs"]  # the repair is on record, with both digests
-    assert repair["key"] == "iter_000002/produce/batch.arrow"
-    assert "has sha256" in repair["damage"] and "its reference says" in repair["damage"]
+    assert manifest.complete("consume") is not None
+    [repair] = manifest.repairs  # the repair is on record, with both digests
+    assert repair.key == "iter_000002/produce/batch.arrow"
+    assert "has sha256" in repair.damage and "its reference says" in repair.damage
 
 
 def test_damaged_input_error_names_the_object_and_is_not_retried() -> None:

@@ -9,11 +9,8 @@ import threading
 import pytest
 from reliability_helpers import CONFIG
 
-from nemo_rl_core.algorithms.grpo import (
-    EnvironmentFailureError,
-    load_master_config,
-    score_rollouts,
-)
+from nemo_rl_core.algorithms.grpo import load_master_config
+from nemo_rl_core.algorithms.scoring import EnvironmentFailureError, score_rollouts
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.math_environment import MathEnvironment
 

@@ -11,6 +11,7 @@ object: every manifest output verifies by sha256."""
 
 import re
 import time
+from datetime import datetime
 
 import pytest
 from local_stack import FINAL_STATES, LocalStack
@@ -22,8 +23,9 @@ from reliability_helpers import (
 )
 
 from nemo_rl_core.pipeline.algorithms import GRPO
+from nemo_rl_core.storage.lease import read_lease
 from nemo_rl_core.storage.run_storage import RunStorage
-from tasks.stage import FAULT_ENV
+from tasks.faults import FAULT_ENV
 
 # The stages of a training iteration (validation is off in these configs).
 TRAINING_STAGES = [name for name in GRPO.stage_names if name != "validate"]
@@ -49,11 +51,11 @@ def _run_watching_processes(
     return flow_run, seen
 
 
-def _finished_at(storage: RunStorage) -> dict[tuple[int, str], str]:
+def _finished_at(storage: RunStorage) -> dict[tuple[int, str], datetime]:
     return {
-        (iteration, stage): entry["finished_at"]
+        (iteration, stage): entry.finished_at
         for iteration in storage.iterations()
-        for stage, entry in storage.read_manifest(iteration)["stages"].items()
+        for stage, entry in storage.read_manifest(iteration).stages.items()
     }
 
 
@@ -70,7 +72,7 @@ def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
     parameters = {"run_id": RUN_ID, "config_path": str(CONFIG)}
     env = {"NEMO_RL_CORE_LEASE_TTL_S": str(LEASE_TTL_S)}
     worker = local_stack.worker_pid()
-    committed: dict[tuple[int, str], str] = {}
+    committed: dict[tuple[int, str], datetime] = {}
     for done, stage in enumerate(TRAINING_STAGES):
         flow_run, flow_run_pids = _run_watching_processes(
             local_stack, deployment, parameters, {**env, FAULT_ENV: f"{stage}@1:kill"}
@@ -78,13 +80,13 @@ def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
         message = flow_run["state"]["message"] or ""
         assert flow_run["state_type"] == "CRASHED" and "-9" in message, (stage, message)
         # The lease it left names the killed process: the worker's child running this flow run.
-        owner = storage._read_lease()["owner"]
+        owner = read_lease(storage)["owner"]
         assert f"flow-run {flow_run['id']}" in owner, owner
         killed = int(re.search(r" pid (\d+) ", owner)[1])
         assert killed in flow_run_pids and killed not in local_stack.flow_run_pids()
         assert local_stack.worker_pid() == worker, "the worker itself must survive"
 
-        stages = storage.read_manifest(1)["stages"]
+        stages = storage.read_manifest(1).stages
         assert sorted(stages) == sorted(TRAINING_STAGES[:done]), f"killed at {stage}: {stages}"
         finished = _finished_at(storage)
         assert {k: finished[k] for k in committed} == committed, "a committed stage was redone"
@@ -96,9 +98,9 @@ def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
     finished = _finished_at(storage)
     assert {k: finished[k] for k in committed} == committed, "a committed stage was redone"
     for iteration in (0, 1):
-        stages = storage.read_manifest(iteration)["stages"]
-        assert {s for s, e in stages.items() if e["status"] == "complete"} == set(TRAINING_STAGES)
-    assert storage._read_lease() is None, "the last run released its lease"
+        stages = storage.read_manifest(iteration).stages
+        assert {s for s, e in stages.items() if e.complete} == set(TRAINING_STAGES)
+    assert read_lease(storage) is None, "the last run released its lease"
     assert_no_half_written_objects(storage)
     clean = final_weights(RunStorage(str(clean_run), "clean"))
     assert_same_weights(clean, final_weights(storage))

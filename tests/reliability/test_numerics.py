@@ -25,6 +25,6 @@ def test_nan_loss_fails_train_naming_the_iteration_without_a_checkpoint(
     storage = RunStorage(str(tmp_path), "nan")
     assert storage.committed_checkpoints() == []
     assert not (run_dir(tmp_path, "nan") / "checkpoints").exists(), "a checkpoint was started"
-    stages = storage.read_manifest(0)["stages"]
+    stages = storage.read_manifest(0).stages
     assert set(stages) == {"prompts", "generate", "reward", "logprob", "advantage"}
     assert not (run_dir(tmp_path, "nan") / "iter_000000" / "train").exists()

@@ -78,7 +78,7 @@ def test_two_pools_survive_damage_and_a_killed_worker_to_the_one_process_weights
         assert time.monotonic() < deadline, local_stack.log_tail("worker@train-pool")
         time.sleep(0.1)
     killed = kill_tree(local_stack.worker_pid("train-pool"))
-    assert "train" not in storage.read_manifest(1)["stages"], "train finished before the kill"
+    assert "train" not in storage.read_manifest(1).stages, "train finished before the kill"
     time.sleep(LEASE_TTL_S)
     local_stack.restart_worker("train-pool")
     assert local_stack.worker_pid("train-pool") not in killed
@@ -87,19 +87,20 @@ def test_two_pools_survive_damage_and_a_killed_worker_to_the_one_process_weights
     logs = local_stack.flow_run_logs(flow_run_id)
     assert final["state_type"] == "COMPLETED", logs[-30:]
     assert any("re-executing stage 'generate' of iteration 1" in line for line in logs), logs
-    [repair] = storage.read_manifest(1)["repairs"]
-    assert repair["key"].startswith("iter_000001/generate/"), repair
+    [repair] = storage.read_manifest(1).repairs
+    assert repair.key.startswith("iter_000001/generate/"), repair
     retried = [line for line in logs if "is lost: its heartbeat on storage stopped" in line]
     assert retried and "work pool 'train-pool'" in retried[0], logs[-30:]
     for iteration in (0, 1):
-        stages = storage.read_manifest(iteration)["stages"]
+        stages = storage.read_manifest(iteration).stages
         for stage, entry in stages.items():
-            ran_on = entry["ran_on"]
+            ran_on = entry.ran_on
+            assert ran_on is not None, (iteration, stage)
             pool = PLACED.get(stage, local_stack.env_vars["NEMO_RL_WORK_POOL"])
             worker = pool_workers.get(pool, f"local-worker-{local_stack.ports['api']}")
-            assert (ran_on["pool"], ran_on["worker"]) == (pool, worker), (iteration, stage)
-            assert ran_on["host"] == socket.gethostname()
+            assert (ran_on.pool, ran_on.worker) == (pool, worker), (iteration, stage)
+            assert ran_on.host == socket.gethostname()
             if stage in PLACED:
-                assert ran_on["flow_run"] != flow_run_id, "a placed stage ran in the iteration flow"
+                assert ran_on.flow_run != flow_run_id, "a placed stage ran in the iteration flow"
     assert_no_half_written_objects(storage)
     assert_same_weights(final_weights(RunStorage(str(clean_run), "clean")), final_weights(storage))

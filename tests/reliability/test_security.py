@@ -78,7 +78,7 @@ def test_credentials_never_written_anywhere(
 
     written: list[str] = []
     storage = RunStorage(root, "secure", storage_options=s3_server.storage_options)
-    for path in storage.fs.find(storage._run_path):
+    for path in storage.fs.find(storage.objects.run_path):
         if not path.endswith((".safetensors", ".pt", ".bin")):
             written.append(storage.fs.cat_file(path).decode(errors="replace"))
     assert any("iter_000000" in text for text in written), "manifests were read"

@@ -51,8 +51,8 @@ def test_outage_within_retry_window_is_retried_and_the_stage_succeeds(prefect_ap
     outputs = stage(run, 0, "prompts", {})
     assert proxy.refused > 0, "the stage never met the outage"
     assert time.monotonic() - started >= 5.0
-    entry = open_storage(run).read_manifest(0)["stages"]["prompts"]
-    assert entry["status"] == "complete" and entry["outputs"] == outputs.to_dict()
+    entry = open_storage(run).read_manifest(0).stages["prompts"]
+    assert entry.complete and entry.outputs == outputs.outputs
     batch = open_storage(run).read_batch(outputs.outputs["batch"])
     assert batch.size == 4  # 2 prompts x 2 generations, read back whole
 
@@ -67,7 +67,7 @@ def test_lasting_outage_fails_with_storage_error_and_keeps_the_checkpoint(
     assert "storage unreachable for" in str(info.value)  # within the budget, then no retry
     proxy.start()
     storage = open_storage(run)
-    assert storage.read_manifest(0)["stages"] == {}, "nothing was committed"
+    assert storage.read_manifest(0).stages == {}, "nothing was committed"
     assert storage.committed_checkpoints() == [1]
     fetched = storage.fetch_checkpoint(1, tmp_path / "fetched")
     assert (fetched / "model.safetensors").read_bytes() == b"committed weights"

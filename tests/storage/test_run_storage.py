@@ -14,6 +14,7 @@ import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.storage.lease import LeaseHeldError, LeaseLostError, LocalObject, S3Object
+from nemo_rl_core.storage.manifest import Manifest
 from nemo_rl_core.storage.run_storage import (
     ConfigConflictError,
     IntegrityError,
@@ -98,7 +99,7 @@ def test_batch_round_trip_uses_the_layout(
     batch = _batch()
     ref = storage.write_batch(3, "generate", batch)
     assert ref.key == f"iter_000003/generate/batch.{batch_format}"
-    path = f"{storage._run_path}/{ref.key}"
+    path = f"{storage.objects.run_path}/{ref.key}"
     assert storage.fs.size(path) == ref.size
     assert storage.fs.cat_file(path, start=0, end=len(magic)) == magic
     _assert_same(storage.read_batch(ref), batch)
@@ -119,7 +120,7 @@ def test_arrow_is_the_default_and_parquet_outputs_of_older_runs_still_read(
     storage = RunStorage(root, "run-1", storage_options=options)
     entry = storage.completed_stage(0, "generate", {"p": "1"})
     assert entry is not None
-    ref = ObjectRef.from_dict(entry["outputs"]["batch"])
+    ref = entry.outputs["batch"]
     assert ref.key == "iter_000000/generate/batch.parquet"
     _assert_same(storage.read_batch(ref), batch)
     assert storage.write_batch(1, "generate", _batch()).key.endswith("/batch.arrow")
@@ -161,7 +162,7 @@ def test_bad_names_are_refused_before_writing(storage: RunStorage) -> None:
 
 def test_tampered_object_raises_integrity_error(storage: RunStorage) -> None:
     ref = storage.write_batch(1, "reward", _batch())
-    path = f"{storage._run_path}/{ref.key}"
+    path = f"{storage.objects.run_path}/{ref.key}"
     data = bytearray(storage.fs.cat_file(path))
     data[len(data) // 2] ^= 0xFF
     storage.fs.pipe_file(path, bytes(data))
@@ -179,23 +180,23 @@ def test_tampered_object_raises_integrity_error(storage: RunStorage) -> None:
 
 
 def test_manifest_records_and_finds_completed_stages(storage: RunStorage) -> None:
-    assert storage.read_manifest(2) == {"stages": {}}
+    assert storage.read_manifest(2) == Manifest({})
     assert storage.completed_stage(2, "generate", {"prompts": "abc"}) is None
     ref = storage.write_batch(2, "generate", _batch())
     entry = storage.record_stage(2, "generate", {"prompts": "abc"}, {"batch": ref}, {"tok_s": 3.0})
-    assert entry["status"] == "complete" and entry["outputs"]["batch"] == ref.to_dict()
+    assert entry.complete and entry.outputs == {"batch": ref}
     found = storage.completed_stage(2, "generate", {"prompts": "abc"})
-    assert found is not None and found["metrics"] == {"tok_s": 3.0}
+    assert found == entry and found.metrics == {"tok_s": 3.0}
     assert storage.completed_stage(2, "generate", {"prompts": "other"}) is None
     assert storage.completed_stage(2, "reward", {"prompts": "abc"}) is None
 
     reward = storage.write_json(2, "reward", "metrics", {"mean": 0.5})
     storage.record_stage(2, "reward", {"generate": ref.sha256}, {"metrics": reward})
-    assert set(storage.read_manifest(2)["stages"]) == {"generate", "reward"}
+    assert set(storage.read_manifest(2).stages) == {"generate", "reward"}
     assert storage.iterations() == [2]
 
     storage.mark_stale(2, ["reward"])
-    assert storage.read_manifest(2)["stages"]["reward"]["status"] == "stale"
+    assert storage.read_manifest(2).stale_stages() == ["reward"]
     assert storage.completed_stage(2, "reward", {"generate": ref.sha256}) is None
     assert storage.completed_stage(2, "generate", {"prompts": "abc"}) is not None
 
@@ -206,14 +207,14 @@ def test_parts_of_a_split_stage_have_entries_of_their_own(storage: RunStorage) -
     assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "x"}) is None
     ref = storage.write_batch(1, "reward", _batch(), name="shard-0-of-2.batch")
     storage.record_part(1, "reward", "shard-0-of-2", {"generate": "x"}, {"batch": ref})
-    assert storage.read_manifest(1) == {"stages": {}}
+    assert storage.read_manifest(1) == Manifest({})
     assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "x"}) is not None
     assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "y"}) is None
     assert storage.completed_part(1, "reward", "shard-1-of-2", {"generate": "x"}) is None
     storage.mark_stale(1, ["reward"])
     assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "x"}) is None
     storage.record_part(1, "reward", "shard-0-of-2", {"generate": "x"}, {"batch": ref})
-    storage.fs.pipe_file(f"{storage._run_path}/{ref.key}", b"short")
+    storage.fs.pipe_file(f"{storage.objects.run_path}/{ref.key}", b"short")
     assert storage.completed_part(1, "reward", "shard-0-of-2", {"generate": "x"}) is None
 
 
@@ -221,15 +222,15 @@ def test_completed_stage_is_none_when_an_output_is_gone_or_resized(storage: RunS
     ref = storage.write_batch(0, "generate", _batch())
     storage.record_stage(0, "generate", {}, {"batch": ref})
     assert storage.completed_stage(0, "generate", {}) is not None
-    storage.fs.pipe_file(f"{storage._run_path}/{ref.key}", b"short")
+    storage.fs.pipe_file(f"{storage.objects.run_path}/{ref.key}", b"short")
     assert storage.completed_stage(0, "generate", {}) is None
-    storage.fs.rm_file(f"{storage._run_path}/{ref.key}")
+    storage.fs.rm_file(f"{storage.objects.run_path}/{ref.key}")
     assert storage.completed_stage(0, "generate", {}) is None
 
 
 def _fail_commit(storage: RunStorage, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the commit step of the next writes fail as a dropped connection would."""
-    if storage._local:
+    if storage.on_local_disk:
 
         def broken_replace(self: Path, target: object) -> None:
             raise ConnectionResetError("disk went away before the rename")
@@ -263,8 +264,8 @@ def test_interrupted_write_leaves_no_output_and_the_manifest_intact(
             storage.record_stage(5, "reward", {"g": "x"}, {"batch": first})
 
     storage.fs.invalidate_cache()
-    assert not storage.fs.exists(f"{storage._run_path}/iter_000005/reward/batch.arrow")
-    reward_dir = f"{storage._run_path}/iter_000005/reward"
+    assert not storage.fs.exists(f"{storage.objects.run_path}/iter_000005/reward/batch.arrow")
+    reward_dir = f"{storage.objects.run_path}/iter_000005/reward"
     leftovers = storage.fs.ls(reward_dir, detail=False) if storage.fs.exists(reward_dir) else []
     assert leftovers == []
     assert storage.read_manifest(5) == manifest_before
@@ -289,7 +290,7 @@ def test_unreachable_s3_raises_storage_error_naming_the_url() -> None:
 
 def _raw_put(storage: RunStorage, key: str, data: bytes) -> None:
     """Write behind the storage's back, as a crashed writer would have left it."""
-    path = f"{storage._run_path}/{key}"
+    path = f"{storage.objects.run_path}/{key}"
     storage.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     storage.fs.pipe_file(path, data)
 
@@ -447,18 +448,66 @@ def test_verify_names_damaged_outputs_and_checkpoint_files(tmp_path: Path) -> No
         (local / "optimizer" / "state.pt").write_bytes(b"moments")
         files = {k: v.model_dump() for k, v in recorded_files(local).items()}
         storage.write_checkpoint(1, local, {"files": files})
-    assert storage.verify() == []
+    found = storage.verify()
+    assert found.intact and found.damaged == [] and found.checked == 3
 
     run_dir = tmp_path / "runs" / "verify"
-    output = run_dir / ref.key
-    data = bytearray(output.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # same size, other bytes
-    output.write_bytes(bytes(data))
+    flip_a_byte(run_dir / ref.key)
     (run_dir / "checkpoints" / "step_000001" / "optimizer" / "state.pt").unlink()
-    problems = storage.verify()
+    problems = storage.verify().damaged
     assert len(problems) == 2
     assert f"{ref.key} has sha256" in problems[0] and ref.sha256 in problems[0]
+    assert problems[0].endswith("(iteration 0 stage reward)")
     assert "optimizer/state.pt is missing (expected 7 bytes)" in problems[1]
+    assert problems[1].endswith("(committed checkpoint 1)")
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    path.write_bytes(bytes(data))
+
+
+def test_verify_checks_stale_entries_and_parts_too_and_says_they_are_stale(
+    tmp_path: Path,
+) -> None:
+    """A rerun marked the stage stale: a continue recomputes it, but until then its bytes
+    are read (by a rerun of a later stage, by a person), and damage there is damage."""
+    storage = RunStorage(str(tmp_path), "stale")
+    batch = BatchedDataDict({"x": torch.arange(8, dtype=torch.float32)})
+    logprob = storage.write_batch(0, "logprob", batch)
+    storage.record_stage(0, "logprob", {}, {"batch": logprob})
+    shard = storage.write_batch(0, "generate", batch, name="shard-0-of-2.batch")
+    storage.record_part(0, "generate", "shard-0-of-2", {}, {"batch": shard})
+    storage.mark_stale(0, ["logprob", "generate"])
+    found = storage.verify()
+    assert found.intact and found.checked == 2
+    assert found.stale == [
+        "iteration 0 stage logprob: stale (marked to be redone), 1 output(s) checked",
+        "iteration 0 stage generate/shard-0-of-2: stale (marked to be redone), 1 output(s) checked",
+    ]
+
+    run_dir = tmp_path / "runs" / "stale"
+    flip_a_byte(run_dir / logprob.key)
+    flip_a_byte(run_dir / shard.key)
+    [stage, part] = storage.verify().damaged
+    assert f"{logprob.key} has sha256" in stage
+    assert stage.endswith(
+        "(iteration 0 stage logprob, a stale entry: the next continue recomputes it)"
+    )
+    assert f"{shard.key} has sha256" in part and "stage generate/shard-0-of-2, a stale" in part
+
+
+def test_verify_names_a_manifest_it_cannot_read_and_checks_the_rest(tmp_path: Path) -> None:
+    storage = RunStorage(str(tmp_path), "torn")
+    for iteration in (0, 1):
+        ref = storage.write_json(iteration, "train", "metrics", {"loss": 1.0})
+        storage.record_stage(iteration, "train", {}, {"metrics": ref})
+    (tmp_path / "runs" / "torn" / "iter_000000" / "MANIFEST.json").write_text('{"stag')
+    found = storage.verify()
+    [problem] = found.damaged
+    assert problem.startswith(f"{tmp_path}/runs/torn/iter_000000/MANIFEST.json: its record ")
+    assert found.checked == 1  # iteration 1's output
 
 
 @pytest.mark.parametrize("racers", [2, 8])
@@ -511,7 +560,7 @@ def test_a_holder_whose_lease_was_taken_commits_nothing_more(
         lease.renew()
     with pytest.raises(LeaseLostError, match="'second'"):
         storage.record_stage(0, "reward", {}, {})
-    assert storage.read_manifest(0)["stages"] == {}
+    assert storage.read_manifest(0).stages == {}
 
 
 def _s3_requests(storage: RunStorage, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -541,7 +590,7 @@ def test_a_small_object_on_s3_is_one_request_to_read(
     calls = _s3_requests(storage, monkeypatch)
     storage.read_batch(ref)
     assert storage.completed_stage(0, "generate", {"config": "c"}) is not None
-    assert storage.read_manifest(1) == {"stages": {}}
+    assert storage.read_manifest(1) == Manifest({})
     assert calls == ["get_object"] * 4  # batch; manifest + its output checked; no manifest
 
 
@@ -608,7 +657,7 @@ def test_the_stages_of_an_iteration_on_s3_read_its_manifest_once(
         assert storage.completed_stage(0, stage, {"config": "c"}) is None
         storage.record_stage(0, stage, {"config": "c"}, {"batch": ref})
     assert calls == ["get_object"] + ["put_object"] * 3
-    assert set(storage.read_manifest(0)["stages"]) == {"generate", "reward", "logprob"}
+    assert set(storage.read_manifest(0).stages) == {"generate", "reward", "logprob"}
 
 
 def _reward_committed_elsewhere(
@@ -633,8 +682,8 @@ def test_a_stage_done_by_another_process_is_done_again_and_committed_once(
     here, elsewhere, ref = _reward_committed_elsewhere(s3_server, s3_bucket)
     assert here.completed_stage(0, "reward", {"config": "c"}) is None
     here.record_stage(0, "reward", {"config": "c"}, {"batch": ref}, {"again": 1})
-    stages = elsewhere.read_manifest(0)["stages"]
-    assert set(stages) == {"generate", "reward"} and stages["reward"]["metrics"] == {"again": 1}
+    stages = elsewhere.read_manifest(0).stages
+    assert set(stages) == {"generate", "reward"} and stages["reward"].metrics == {"again": 1}
     here.forget_writes()  # a new flow run: what the store holds
     assert here.completed_stage(0, "reward", {"config": "c"}) is not None
 
@@ -646,12 +695,12 @@ def test_a_manifest_changed_by_another_process_is_read_again_before_the_commit(
     process's read and its commit: the conditional write fails, and the commit keeps both."""
     here, elsewhere, ref = _reward_committed_elsewhere(s3_server, s3_bucket)
     here.record_stage(0, "logprob", {"config": "c"}, {"batch": ref})
-    assert set(here.read_manifest(0)["stages"]) == {"generate", "reward", "logprob"}
+    assert set(here.read_manifest(0).stages) == {"generate", "reward", "logprob"}
     here.mark_stale(0, ["reward"])
     elsewhere.record_stage(0, "train", {"config": "c"}, {"batch": ref})
-    stages = elsewhere.read_manifest(0)["stages"]
-    assert set(stages) == {"generate", "reward", "logprob", "train"}
-    assert stages["reward"]["status"] == "stale"
+    manifest = elsewhere.read_manifest(0)
+    assert set(manifest.stages) == {"generate", "reward", "logprob", "train"}
+    assert manifest.stale_stages() == ["reward"]
 
 
 def test_a_long_run_on_s3_commits_into_old_iterations_still(s3_server, s3_bucket: str) -> None:
@@ -663,5 +712,5 @@ def test_a_long_run_on_s3_commits_into_old_iterations_still(s3_server, s3_bucket
     for iteration in range(12):
         storage.record_stage(iteration, "generate", {"config": "c"}, {"batch": ref})
     storage.record_stage(0, "reward", {"config": "c"}, {"batch": ref})
-    assert set(storage.read_manifest(0)["stages"]) == {"generate", "reward"}
-    assert all(storage.read_manifest(i)["stages"].keys() == {"generate"} for i in range(1, 12))
+    assert set(storage.read_manifest(0).stages) == {"generate", "reward"}
+    assert all(storage.read_manifest(i).stages.keys() == {"generate"} for i in range(1, 12))

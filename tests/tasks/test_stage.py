@@ -8,7 +8,8 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.pipeline.context import StageRef, StageResult
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import StorageError
-from tasks.stage import FAULT_ENV, InjectedFault, is_transient, run_stage
+from tasks.faults import FAULT_ENV, InjectedFault
+from tasks.stage import is_transient, run_stage
 
 
 class Counter:
@@ -64,7 +65,7 @@ def test_injected_fault_fires_before_compute_and_records_nothing(run, monkeypatc
     with pytest.raises(InjectedFault, match="'reward' of iteration 1"):
         run_stage(run, 1, "reward", {"a": "1"}, compute)
     assert compute.calls == 1
-    assert "reward" not in open_storage(run).read_manifest(1).get("stages", {})
+    assert "reward" not in open_storage(run).read_manifest(1).stages
 
 
 class _State:

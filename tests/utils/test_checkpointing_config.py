@@ -9,7 +9,6 @@ from nemo_rl_core.utils.checkpoint import CheckpointingConfig
 @pytest.mark.parametrize(
     ("overrides", "refused"),
     [
-        (["checkpointing.enabled=false"], "checkpointing.enabled=False: stages hand weights"),
         (["checkpointing.model_save_format=torch_save"], "torch_save (DCP) is not written"),
     ],
 )
@@ -17,6 +16,13 @@ def test_checkpointing_keys_a_staged_run_cannot_honour_are_refused(
     overrides: list[str], refused: str
 ) -> None:
     assert refused in support_refusals("grpo_math_tiny.yaml", overrides, NO_GPU)
+
+
+def test_checkpointing_disabled_runs_and_its_other_keys_are_not_read() -> None:
+    """NeMo RL reads no key of a disabled checkpointing section; the run keeps only the
+    newest checkpoint (tests/flows/test_checkpointing_disabled_flow.py)."""
+    overrides = ["checkpointing.enabled=false", "checkpointing.model_save_format=torch_save"]
+    assert support_refusals("grpo_math_tiny.yaml", overrides, NO_GPU) == ""
 
 
 def test_sharded_or_consolidated_both_run() -> None:

@@ -1,27 +1,25 @@
 """The key-rule machinery: refusals name the dotted key, value and reason; every declared
 key is visible to the coverage walk, and every key of a master config carries a rule."""
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import pytest
 from pydantic import BaseModel
 
-from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
-from nemo_rl_core.algorithms.grpo import MasterConfig
-from nemo_rl_core.algorithms.ppo import PPOMasterConfig
-from nemo_rl_core.algorithms.sft import SFTMasterConfig
-from nemo_rl_core.evals.config import EvalMasterConfig
+from nemo_rl_core.pipeline.algorithm_configs import ALGORITHM_CONFIGS
 from nemo_rl_core.utils.key_support import (
     Check,
     Machine,
     Only,
     PartOf,
+    ReadWhile,
+    SupportContext,
     UnsupportedConfigError,
     Wired,
     check_support,
     declared_keys,
     gpu_memory_knob,
-    needs_gpus,
+    read_while_enabled,
     resolve_reader,
 )
 
@@ -31,9 +29,18 @@ class Inner(BaseModel):
     size: Annotated[int, PartOf("outer.inner.enabled")] = 3
 
 
+def _gpus_fit(value: int, context: SupportContext) -> str | None:
+    """A rule that reads the machine, as the cluster's GPU counts do."""
+    if value <= max(context.machine.cuda_devices, 1):
+        return None
+    return (
+        f"tensor parallelism needs {value} GPUs, this machine has {context.machine.gpus_phrase()}"
+    )
+
+
 class Outer(BaseModel):
     lr: Annotated[float, Wired("nemo_rl_core.utils.key_support:check_support")] = 1.0
-    tp: Annotated[int, needs_gpus(lambda v: v, "tensor parallelism")] = 1
+    tp: Annotated[int, Check(_gpus_fit, "as many GPUs as it asks for")] = 1
     inner: Inner = Inner()
     named: dict[str, Inner] = {}
 
@@ -51,6 +58,43 @@ def test_every_refusal_is_named_with_its_path_value_and_reason():
     assert "tp=4: tensor parallelism needs 4 GPUs, this machine has none" in text
     assert "inner.enabled=True: not built" in text
     assert "named.a.enabled=True: not built" in text
+
+
+class Switched(BaseModel):
+    read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
+
+    enabled: Annotated[bool, Only(False, True, reason="unused")] = False
+    size: Annotated[int, Only(1, reason="size 1 only")] = 1
+
+
+class Beside(BaseModel):
+    read_while: ClassVar[ReadWhile] = ReadWhile(
+        lambda section, context: context.sibling_value("backend") == "vllm",
+        still_read=("precision",),
+    )
+
+    precision: Annotated[str, Only("float32", reason="float32 only")] = "float32"
+    shards: Annotated[int, Only(1, reason="one shard")] = 1
+
+
+class Sections(BaseModel):
+    backend: str = "hf"
+    switched: Switched = Switched()
+    engine: Beside = Beside()
+
+
+def test_a_section_not_read_checks_only_the_keys_still_read():
+    """NeMo RL does not read a section that is off: its other keys' rules do not apply."""
+    unread = Sections(switched=Switched(size=2), engine=Beside(shards=2, precision="fp8"))
+    with pytest.raises(UnsupportedConfigError) as err:
+        check_support(unread, Machine(cuda_devices=0))
+    assert [refusal.key for refusal in err.value.refusals] == ["engine.precision"]
+    read = Sections(
+        backend="vllm", switched=Switched(enabled=True, size=2), engine=Beside(shards=2)
+    )
+    with pytest.raises(UnsupportedConfigError) as err:
+        check_support(read, Machine(cuda_devices=0))
+    assert [refusal.key for refusal in err.value.refusals] == ["switched.size", "engine.shards"]
 
 
 def test_gpu_rule_passes_when_the_devices_exist():
@@ -116,13 +160,8 @@ def test_gpu_memory_knob_is_moot_without_cuda_and_refused_with_it():
         check_support(Knobs(), Machine(cuda_devices=1))
 
 
-MASTER_CONFIGS = [
-    MasterConfig,
-    PPOMasterConfig,
-    SFTMasterConfig,
-    EvalMasterConfig,
-    DistillationMasterConfig,
-]
+# Every declared algorithm's config (a new algorithm's keys are held to a rule unasked).
+MASTER_CONFIGS = [declared.config_class for declared in ALGORITHM_CONFIGS.values()]
 
 
 @pytest.mark.parametrize("master", MASTER_CONFIGS, ids=lambda m: m.__name__)

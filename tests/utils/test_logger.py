@@ -69,6 +69,28 @@ def test_tensorboard_events_read_back(tmp_path):
     assert loss == [(1, 0.5), (2, 0.25)]
 
 
+def test_nemo_rl_tensorboard_log_dir_stays_in_the_runs_log_folder(
+    nemo_rl_configs, tmp_path, monkeypatch
+):
+    """NeMo RL's dpo.yaml names logger.tensorboard.log_dir "tb_logs-dpo-dev", which NeMo
+    RL's logger never reads: events go to <log_dir>/tensorboard there, to the run's log
+    folder's tensorboard/ here, and nothing lands in the working directory."""
+    from nemo_rl_examples import validated
+
+    monkeypatch.chdir(tmp_path)
+    config = validated(
+        nemo_rl_configs / "dpo.yaml",
+        ["policy.model_name=tiny-llama", "policy.tokenizer.name=tiny-llama",
+         "data.train.dataset_name=addition_preference",
+         "data.validation.dataset_name=addition_preference",
+         "logger.tensorboard_enabled=true", f"logger.log_dir={tmp_path / 'logs'}"],
+    )  # fmt: skip
+    assert config.logger.tensorboard.log_dir == "tb_logs-dpo-dev"
+    log_two_steps(config.logger)
+    assert list((tmp_path / "logs" / RUN / "tensorboard").glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+
+
 @pytest.mark.parametrize("store", ["default", "file"])
 def test_mlflow_local_store_reads_back_and_a_resume_continues_the_run(tmp_path, store, monkeypatch):
     import mlflow
@@ -126,7 +148,8 @@ def wandb_history(run_file: Path) -> list[dict]:
 def test_wandb_offline_run_holds_the_history(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "online")  # the logger must stay offline regardless
     log_two_steps(LoggerConfig(log_dir=str(tmp_path), wandb_enabled=True))
-    run_dirs = list((tmp_path / RUN / "wandb").glob(f"offline-run-*-{RUN}"))
+    # NeMo RL's layout: W&B's dir is <log folder>/wandb, where W&B makes its own wandb/
+    run_dirs = list((tmp_path / RUN / "wandb" / "wandb").glob(f"offline-run-*-{RUN}"))
     assert len(run_dirs) == 1
     rows = wandb_history(run_dirs[0] / f"run-{RUN}.wandb")
     losses = [(row["_step"], row["train/loss"]) for row in rows if "train/loss" in row]

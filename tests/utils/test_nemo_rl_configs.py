@@ -1,28 +1,28 @@
 """NeMo RL v0.7.0's own example configs load here with no key removed, and the four the
 project promises run on this CPU with overrides of the model, the data and sizes only.
 
-The configs are read at test time from a git mirror of NVIDIA-NeMo/RL (``NEMO_RL_MIRROR``,
-default ``../.mirror/NVIDIA-NeMo+RL/repo`` beside the checkout); nothing of NeMo RL is
-stored in the project. Without a mirror the tests skip, saying so.
+The configs are read at test time from a git mirror of NVIDIA-NeMo/RL (``nemo_rl_configs``,
+``tests/nemo_rl_examples.py``); nothing of NeMo RL is stored in the project. Without a
+mirror the tests skip, saying so.
 """
 
 import json
 import os
-import subprocess
-import tarfile
-from io import BytesIO
 from pathlib import Path
 
 import pytest
+from nemo_rl_examples import SMALL, SMALL_GRPO, validated
 
-from nemo_rl_core.algorithms.grpo import load_master_config
-from nemo_rl_core.pipeline.spec import pipeline_for_config
-from nemo_rl_core.utils.config import ConfigError, load_config_with_overrides
+from flows.config_check import check_run_config
+from nemo_rl_core.algorithms.grpo_config import MasterConfig, data_setup
+from nemo_rl_core.data.datasets.builder import load_rows
+from nemo_rl_core.models.local_models import resolve_model
+from nemo_rl_core.pipeline.registry import pipeline_for_config
+from nemo_rl_core.pipeline.runtime import RunRuntime
+from nemo_rl_core.storage.handles import RunRef
+from nemo_rl_core.utils.config import ConfigError
 from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support
 
-ROOT = Path(__file__).resolve().parents[2]
-TAG = "v0.7.0"
-EXAMPLE_DIRS = ("configs", "prompts", "modelopt", "nemo_gym")
 # The GRPO, PPO, SFT, DPO, RM, eval and distillation configs of NeMo RL whose models are
 # text-only LLMs.
 LOADING = [
@@ -66,23 +66,6 @@ LOADING = [
     "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron",
     "recipes/llm/performance/dapo-deepseek-v3-64n8g.v2",
 ]
-# Model, data and sizes: what a CPU run may change, nothing else (and ppo_math_1B's verifier,
-# which is not built here).
-SMALL = [
-    "policy.model_name=tiny-llama",
-    "policy.train_global_batch_size=8",
-    "policy.train_micro_batch_size=4",
-    "policy.logprob_batch_size=4",
-    "policy.max_total_sequence_length=160",
-    "policy.precision=float32",
-]
-SMALL_GRPO = [
-    "grpo.num_prompts_per_step=2",
-    "grpo.num_generations_per_prompt=4",
-    "grpo.max_num_steps=2",
-    "grpo.max_val_samples=4",
-    "grpo.val_batch_size=4",
-]
 CPU_OVERRIDES = {
     "grpo_math_1B": [*SMALL, "data.train.dataset_name=arithmetic", *SMALL_GRPO],
     "grpo_math_8B": [
@@ -93,7 +76,6 @@ CPU_OVERRIDES = {
     ],
     "grpo_sliding_puzzle": [
         *SMALL,
-        "data.train=null",  # NeMo RL's puzzle runner ignores data.train: games come from env
         "policy.max_total_sequence_length=512",
         *SMALL_GRPO,
         "grpo.max_rollout_turns=2",
@@ -110,28 +92,6 @@ CPU_OVERRIDES = {
 }
 
 
-@pytest.fixture(scope="module")
-def nemo_rl_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    mirror = Path(os.environ.get("NEMO_RL_MIRROR", ROOT.parent / ".mirror/NVIDIA-NeMo+RL/repo"))
-    if not mirror.exists():
-        pytest.skip(f"no NeMo RL mirror at {mirror} (set NEMO_RL_MIRROR)")
-    archive = subprocess.run(
-        # modelopt/: the ``defaults:`` of NeMo RL's quantization recipes
-        ["git", "-C", str(mirror), "archive", TAG, *(f"examples/{d}" for d in EXAMPLE_DIRS)],
-        check=True,
-        capture_output=True,
-    ).stdout
-    target = tmp_path_factory.mktemp("nemo_rl")
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(target, filter="data")
-    return target / "examples" / "configs"
-
-
-def validated(path: Path, overrides: list[str]):
-    raw = load_config_with_overrides(path, overrides)
-    return load_master_config(str(path), overrides, pipeline_for_config(raw).config_class)
-
-
 @pytest.mark.parametrize("name", LOADING)
 def test_nemo_rl_config_loads_with_every_key(nemo_rl_configs: Path, name: str) -> None:
     validated(nemo_rl_configs / f"{name}.yaml", [])
@@ -143,6 +103,148 @@ def test_promised_configs_run_here_with_model_data_and_size_overrides(
 ) -> None:
     config = validated(nemo_rl_configs / f"{name}.yaml", CPU_OVERRIDES[name])
     check_support(config, Machine(cuda_devices=0), source=name)
+
+
+GRPO_1B = [*SMALL, "data.train.dataset_name=arithmetic", *SMALL_GRPO]
+# Packing is not built on Megatron here; SMALL's float32 turns its bf16 flag off.
+MEGATRON_ON_CPU = [
+    "policy.sequence_packing.enabled=false",
+    "policy.megatron_cfg.optimizer.bf16=false",
+]
+# Values refused where their section is read, in NeMo RL configs where it is not.
+UNREAD_SECTIONS = {
+    "megatron_cfg while the HF backend trains": (
+        "grpo_math_1B",
+        [
+            "policy.megatron_cfg.pipeline_model_parallel_size=2",
+            "policy.megatron_cfg.context_parallel_size=2",
+            "policy.megatron_cfg.mtp_num_layers=1",
+        ],
+    ),
+    "dtensor_cfg while Megatron trains": (
+        "grpo_math_1B_megatron",
+        [
+            *MEGATRON_ON_CPU,
+            "policy.dtensor_cfg.tensor_parallel_size=2",
+            "policy.dtensor_cfg.context_parallel_size=2",
+            "policy.dtensor_cfg.lora_cfg.enabled=true",
+        ],
+    ),
+    "vllm_cfg while transformers generates": (
+        "grpo_math_1B",
+        [
+            "policy.generation.backend=hf",
+            "policy.generation.vllm_cfg.async_engine=true",
+            "policy.generation.vllm_cfg.tensor_parallel_size=2",
+            "policy.generation.vllm_cfg.expert_parallel_size=2",
+        ],
+    ),
+    "lora_cfg while LoRA is off": (
+        "grpo_math_1B",
+        [
+            "policy.dtensor_cfg.lora_cfg.dropout=0.1",
+            "policy.dtensor_cfg.lora_cfg.dropout_position=post",
+        ],
+    ),
+    "colocated.resources while generation is colocated": (
+        "grpo_math_1B",
+        ["policy.generation.colocated.resources.gpus_per_node=2"],
+    ),
+    "async_grpo while it is off": (
+        "grpo_math_1B",
+        ["grpo.async_grpo.in_flight_weight_updates=true"],
+    ),
+    "reward_scaling while it is off": ("grpo_math_1B", ["grpo.reward_scaling.source_max=0"]),
+    "checkpointing while it is off": (
+        "grpo_smoke",
+        ["checkpointing.model_save_format=torch_save", "checkpointing.save_optimizer=false"],
+    ),
+}
+
+
+@pytest.mark.parametrize("section", sorted(UNREAD_SECTIONS))
+def test_a_rule_applies_only_where_nemo_rl_reads_its_section(
+    nemo_rl_configs: Path, section: str
+) -> None:
+    """NeMo RL does not read a section that is off (a backend not in use, a feature not
+    switched on): values it would never read run, here as there."""
+    name, unread = UNREAD_SECTIONS[section]
+    config = validated(nemo_rl_configs / f"{name}.yaml", [*GRPO_1B, *unread])
+    check_support(config, Machine(cuda_devices=0), source=name)
+
+
+def test_the_same_values_are_refused_where_the_section_is_read(nemo_rl_configs: Path) -> None:
+    overrides = [
+        *GRPO_1B,
+        "policy.megatron_cfg.pipeline_model_parallel_size=2",
+        "policy.generation.vllm_cfg.async_engine=true",
+        "policy.dtensor_cfg.lora_cfg.enabled=true",
+        "policy.dtensor_cfg.lora_cfg.dropout=0.1",
+        "policy.dtensor_cfg.lora_cfg.dropout_position=post",
+        "checkpointing.model_save_format=torch_save",
+    ]
+    config = validated(nemo_rl_configs / "grpo_math_1B.yaml", overrides)
+    with pytest.raises(UnsupportedConfigError) as err:
+        check_support(config, Machine(cuda_devices=0), source="grpo_math_1B")
+    refused = {refusal.key for refusal in err.value.refusals}
+    assert refused == {
+        "policy.generation.vllm_cfg.async_engine",
+        "policy.dtensor_cfg.lora_cfg.dropout_position",
+        "checkpointing.model_save_format",
+    }
+    megatron = validated(
+        nemo_rl_configs / "grpo_math_1B_megatron.yaml",
+        [*GRPO_1B, *MEGATRON_ON_CPU, "policy.megatron_cfg.pipeline_model_parallel_size=2"],
+    )
+    with pytest.raises(UnsupportedConfigError, match="pipeline_model_parallel_size=2: pipeline"):
+        check_support(megatron, Machine(cuda_devices=0), source="grpo_math_1B_megatron")
+
+
+def test_a_puzzle_run_reads_its_games_not_the_dataset_it_inherits(nemo_rl_configs: Path) -> None:
+    """grpo_sliding_puzzle.yaml keeps grpo_math_1B's data.train (OpenMathInstruct-2, a hub
+    dataset) and NeMo RL's puzzle runner never reads it: games come from env.sliding_puzzle_
+    game. The config check passes without touching it, and both splits are games."""
+    path = nemo_rl_configs / "grpo_sliding_puzzle.yaml"
+    config = check_run_config(MasterConfig, str(path), CPU_OVERRIDES["grpo_sliding_puzzle"])
+    assert config.data.train[0].dataset_name == "OpenMathInstruct-2"
+    setup = data_setup(config)
+    for split in ("train", "validation"):
+        rows = load_rows(config.data, split, setup)
+        assert rows and {row["task_name"] for row in rows} == {"sliding_puzzle_game"}
+    # A dataset the puzzle's environment scores is read, and this one cannot load here.
+    scored = "data.default.env_name=sliding_puzzle_game"
+    named = validated(path, [*CPU_OVERRIDES["grpo_sliding_puzzle"], scored])
+    with pytest.raises(UnsupportedConfigError, match="'OpenMathInstruct-2': a Hugging Face hub"):
+        check_support(named, Machine(cuda_devices=0), source="grpo_sliding_puzzle")
+
+
+DPO_SMALL = [
+    *(key for key in SMALL if "logprob_batch_size" not in key),  # dpo.yaml has no such key
+    "policy.tokenizer.name=tiny-llama",
+    "policy.train_global_batch_size=4",
+    "policy.train_micro_batch_size=2",
+    "data.train.dataset_name=addition_preference",
+    "data.validation.dataset_name=addition_preference",
+]
+
+
+def test_dpo_worker_env_vars_are_set_while_the_run_holds_its_policy(
+    nemo_rl_configs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NeMo RL's dpo.yaml gives its DTensor worker PYTORCH_CUDA_ALLOC_CONF="": here the
+    policy lives in the stage's process, which has it while the run's policy is warm, and
+    loses it again when the run's warm objects close."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    config = validated(nemo_rl_configs / "dpo.yaml", DPO_SMALL)
+    check_support(config, Machine(cuda_devices=0), source="dpo")
+    assert config.policy.dtensor_cfg.env_vars == {"PYTORCH_CUDA_ALLOC_CONF": ""}
+    pipeline = pipeline_for_config(config.model_dump(mode="json"))
+    model_dir = resolve_model(config.policy.model_name)
+    runtime = RunRuntime(RunRef(str(tmp_path), "dpo-env"), pipeline, config, model_dir)
+    runtime.policy(0)
+    assert os.environ.get("PYTORCH_CUDA_ALLOC_CONF") == ""
+    runtime.close()
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
 
 
 def test_what_cannot_run_here_is_refused_by_key(nemo_rl_configs: Path) -> None:
@@ -185,15 +287,20 @@ def test_reward_model_scorer_from_a_policy_checkpoint_is_refused(nemo_rl_configs
         check_support(config, Machine(cuda_devices=2), source="grpo_rm_1B")
 
 
-def test_an_environment_section_no_dataset_names_loads_and_is_refused(
+def test_an_environment_section_no_dataset_names_loads_and_is_not_read(
     nemo_rl_configs: Path,
 ) -> None:
     """NeMo RL builds only the environments its datasets name, so its DAPO recipes keep an
-    env.dapo section no dataset reads (and no environment of that name exists)."""
+    env.dapo section no dataset reads (and no environment of that name exists): it is not
+    refused; a dataset that names it is."""
     name = "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron"
     config = validated(nemo_rl_configs / f"{name}.yaml", [])
-    with pytest.raises(UnsupportedConfigError, match="no environment 'dapo' is built here"):
+    with pytest.raises(UnsupportedConfigError) as err:
         check_support(config, Machine(cuda_devices=8), source=name)
+    assert "dapo" not in {refusal.key for refusal in err.value.refusals}
+    assert "'dapo'" not in str(err.value)
+    with pytest.raises(ConfigError, match="env.dapo: unknown environment 'dapo'"):
+        validated(nemo_rl_configs / f"{name}.yaml", ["data.default.env_name=dapo"])
 
 
 @pytest.mark.parametrize(

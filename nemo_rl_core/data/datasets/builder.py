@@ -115,15 +115,24 @@ class DataSetup:
         }
 
 
+def games_from_environment(config: DataConfig, env: Mapping[str, Any]) -> bool:
+    """Whether the run trains and validates on the sliding-puzzle games that ``env`` sets
+    up, as NeMo RL's puzzle runner does: ``env`` has the puzzle's section and no dataset of
+    ``data:`` is scored by it. That runner reads neither ``data.train`` nor
+    ``data.validation`` (``grpo_sliding_puzzle.yaml`` keeps the math dataset it inherits)."""
+    if PUZZLE_ENV not in env:
+        return False
+    return all(task_name(d) != PUZZLE_ENV for split in SPLITS for d in config.datasets(split))
+
+
 def split_datasets(config: DataConfig, split: str, setup: DataSetup) -> list[DatasetConfig]:
-    """The datasets of ``split``; a config without ``data.train`` whose environments include
-    the sliding puzzle trains on generated games, as NeMo RL's puzzle runner does."""
+    """The datasets of ``split``: the generated puzzle games where the environment sets
+    them up (:func:`games_from_environment`), else those ``data:`` names."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    datasets = config.datasets(split)
-    if not datasets and config.train is None and PUZZLE_ENV in setup.env:
-        datasets = [DatasetConfig(dataset_name="sliding_puzzle")]
-    return datasets
+    if games_from_environment(config, setup.env):
+        return [DatasetConfig(dataset_name="sliding_puzzle")]
+    return config.datasets(split)
 
 
 def _generated_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[dict[str, Any]]:
@@ -221,9 +230,11 @@ def dataset_environments(config: DataConfig, env: Mapping[str, Any]) -> set[str]
     return {task_name(d) for split in SPLITS for d in split_datasets(config, split, setup)}
 
 
-def _carved_validation(config: DataConfig, split: str) -> bool:
+def _carved_validation(config: DataConfig, split: str, setup: DataSetup) -> bool:
     """Validation rows come out of the training datasets (``split_validation_size``)."""
-    return split == "validation" and config.validation is None and config.train is not None
+    if split != "validation" or games_from_environment(config, setup.env):
+        return False
+    return config.validation is None and config.train is not None
 
 
 def load_rows(
@@ -235,7 +246,7 @@ def load_rows(
     training dataset that ``split_validation_size`` sets aside (and training loses them)."""
     setup = setup or DataSetup()
     rows: list[dict[str, Any]] = []
-    if _carved_validation(config, split):
+    if _carved_validation(config, split, setup):
         for dataset in split_datasets(config, "train", setup):
             held = _carve(_dataset_rows(dataset, "train", setup), dataset)[1]
             rows += [{**row, "task_name": task_name(dataset)} for row in held]
@@ -292,7 +303,7 @@ def build_dataset(
     from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
 
     setup = setup or DataSetup()
-    source = "train" if _carved_validation(config, split) else split
+    source = "train" if _carved_validation(config, split, setup) else split
     datasets = split_datasets(config, source, setup)
     processors = task_processors(datasets, setup)
     default_spec = next(iter(processors.values()))[0] if processors else TaskDataSpec()

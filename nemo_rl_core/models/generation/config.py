@@ -6,11 +6,19 @@ Unknown keys fail with their key path (``vllm_cfg.max_len: Extra inputs are not
 permitted``) instead of being silently ignored.
 """
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired, inert
+from nemo_rl_core.utils.key_support import (
+    Check,
+    Only,
+    PartOf,
+    ReadWhile,
+    SupportContext,
+    Wired,
+    inert,
+)
 
 _VLLM = "nemo_rl_core.models.generation.vllm_generation:VllmGeneration"
 _ENGINE = Wired(f"{_VLLM}._engine_kwargs")
@@ -35,12 +43,9 @@ def _generation_value(context: SupportContext, name: str) -> Any:
 
 
 def _engine_devices(value: int, context: SupportContext) -> str | None:
-    """vLLM's tensor x pipeline parallel engine: one GPU per shard, vLLM only."""
+    """vLLM's tensor x pipeline parallel engine: one GPU per shard."""
     if value == 1:
         return None
-    backend = _generation_value(context, "backend")
-    if backend != "vllm":
-        return f"it splits a vLLM engine; the {backend} backend generates on one device"
     vllm_cfg = _generation_value(context, "vllm_cfg")
     shards = vllm_cfg.tensor_parallel_size * vllm_cfg.pipeline_parallel_size
     if shards <= context.machine.cuda_devices:
@@ -87,7 +92,12 @@ _OWN_DEVICES = (
 
 
 class ResourcesConfig(_Strict):
-    """Devices reserved for a non-colocated generation engine."""
+    """Devices reserved for a non-colocated generation engine: NeMo RL reads them only while
+    ``colocated.enabled`` is false."""
+
+    read_while: ClassVar[ReadWhile] = ReadWhile(
+        lambda section, context: context.sibling_value("enabled") is False, still_read=()
+    )
 
     gpus_per_node: Annotated[int | None, Only(None, reason=_OWN_DEVICES)] = None
     num_nodes: Annotated[int | None, Only(None, reason=_OWN_DEVICES)] = None
@@ -112,7 +122,13 @@ _GEN_QUANT = "generation.quant_cfg"
 
 class VllmSpecificArgs(_Strict):
     """``vllm_cfg``: the vLLM engine's arguments (the hf backend reads precision and
-    max_model_len; vLLM-CPU takes the GPU-only ones and has no use for them)."""
+    max_model_len, and no other key's rule applies to it; vLLM-CPU takes the GPU-only ones
+    and has no use for them)."""
+
+    read_while: ClassVar[ReadWhile] = ReadWhile(
+        lambda section, context: context.sibling_value("backend") == "vllm",
+        still_read=("precision", "max_model_len"),
+    )
 
     tensor_parallel_size: Annotated[int, _ENGINE_DEVICES] = Field(1, ge=1)
     pipeline_parallel_size: Annotated[int, _ENGINE_DEVICES] = Field(1, ge=1)
@@ -190,14 +206,9 @@ class VllmSpecificArgs(_Strict):
             "expert_parallel_size > 1, as the engine here does",
         ),
     ] = None
+    # Set in the stage's process, where the engine runs, before the engine starts.
     env_vars: Annotated[
-        dict[str, str] | None,
-        Only(
-            None,
-            {},
-            reason="the engine runs in the stage's own process, whose environment is set when "
-            "the worker starts",
-        ),
+        dict[str, str] | None, Wired("nemo_rl_core.pipeline.runtime:RunRuntime.generation")
     ] = None
     quantization_ignored_layer_kws: Annotated[list[str], Only([], reason=_BF16_LAYERS)] = Field(
         default_factory=list

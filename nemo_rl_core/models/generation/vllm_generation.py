@@ -72,6 +72,15 @@ def set_vllm_env_defaults() -> None:
             )
 
 
+def shown_progress_bar(*args: Any, **kwargs: Any) -> Any:
+    """vLLM's progress bars of a ``generate`` call, shown as ``vllm_cfg.use_tqdm: true`` asks
+    (NeMo RL shows them) even where ``TQDM_DISABLE`` quiets every other bar (the command line
+    does): vLLM divides by a bar's elapsed time, which a disabled bar never measures."""
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+    return tqdm(*args, **kwargs, disable=False)
+
+
 def _check_cpu_head_dim(head_dim: int, model_path: Path) -> None:
     """vLLM-CPU's attention kernels exist for a fixed set of head sizes only."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
@@ -212,7 +221,7 @@ class VllmGeneration(GenerationInterface):
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in requests.prompts],
             params,
-            use_tqdm=self.cfg.vllm_cfg.use_tqdm,
+            use_tqdm=shown_progress_bar if self.cfg.vllm_cfg.use_tqdm else False,
         )
         responses, logprobs, truncated = [], [], []
         for output in outputs:

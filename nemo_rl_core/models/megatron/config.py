@@ -6,11 +6,19 @@ does not implement (MoE, FP8, pipeline/context parallelism) are accepted at thei
 neutral values and rejected, naming the key, at any other value.
 """
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from nemo_rl_core.utils.key_support import Check, Only, PartOf, SupportContext, Wired, inert
+from nemo_rl_core.utils.key_support import (
+    Check,
+    Only,
+    PartOf,
+    ReadWhile,
+    SupportContext,
+    Wired,
+    inert,
+)
 
 _MODEL = "nemo_rl_core.models.megatron.model:transformer_config"
 _WORKER = "nemo_rl_core.models.megatron.worker:MegatronWorker"
@@ -38,16 +46,12 @@ MOE_KNOB = inert(
 )
 
 
-def _megatron_trains(context: SupportContext) -> bool:
-    return context.section_value("training_backend") == "megatron"
-
-
 def _half_matches_precision(value: bool, context: SupportContext) -> str | None:
     """NeMo RL asserts these agree with ``precision``; the worker sets them from it."""
     flag = context.key.rpartition(".")[2]
     precision = context.section_value("precision")
     wanted = precision == {"bf16": "bfloat16", "fp16": "float16"}[flag]
-    if value == wanted or not _megatron_trains(context):
+    if value == wanted:
         return None
     return (
         f"must agree with precision={precision!r} (mixed precision with float32 main weights "
@@ -56,7 +60,7 @@ def _half_matches_precision(value: bool, context: SupportContext) -> str | None:
 
 
 def _decay_iters_given(value: int | None, context: SupportContext) -> str | None:
-    if value is not None or not _megatron_trains(context):
+    if value is not None:
         return None
     styles = context.section_value("megatron_cfg.scheduler")
     if styles.lr_decay_style == "constant" and styles.weight_decay_incr_style == "constant":
@@ -70,7 +74,7 @@ def _decay_iters_given(value: int | None, context: SupportContext) -> str | None
 def _ranks_fit(value: int, context: SupportContext) -> str | None:
     """TP x DP ranks: processes on CPU (gloo), one CUDA device each on a GPU machine."""
     gpus = context.machine.cuda_devices
-    if not gpus or not _megatron_trains(context):
+    if not gpus:
         return None
     section = context.section_value("megatron_cfg")
     ranks = section.tensor_model_parallel_size * section.data_parallel_size
@@ -124,12 +128,6 @@ class MegatronOptimizerConfig(_Strict):
     clip_grad: Annotated[float | None, _OPTIMIZER] = 1.0
     optimizer_cpu_offload: Annotated[bool, _OPTIMIZER] = False
     optimizer_offload_fraction: Annotated[float, _OPTIMIZER] = 0.0
-
-    @model_validator(mode="after")
-    def _one_half_precision(self) -> "MegatronOptimizerConfig":
-        if self.bf16 and self.fp16:
-            raise ValueError("megatron_cfg.optimizer: bf16 and fp16 are both true; set at most one")
-        return self
 
 
 class MegatronSchedulerConfig(_Strict):
@@ -210,7 +208,14 @@ class MegatronConfig(_Strict):
     and ``data_parallel_size`` says how many data-parallel ranks to launch (NeMo RL derives
     it from the Ray cluster; a policy here has no cluster). World size = TP x DP; above 1
     the ranks run under ``torchrun --standalone``.
+
+    NeMo RL reads the section only while Megatron trains: with the HF backend, no key of it
+    but ``enabled`` is checked.
     """
+
+    read_while: ClassVar[ReadWhile] = ReadWhile(
+        lambda section, context: context.sibling_value("training_backend") == "megatron"
+    )
 
     enabled: Annotated[
         bool,
@@ -299,14 +304,9 @@ class MegatronConfig(_Strict):
         default_factory=DistributedDataParallelSettings
     )
     fp8_cfg: Annotated[dict[str, Any] | None, Check(_no_fp8, "FP8 training is not built")] = None
+    # Set in the stage's process, which the ranks torchrun starts inherit.
     env_vars: Annotated[
-        dict[str, str] | None,
-        Only(
-            None,
-            {},
-            reason="the Megatron ranks inherit the stage process's environment, set when the "
-            "worker starts",
-        ),
+        dict[str, str] | None, Wired("nemo_rl_core.pipeline.runtime:training_env_vars")
     ] = None
 
     @property

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.distributed.world import is_writer
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.megatron.launcher import WorkerGroup, launch
 from nemo_rl_core.models.megatron.worker import Head, WorkerSpec
@@ -117,6 +118,8 @@ class MegatronDriver:
         self.workers.run(
             "save_checkpoint", str(weights_path), str(optimizer_path) if optimizer_path else None
         )
+        if not is_writer():
+            return
         self.tokenizer.save_pretrained(str(weights_path))
         if tokenizer_path is not None:
             self.tokenizer.save_pretrained(str(tokenizer_path))

@@ -1,11 +1,16 @@
-"""Where the Megatron ranks run: in this process (world size 1) or under ``torchrun --standalone``.
+"""Where the Megatron ranks run: in this process (world size 1), as this process's rank of a
+stage run across processes (``tasks.spmd_rank``: every rank runs the same program), or, for
+a model held by a one-process stage, under ``torchrun --standalone``.
 
-Both give the same ``WorkerGroup.run(method, *args)``: call ``MegatronWorker.method`` on
+All give the same ``WorkerGroup.run(method, *args)``: call ``MegatronWorker.method`` on
 every rank with the same arguments and return the results of the ranks that hold them
-(tensor-parallel rank 0 of each data-parallel rank, in data-parallel order). With torchrun
-the driver listens on a local socket; each rank connects, receives the ``WorkerSpec`` and
-then serves calls until told to stop. ``python -m nemo_rl_core.models.megatron.launcher``
-is the rank entry point.
+(tensor-parallel rank 0 of each data-parallel rank, in data-parallel order). Across a
+stage's ranks the results are gathered with a torch.distributed collective. Under
+``--standalone`` a driver in the stage's process listens on a local socket; each rank
+connects, receives the ``WorkerSpec`` and then serves calls until told to stop
+(``python -m nemo_rl_core.models.megatron.launcher`` is that rank's entry point): what is
+left of it serves the stages that read a Megatron policy with TP x DP > 1 without training
+it (logprob, reference logprobs, validation), in the flow's process.
 """
 
 import contextlib
@@ -24,6 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
+from nemo_rl_core.distributed.world import is_distributed
 from nemo_rl_core.models.megatron.worker import MegatronWorker, WorkerSpec
 
 DRIVER_ADDRESS_ENV = "NEMO_RL_MEGATRON_DRIVER"
@@ -69,6 +75,33 @@ class InProcessWorkers:
 
     def shutdown(self) -> None:
         self.worker = None
+
+
+class RankWorkers:
+    """This process is one rank of a stage run across processes: its worker is local, and
+    every call's results are gathered from all ranks (``all_gather_object``)."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.world_size = torch.distributed.get_world_size()
+        cfg = spec.megatron_cfg
+        tp, dp = cfg.tensor_model_parallel_size, cfg.data_parallel_size
+        if self.world_size % tp or dp not in (1, self.world_size // tp):
+            raise ValueError(
+                f"megatron_cfg.tensor_model_parallel_size={tp} x data_parallel_size={dp} does "
+                f"not fit the training stage's {self.world_size} ranks (cluster.num_nodes x "
+                "cluster.gpus_per_node): the data-parallel size is the ranks over TP; leave "
+                "data_parallel_size at 1 or set it to that"
+            )
+        self.worker = MegatronWorker(spec)
+
+    def run(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        result = getattr(self.worker, method)(*args, **kwargs)
+        gathered: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, (self.worker.result_rank(), result))
+        return [value for keep, value in gathered if keep]
+
+    def shutdown(self) -> None:
+        """The stage program ends the process group when the stage is done."""
 
 
 class TorchrunWorkers:
@@ -162,7 +195,10 @@ class TorchrunWorkers:
 
 
 def launch(spec: WorkerSpec) -> WorkerGroup:
-    """Ranks for ``spec``: world size = tensor x data parallel size of ``policy.megatron_cfg``."""
+    """Ranks for ``spec``: this process's rank of a stage's world, else tensor x data
+    parallel size of ``policy.megatron_cfg`` ranks."""
+    if is_distributed():
+        return RankWorkers(spec)
     cfg = spec.megatron_cfg
     world_size = cfg.tensor_model_parallel_size * cfg.data_parallel_size
     if world_size == 1:

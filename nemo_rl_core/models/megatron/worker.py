@@ -506,7 +506,7 @@ class MegatronWorker:
         return self.layout.vocab_size
 
     def save_checkpoint(self, weights_path: str, optimizer_path: str | None) -> None:
-        """HF safetensors + config from rank 0; optimizer state from every rank."""
+        """HF safetensors + config and every rank's optimizer state, written by rank 0."""
         state = self._gathered_hf_state()  # None except on TP rank 0
         if self.dp_rank == 0 and state is not None:
             self._write_hf(Path(weights_path), state)
@@ -550,8 +550,6 @@ class MegatronWorker:
         has no per-parameter ``step``; torch's AdamW, the fallback without them, has one.)"""
         if self.optimizer is None:
             raise RuntimeError("no optimizer to save (built with init_optimizer=False)")
-        path = self._optimizer_file(optimizer_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         inner = [
             {
                 "state": opt.optimizer.state_dict(),
@@ -561,7 +559,15 @@ class MegatronWorker:
             }
             for opt in self._torch_optimizers()
         ]
-        torch.save({"optimizers": inner, "scheduler": self.scheduler.state_dict()}, path)
+        state = {"optimizers": inner, "scheduler": self.scheduler.state_dict()}
+        # Rank 0 writes every rank's file: the ranks of a stage run across machines do not
+        # share the folder the checkpoint is committed from.
+        files: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object((self._optimizer_file(optimizer_path).name, state), files, dst=0)
+        for name, rank_state in files or []:
+            path = Path(optimizer_path) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(rank_state, path)
 
     def load_optimizer(self, optimizer_path: str) -> None:
         if self.optimizer is None:

@@ -5,7 +5,7 @@ Keys and defaults follow NeMo RL's ``PolicyConfig`` TypedDict and its example YA
 keys fail with their path (``policy.optimizer.kwargs.lrr``) instead of being ignored.
 """
 
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -17,10 +17,12 @@ from nemo_rl_core.utils.key_support import (
     Check,
     Only,
     PartOf,
+    ReadWhile,
     SupportContext,
     Wired,
     gpu_memory_knob,
     inert,
+    read_while_enabled,
 )
 
 _TRAINER = "nemo_rl_core.models.policy.hf_trainer:HFTrainable"
@@ -101,6 +103,8 @@ _PLAN = Wired(f"{_TRAINER}.plan")
 class DynamicBatchingConfig(StrictModel):
     """Microbatches by token budget instead of sample count (sorted by length)."""
 
+    read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
+
     enabled: Annotated[bool, _hf_backend_only("dynamic batching")] = False
     # None: max_total_sequence_length * train_micro_batch_size (logprob_batch_size)
     train_mb_tokens: Annotated[int | None, _PLAN] = None
@@ -110,6 +114,8 @@ class DynamicBatchingConfig(StrictModel):
 
 class SequencePackingConfig(StrictModel):
     """Several sequences concatenated into one row with position-id resets."""
+
+    read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
 
     enabled: Annotated[bool, _hf_backend_only("sequence packing")] = False
     train_mb_tokens: Annotated[int | None, _PLAN] = None
@@ -137,15 +143,6 @@ class SequencePackingConfig(StrictModel):
 _LORA_READER = "nemo_rl_core.models.policy.lora:peft_config"
 
 
-def _lora_on_hf_backend(enabled: bool, context: SupportContext) -> str | None:
-    if enabled and context.value("policy.training_backend") == "megatron":
-        return (
-            "dtensor_cfg.lora_cfg configures the HF backend; with megatron_cfg.enabled the "
-            "Megatron backend trains, whose LoRA (megatron_cfg.peft) is not built"
-        )
-    return None
-
-
 def _peft_dropout_position(position: str, context: SupportContext) -> str | None:
     dropout = context.value("policy.dtensor_cfg.lora_cfg.dropout") or 0.0
     if position == "post" and dropout > 0:
@@ -154,11 +151,12 @@ def _peft_dropout_position(position: str, context: SupportContext) -> str | None
 
 
 class LoraConfig(StrictModel):
-    """``dtensor_cfg.lora_cfg``: LoRA adapters on every (or the named) linear layer."""
+    """``dtensor_cfg.lora_cfg``: LoRA adapters on every (or the named) linear layer. With the
+    Megatron backend, ``dtensor_cfg`` is not read at all (as in NeMo RL)."""
 
-    enabled: Annotated[
-        bool, Check(_lora_on_hf_backend, "adapters through peft on the HF backend")
-    ] = False
+    read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
+
+    enabled: Annotated[bool, Wired("nemo_rl_core.models.policy.hf_policy:HFPolicy")] = False
     target_modules: Annotated[list[str], Wired(_LORA_READER)] = Field(default_factory=list)
     exclude_modules: Annotated[list[str], Wired(_LORA_READER)] = Field(default_factory=list)
     match_all_linear: Annotated[bool, Wired(_LORA_READER)] = True
@@ -193,14 +191,48 @@ def _dtensor_or_megatron(enabled: bool, context: SupportContext) -> str | None:
 
 
 _TP = "dtensor_cfg.tensor_parallel_size"
-_ONE_PROCESS = (
-    "the HF backend trains in one process on one device; "
-    "Megatron-core (megatron_cfg.enabled) has tensor parallelism"
+_ONE_PROCESS = (  # what the HF backend does across ranks
+    "the HF backend shards over FSDP2 x tensor parallelism only "
+    "(cluster.num_nodes x cluster.gpus_per_node ranks, dtensor_cfg.tensor_parallel_size)"
 )
 
 
+def training_ranks(context: SupportContext) -> int:
+    """The training stage's world size as the config's ``cluster:`` asks for it."""
+    nodes = context.value("cluster.num_nodes") or 1
+    return int(nodes) * max(int(context.value("cluster.gpus_per_node") or 0), 1)
+
+
+def _tp_divides_world(value: int, context: SupportContext) -> str | None:
+    """TP spans ranks of the training stage: it must divide their number."""
+    if value == 1:
+        return None
+    section = context.key.partition(".")[0]
+    if section not in ("policy", "value"):
+        return f"{section} runs in one process (only the training stage spans ranks); set it to 1"
+    world = training_ranks(context)
+    if world % value == 0:
+        return None
+    return (
+        f"tensor parallelism over {value} ranks needs a training world that is a multiple "
+        f"of {value}; cluster.num_nodes x cluster.gpus_per_node (processes per node on CPU) "
+        f"= {world}"
+    )
+
+
+def _sequence_parallel(value: bool, context: SupportContext) -> str | None:
+    if not value or (context.section_value(_TP) or 1) == 1:
+        return None  # NeMo RL ignores it without tensor parallelism too
+    return "sequence parallelism is not built: tensor parallelism runs without it; set it false"
+
+
 class DTensorConfig(StrictModel):
-    """NeMo RL's FSDP2/DTensor worker, which the HF backend is with one rank."""
+    """NeMo RL's FSDP2/DTensor worker, which the HF backend is with one rank. While Megatron
+    trains, NeMo RL reads none of it but ``enabled``."""
+
+    read_while: ClassVar[ReadWhile] = ReadWhile(
+        lambda section, context: context.sibling_value("training_backend") == "hf"
+    )
 
     enabled: Annotated[
         bool, Check(_dtensor_or_megatron, "true exactly when the HF backend trains")
@@ -213,17 +245,23 @@ class DTensorConfig(StrictModel):
         ),
     ] = Field(True, alias="_v2")
     cpu_offload: Annotated[bool, gpu_memory_knob(False, "FSDP's CPU offload of parameters")] = False
-    sequence_parallel: Annotated[bool, PartOf(_TP)] = False
+    sequence_parallel: Annotated[
+        bool, Check(_sequence_parallel, "only false where tensor parallelism is on")
+    ] = False
     activation_checkpointing: Annotated[bool, Wired(f"{_TRAINER}.__init__")] = False
     tensor_parallel_size: Annotated[
-        int, Only(1, reason=f"tensor parallelism is not built here: {_ONE_PROCESS}")
+        int,
+        Check(
+            _tp_divides_world,
+            "the tp dim of the training ranks' mesh (sharding.shard_model); must divide them",
+        ),
     ] = Field(1, ge=1)
     context_parallel_size: Annotated[
         int, Only(1, reason=f"context parallelism is not built: {_ONE_PROCESS}")
     ] = Field(1, ge=1)
     custom_parallel_plan: Annotated[str | None, PartOf(_TP)] = None
     dp_replicate_size: Annotated[
-        int, Only(1, reason=f"HSDP's replicated shards need several ranks: {_ONE_PROCESS}")
+        int, Only(1, reason=f"HSDP (replicated FSDP shard groups) is not built: {_ONE_PROCESS}")
     ] = Field(1, ge=1)
     expert_parallel_size: Annotated[
         int,
@@ -243,14 +281,9 @@ class DTensorConfig(StrictModel):
     clear_cache_every_n_steps: Annotated[int | None, Wired(f"{_TRAINER}._train")] = Field(
         None, ge=0
     )
+    # Set in the stage's process while the run's models live (NeMo RL: the worker's).
     env_vars: Annotated[
-        dict[str, str] | None,
-        Only(
-            None,
-            {},
-            reason="the HF trainer runs in the stage's own process, whose environment is "
-            "set when the worker starts",
-        ),
+        dict[str, str] | None, Wired("nemo_rl_core.pipeline.runtime:training_env_vars")
     ] = None
     lora_cfg: LoraConfig | None = None
     automodel_kwargs: Annotated[
@@ -282,6 +315,8 @@ def _draft_trains_here(value: bool, context: SupportContext) -> str | None:
 class DraftConfig(StrictModel):
     """``policy.draft``: an Eagle-style draft head trained beside the policy
     (:mod:`nemo_rl_core.models.policy.draft`)."""
+
+    read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
 
     enabled: Annotated[
         bool,

@@ -21,13 +21,10 @@ from transformers import (
 from nemo_rl_core.data.chat_templates import configure_chat_template
 from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy.config import TrainedModelConfig
+from nemo_rl_core.models.policy.utils import VocabMismatchError
 
 if TYPE_CHECKING:  # peft loads only where LoRA is used
     from peft import PeftModel
-
-
-class VocabMismatchError(ValueError):
-    """The tokenizer can produce ids that the model has no embedding row for."""
 
 
 def load_tokenizer(config: TrainedModelConfig) -> PreTrainedTokenizerBase:

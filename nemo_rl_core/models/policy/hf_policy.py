@@ -32,6 +32,7 @@ from nemo_rl_core.algorithms.loss.utils import (
     shift_left,
 )
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.distributed.world import is_distributed
 from nemo_rl_core.models.generation.interfaces import GenerationDatumSpec
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.draft import (
@@ -88,6 +89,11 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         # Built before the optimizer, which updates it with the model (policy.draft).
         self.draft: DraftHead | None = None
         if config.draft.enabled:
+            if is_distributed():
+                raise NotImplementedError(
+                    "policy.draft.enabled trains beside a policy in one process here; set "
+                    "cluster.num_nodes=1 and cluster.gpus_per_node<=1 to train a draft head"
+                )
             self.draft = build_draft_head(config.draft, model.config, weights_path)
             self.draft_loss_weight = config.draft.loss_weight
             self.draft_layers = feature_layers(config.draft, model.config.num_hidden_layers)
@@ -115,7 +121,8 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         Only the wanted positions reach the LM head when the model splits into body and
         head (``selected_logprobs``); otherwise the full logits are unpacked and masked.
         """
-        split = self.head_splits(model)
+        # Sharded, the root's FSDP hooks gather the head's weights only in model(...)
+        split = self.head_splits(model) if self.sharding is None else None
         if split is None:
             logits = layout.unpack(self._logits(model, layout))
             ids = layout.unpack(layout.input_ids).to(logits.device)

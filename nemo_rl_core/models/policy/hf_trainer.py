@@ -27,6 +27,7 @@ from nemo_rl_core.distributed.batched_data_dict import (
     DynamicBatchingArgs,
     SequencePackingArgs,
 )
+from nemo_rl_core.distributed.world import is_distributed, is_writer, rank_device
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, packed_layout, padded_layout
 from nemo_rl_core.models.policy.hf_loading import check_vocab, embedding_rows
@@ -35,8 +36,10 @@ from nemo_rl_core.models.policy.utils import check_model_inputs
 from nemo_rl_core.utils.config import filled
 from nemo_rl_core.utils.timer import Timer
 
-if TYPE_CHECKING:  # peft loads only where LoRA is used
+if TYPE_CHECKING:  # peft loads only where LoRA is used, FSDP/TP only across ranks
     from peft import PeftModel
+
+    from nemo_rl_core.models.policy.sharding import Sharding
 
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
@@ -78,7 +81,12 @@ class HFTrainable(ABC):
         check_vocab(tokenizer, model)
         self.tokenizer = tokenizer
         self.cfg = config
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        distributed = is_distributed()
+        self.device = (
+            rank_device()
+            if distributed
+            else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        )
         # transformers' @wraps(Module.to) types ``self`` as the first argument.
         self.model = model.to(self.device)  # type: ignore[arg-type]
         if config.dtensor_cfg.activation_checkpointing:
@@ -87,6 +95,8 @@ class HFTrainable(ABC):
             # give their adapters gradients.
             self.model.gradient_checkpointing_enable({"use_reentrant": False})
         self.vocab_size = embedding_rows(self.model)
+        # One rank of a training stage's world: FSDP2 (+TP) over its ranks (``sharding``).
+        self.sharding: Sharding | None = self._shard() if distributed else None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: LRScheduler | None = None
         if init_optimizer:
@@ -97,6 +107,23 @@ class HFTrainable(ABC):
             self.scheduler = build_scheduler(self.optimizer, config.scheduler)
         if optimizer_path is not None:
             self.load_optimizer(optimizer_path)
+
+    def _shard(self) -> "Sharding":
+        from nemo_rl_core.models.policy.sharding import shard_model
+
+        if not isinstance(self.model, PreTrainedModel):  # peft's LoRA wrapper
+            raise NotImplementedError(
+                "dtensor_cfg.lora_cfg.enabled trains in one process here; set "
+                "cluster.num_nodes=1 and cluster.gpus_per_node<=1 to train LoRA adapters"
+            )
+        dtensor = self.cfg.dtensor_cfg
+        return shard_model(
+            self.model, dtensor.tensor_parallel_size, dtensor.custom_parallel_plan, self.device
+        )
+
+    @property
+    def dp_size(self) -> int:
+        return 1 if self.sharding is None else self.sharding.dp_size
 
     def _trainable_parameters(self) -> list[torch.nn.Parameter]:
         """What the optimizer updates and the gradient clipping measures (a subclass may
@@ -156,8 +183,13 @@ class HFTrainable(ABC):
         self, data: BatchedDataDict, batch_size: int | None, train: bool
     ) -> tuple[BatchedDataDict, list[int] | None]:
         """``data`` with NeMo RL's token-budget microbatch plan attached (dynamic batching or
-        packing, sorted within each global batch), and the order that undoes the sort."""
+        packing, sorted within each global batch), and the order that undoes the sort.
+        Training on several data-parallel ranks: this rank's shard of every global batch
+        (the plans give every shard as many microbatches, so the ranks' collectives pair
+        up); inference computes all of ``data`` on every rank."""
         dynamic, packing = self.cfg.dynamic_batching, self.cfg.sequence_packing
+        shards = self.dp_size if train else 1
+        index = self.sharding.dp_rank if train and self.sharding is not None else 0
         if dynamic.enabled:
             dynamic_args = DynamicBatchingArgs(
                 max_tokens_per_microbatch=filled(
@@ -168,8 +200,8 @@ class HFTrainable(ABC):
                 input_key="input_ids",
                 input_lengths_key="input_lengths",
             )
-            shards, order = data.shard_by_batch_size(
-                1, batch_size, dynamic_batching_args=dynamic_args
+            parts, order = data.shard_by_batch_size(
+                shards, batch_size, dynamic_batching_args=dynamic_args
             )
         elif packing.enabled:
             packing_args = SequencePackingArgs(
@@ -182,12 +214,14 @@ class HFTrainable(ABC):
                 algorithm=packing.algorithm,
                 sequence_length_pad_multiple=self.cfg.make_sequence_length_divisible_by,
             )
-            shards, order = data.shard_by_batch_size(
-                1, batch_size, sequence_packing_args=packing_args
+            parts, order = data.shard_by_batch_size(
+                shards, batch_size, sequence_packing_args=packing_args
             )
+        elif shards > 1:
+            return data.shard_by_batch_size(shards, batch_size)[index], None
         else:
             return data, None
-        return shards[0], order
+        return parts[index], order
 
     def microbatches(self, batch: BatchedDataDict, mbs: int) -> Iterator[BatchedDataDict]:
         """A planned global batch's token-budget microbatches, else ``mbs`` samples each."""
@@ -258,6 +292,12 @@ class HFTrainable(ABC):
         self.check_inputs(data)
         if data.size % gbs:
             raise ValueError(f"train data has {data.size} samples, not a multiple of gbs={gbs}")
+        if gbs % self.dp_size:
+            raise ValueError(
+                f"global batch size {gbs} (policy.train_global_batch_size) must be a multiple "
+                f"of the data-parallel size {self.dp_size} (training world size / "
+                "dtensor_cfg.tensor_parallel_size)"
+            )
         if not eval_mode:
             self._optimizers("this model was built with init_optimizer=False; it cannot train")
         if "sample_mask" not in data:
@@ -267,11 +307,13 @@ class HFTrainable(ABC):
         losses: list[float] = []
         grad_norms: list[float] = []
         total_seqs = total_toks = 0.0
-        all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
+        mb_metrics: list[tuple[int, dict[str, Any]]] = []  # (global batch, its metrics)
         clear_every = self.cfg.dtensor_cfg.clear_cache_every_n_steps
         for gb_idx in range(data.size // gbs):
-            batch = planned.get_batch(gb_idx, gbs)
-            seqs, toks = calculate_global_valid_counts(batch)
+            batch = planned.get_batch(gb_idx, gbs // self.dp_size)
+            # normalised by the whole global batch's counts, whichever share this rank trains
+            whole = batch if self.sharding is None else data.get_batch(gb_idx, gbs)
+            seqs, toks = calculate_global_valid_counts(whole)
             total_seqs, total_toks = total_seqs + seqs.item(), total_toks + toks.item()
             gb_loss = 0.0
             if self.optimizer is not None:
@@ -287,12 +329,15 @@ class HFTrainable(ABC):
                     loss, metrics = loss_fn(
                         data=mb, global_valid_seqs=seqs, global_valid_toks=toks, **loss_inputs
                     )
-                if not torch.isfinite(loss):
+                # One rank alone must not stop: its peers would wait in the next collective.
+                # Sharded, the global batch's summed loss is checked on every rank below.
+                if self.sharding is None and not torch.isfinite(loss):
                     self._abort_step(
                         f"loss is {loss.item()} at global batch {gb_idx}, microbatch {mb_idx}"
                     )
                 if not eval_mode:
-                    loss.backward()
+                    # FSDP averages the ranks' gradients; their shares must add up instead
+                    (loss if self.sharding is None else loss * self.dp_size).backward()
                 gb_loss += loss.item()
                 metrics = {k: _as_metric(v) for k, v in metrics.items()}
                 metrics.update(
@@ -300,13 +345,18 @@ class HFTrainable(ABC):
                     global_valid_seqs=seqs.item(),
                     global_valid_toks=toks.item(),
                 )
-                for key, value in metrics.items():
-                    all_mb_metrics[key].append(value)
+                mb_metrics.append((gb_idx, metrics))
+            if self.sharding is not None:
+                gb_loss = self._summed_over_ranks(gb_loss, gb_idx)
             if not eval_mode:
                 grad_norms.append(self._clip_and_step(gb_idx))
             losses.append(gb_loss)
         if not eval_mode:
             self._optimizers("no scheduler to step")[1].step()
+        all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
+        for _, metrics in self._all_ranks_metrics(mb_metrics):
+            for key, value in metrics.items():
+                all_mb_metrics[key].append(value)
         return {
             "loss": torch.tensor(losses),
             "grad_norm": torch.tensor(grad_norms),
@@ -316,6 +366,30 @@ class HFTrainable(ABC):
             "model_dtype": self.cfg.precision,
             "all_mb_metrics": dict(all_mb_metrics),
         }
+
+    def _summed_over_ranks(self, local_loss: float, gb_idx: int) -> float:
+        """The global batch's loss: the data-parallel ranks' shares added; a non-finite sum
+        skips the step on every rank."""
+        assert self.sharding is not None
+        total = torch.tensor(local_loss, dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(total, group=self.sharding.dp_group)
+        if not torch.isfinite(total):
+            self._abort_step(f"loss is {total.item()} at global batch {gb_idx}")
+        return float(total)
+
+    def _all_ranks_metrics(
+        self, mine: list[tuple[int, dict[str, Any]]]
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """Every data-parallel rank's microbatch metrics, global batch by global batch and
+        rank by rank: with contiguous shares, the one-process microbatch order."""
+        if self.sharding is None:
+            return mine
+        gathered: list[Any] = [None] * self.sharding.dp_size
+        torch.distributed.all_gather_object(gathered, mine, group=self.sharding.dp_group)
+        ranked = [
+            (gb, rank, i, m) for rank, part in enumerate(gathered) for i, (gb, m) in enumerate(part)
+        ]
+        return [(gb, m) for gb, _, _, m in sorted(ranked, key=lambda r: r[:3])]
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
@@ -331,11 +405,25 @@ class HFTrainable(ABC):
     def _clip_and_step(self, gb_idx: int) -> float:
         params = [p for p in self._trainable_parameters() if p.grad is not None]
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm is not None else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if self.sharding is None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        else:
+            grad_norm = self._clip_sharded(params, max_norm)
         if not math.isfinite(grad_norm):
             self._abort_step(f"gradient norm is {grad_norm} at global batch {gb_idx}")
         self._optimizers("no optimizer to step")[0].step()
         return grad_norm
+
+    @staticmethod
+    def _clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> float:
+        """``clip_grad_norm_`` over shards: the global norm (a collective), then the same
+        clamped coefficient on every local shard."""
+        from nemo_rl_core.models.policy.sharding import grad_norm, scale_grads
+
+        norm = grad_norm(params)
+        if math.isfinite(norm):
+            scale_grads(params, min(max_norm / (norm + 1e-6), 1.0))
+        return norm
 
     def _optimizers(self, why: str) -> tuple[torch.optim.Optimizer, LRScheduler]:
         """The optimizer and its scheduler; both exist exactly with ``init_optimizer=True``."""
@@ -356,8 +444,13 @@ class HFTrainable(ABC):
         continue training bit-exactly from them.
 
         The optimizer state (twice the weights' size with Adam) is written on a second
-        thread while the weights are: both only read, and the two writes overlap.
+        thread while the weights are: both only read, and the two writes overlap. Sharded,
+        every rank must call it: the full tensors are gathered to rank 0, which writes the
+        same layout one process writes (so any world size resumes from it).
         """
+        if self.sharding is not None:
+            self._save_sharded(weights_path, optimizer_path, tokenizer_path)
+            return
         with ThreadPoolExecutor(max_workers=1) as pool:
             optimizer_saved = (
                 pool.submit(self.save_optimizer, optimizer_path)
@@ -371,19 +464,42 @@ class HFTrainable(ABC):
             if optimizer_saved is not None:
                 optimizer_saved.result()
 
+    def _save_sharded(
+        self,
+        weights_path: str | Path,
+        optimizer_path: str | Path | None,
+        tokenizer_path: str | Path | None,
+    ) -> None:
+        from nemo_rl_core.models.policy.sharding import full_model_state, full_optimizer_state
+
+        weights = full_model_state(self.model)
+        optimizer_state = (
+            full_optimizer_state(self.model, self._optimizers("no optimizer to save")[0])
+            if optimizer_path is not None
+            else None
+        )
+        if not is_writer():
+            return
+        self.model.save_pretrained(str(weights_path), state_dict=weights)
+        self.tokenizer.save_pretrained(str(weights_path))
+        if tokenizer_path is not None:
+            self.tokenizer.save_pretrained(str(tokenizer_path))
+        if optimizer_path is not None:
+            self._write_optimizer(Path(optimizer_path), optimizer_state)
+
     def _save_weights(self, path: str | Path) -> None:
         """The model in HF layout at ``path`` (a subclass may save more beside it)."""
         self.model.save_pretrained(str(path))
 
     def save_optimizer(self, optimizer_path: str | Path) -> None:
         """Optimizer and scheduler state, so a resumed run continues bit-exactly."""
-        optimizer, scheduler = self._optimizers(
-            "no optimizer to save (built with init_optimizer=False)"
-        )
-        path = Path(optimizer_path)
+        optimizer, _ = self._optimizers("no optimizer to save (built with init_optimizer=False)")
+        self._write_optimizer(Path(optimizer_path), optimizer.state_dict())
+
+    def _write_optimizer(self, path: Path, optimizer_state: Any) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        torch.save(optimizer.state_dict(), path / OPTIMIZER_FILE)
-        torch.save(scheduler.state_dict(), path / SCHEDULER_FILE)
+        torch.save(optimizer_state, path / OPTIMIZER_FILE)
+        torch.save(self._optimizers("no scheduler to save")[1].state_dict(), path / SCHEDULER_FILE)
 
     def load_optimizer(self, optimizer_path: str | Path) -> None:
         path = Path(optimizer_path)
@@ -393,7 +509,13 @@ class HFTrainable(ABC):
         for name in (OPTIMIZER_FILE, SCHEDULER_FILE):
             if not (path / name).is_file():
                 raise FileNotFoundError(f"optimizer checkpoint {path} has no {name}")
-        optimizer.load_state_dict(
-            torch.load(path / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
-        )
+        if self.sharding is None:
+            optimizer.load_state_dict(
+                torch.load(path / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
+            )
+        else:  # every rank reads the full state and keeps its shard
+            from nemo_rl_core.models.policy.sharding import load_full_optimizer_state
+
+            state = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+            load_full_optimizer_state(self.model, optimizer, state)
         scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=True))

@@ -9,6 +9,10 @@ import torch
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+class VocabMismatchError(ValueError):
+    """The tokenizer can produce ids that the model has no embedding row for."""
+
+
 def import_class_from_path(name: str) -> Any:
     """Import ``package.module.Class`` from its dotted path, as NeMo RL's YAML names classes."""
     module_name, _, class_name = name.rpartition(".")
@@ -46,8 +50,6 @@ def check_model_inputs(
 ) -> None:
     """Reject what would otherwise give silently wrong numbers or an opaque index error
     (inside a model or a distributed rank): missing keys, shapes, lengths, token ids."""
-    from nemo_rl_core.models.policy.hf_loading import VocabMismatchError
-
     for key in ("input_ids", "input_lengths"):
         if key not in data:
             raise KeyError(f"data needs {key!r} (has {sorted(data.keys())})")

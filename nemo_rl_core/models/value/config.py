@@ -57,7 +57,7 @@ class ValueConfig(TrainedModelConfig):
     @model_validator(mode="after")
     def _no_lora(self) -> Self:
         lora = self.dtensor_cfg.lora_cfg
-        if lora is not None and lora.enabled:
+        if lora is not None and lora.enabled and self.training_backend == "hf":
             raise ValueError(
                 "dtensor_cfg.lora_cfg.enabled: LoRA is built for the policy, not the value "
                 "model (its scalar head trains with the whole backbone)"

@@ -83,11 +83,6 @@ GEN = "policy.generation"
             ONE_GPU,
             "tensor_parallel_size=2: a vLLM engine of 2 shards needs 2 GPUs, this machine has 1",
         ),
-        (
-            [f"{GEN}.backend=hf", f"{GEN}.vllm_cfg.tensor_parallel_size=2"],
-            ONE_GPU,
-            "the hf backend generates on one device",
-        ),
         ([f"{GEN}.backend=sglang"], NO_GPU, "SGLang and Megatron inference engines"),
         ([f"{GEN}.vllm_cfg.load_format=dummy"], NO_GPU, "random ('dummy') weights"),
         ([f"{GEN}.vllm_cfg.precision=fp8"], NO_GPU, "fp8 quantization needs a GPU"),
@@ -95,9 +90,12 @@ GEN = "policy.generation"
         ([f"{GEN}.vllm_cfg.async_engine=true"], NO_GPU, "async engine"),
         ([f"{GEN}.vllm_cfg.expert_parallel_size=2"], NO_GPU, "expert parallelism"),
         ([f"{GEN}.vllm_cfg.num_last_layers_in_bf16=1"], NO_GPU, "out of fp8 generation"),
-        ([f"{GEN}.colocated.resources.gpus_per_node=1"], NO_GPU, "reserved for generation"),
+        (
+            [f"{GEN}.colocated.enabled=false", f"{GEN}.colocated.resources.gpus_per_node=1"],
+            NO_GPU,
+            "reserved for generation",
+        ),
         ([f"{GEN}.model_name=other-model"], NO_GPU, "samples from the policy being trained"),
-        ([f"+{GEN}.vllm_cfg.env_vars.VLLM_X=abc"], NO_GPU, "vllm_cfg.env_vars={'VLLM_X': 'abc'}"),
         ([f"+{GEN}.vllm_cfg.quantization_ignored_layer_kws=[a]"], NO_GPU, "out of fp8"),
         ([f"+{GEN}.vllm_cfg.expose_http_server=true"], NO_GPU, "serves NeMo Gym"),
         ([f"+{GEN}.quant_cfg=NVFP4_DEFAULT_CFG"], NO_GPU, "ModelOpt-quantized generation"),
@@ -107,6 +105,22 @@ def test_generation_keys_that_cannot_run_here_are_refused(
     overrides: list[str], machine: Machine, refused: str
 ) -> None:
     assert refused in support_refusals("grpo_math_tiny.yaml", overrides, machine)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # vllm_cfg is not read while transformers generates (but for precision, max_model_len)
+        [f"{GEN}.backend=hf", f"{GEN}.vllm_cfg.tensor_parallel_size=2"],
+        [f"{GEN}.backend=hf", f"{GEN}.vllm_cfg.async_engine=true"],
+        # resources are read only where generation has devices of its own
+        [f"{GEN}.colocated.resources.gpus_per_node=1"],
+        # set in the stage's process, where the engine runs (NeMo RL: its worker's)
+        [f"+{GEN}.vllm_cfg.env_vars.VLLM_X=abc"],
+    ],
+)
+def test_generation_keys_nemo_rl_would_not_read_or_honours_run(overrides: list[str]) -> None:
+    assert support_refusals("grpo_math_tiny.yaml", overrides, ONE_GPU) == ""
 
 
 def test_sharded_vllm_engines_run_where_the_gpus_are() -> None:

@@ -10,6 +10,9 @@ precision, over all generated tokens; measured values are printed by the tests):
   digits in both stacks, with different kernels and summation orders.
 """
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,3 +200,47 @@ def test_unsupported_cpu_head_dim_fails_before_engine_start(tmp_path):
     )
     with pytest.raises(ValueError, match="head_dim=16, which vLLM-CPU cannot run"):
         VllmGeneration(config(), head_dim_16)
+
+
+# The command line sets TQDM_DISABLE before anything loads (tqdm reads it on import), so
+# the engine runs in a process of its own started that way.
+QUIET_GENERATION = """
+import sys
+from pathlib import Path
+
+import torch
+from nemo_rl_examples import SMALL, validated
+from transformers import AutoTokenizer
+
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.models.generation import configure_generation_config, make_generation
+
+configs, model_dir = Path(sys.argv[1]), Path(sys.argv[2])
+overrides = [*SMALL, "data.train.dataset_name=arithmetic", "policy.generation.max_new_tokens=4"]
+generation = validated(configs / "grpo_math_1B.yaml", overrides).policy.generation
+assert generation.vllm_cfg.use_tqdm
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+engine = make_generation(configure_generation_config(generation, tokenizer), model_dir)
+prompt = tokenizer("what is 3 plus 4")["input_ids"]
+data = BatchedDataDict(input_ids=torch.tensor([prompt] * 2), input_lengths=torch.tensor([len(prompt)] * 2))
+print("generated", engine.generate(data)["output_ids"].shape[0])
+engine.shutdown()
+"""
+
+
+def test_nemo_rl_progress_bar_shows_where_tqdm_is_disabled(nemo_rl_configs, tiny_model_dir):
+    """NeMo RL's grpo_math_1B.yaml asks for vLLM's progress bar (vllm_cfg.use_tqdm: true)
+    and the command line quiets every other bar (TQDM_DISABLE=1): the bar shows, as in NeMo
+    RL, where vLLM used to divide by the disabled bar's elapsed time (ZeroDivisionError)."""
+    tests = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(tests)}
+    run = subprocess.run(
+        [sys.executable, "-c", QUIET_GENERATION, str(nemo_rl_configs), str(tiny_model_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "generated 2" in run.stdout
+    assert "Processed prompts" in run.stderr

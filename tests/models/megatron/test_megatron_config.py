@@ -94,7 +94,6 @@ def test_defaults_and_weight_decay_fallback() -> None:
     ("override", "message"),
     [
         ({"optimizer": {"lrr": 1.0}}, "optimizer.lrr"),
-        ({"optimizer": {"bf16": True, "fp16": True}}, "bf16 and fp16"),
         ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
         ({"scheduler": {"lr_decay_style": "exp"}}, "scheduler.lr_decay_style"),
     ],
@@ -133,7 +132,6 @@ MEGATRON = ["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=fals
             NO_GPU,
             "use_custom_fsdp=True: Megatron's own FSDP is not built",
         ),
-        (["policy.megatron_cfg.env_vars={A: b}"], NO_GPU, "megatron_cfg.env_vars={'A': 'b'}"),
         (["policy.megatron_cfg.pipeline_model_parallel_size=2"], NO_GPU, "pipeline parallelism"),
         (["policy.megatron_cfg.context_parallel_size=2"], NO_GPU, "context parallelism"),
     ],

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 import torch
+from nemo_rl_examples import SMALL, validated
 from policy_testing import manual_logprobs, policy_config, token_batch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,6 +59,39 @@ def test_get_logprobs_matches_manual_forward(
     assert logprobs.shape == data["input_ids"].shape
     torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
     assert (logprobs[:, 0] == 0).all()
+
+
+def test_nemo_rl_dynamic_batching_caps_the_rounded_length_at_the_batch_width(
+    nemo_rl_configs: Path, tiny_model_dir: Path
+) -> None:
+    """NeMo RL's grpo_math_1B.yaml with dynamic batching on and one sample per microbatch:
+    its budget is max_total_sequence_length x 1 = 160 tokens and its sequence_length_round
+    64, so a 150-token sample rounds up to 192; NeMo RL caps that at the batch's width
+    (160) and runs, and so does the policy here, with the same logprobs as a plain forward."""
+    overrides = [
+        *SMALL,
+        "policy.train_global_batch_size=2",
+        "policy.train_micro_batch_size=1",
+        "policy.logprob_batch_size=1",
+        "policy.sequence_packing.enabled=false",
+        "policy.dynamic_batching.enabled=true",
+        "data.train.dataset_name=arithmetic",
+    ]
+    config = validated(nemo_rl_configs / "grpo_math_1B.yaml", overrides).policy
+    assert (config.dynamic_batching.train_mb_tokens, config.dynamic_batching.logprob_mb_tokens) == (
+        160,
+        160,
+    )
+    assert config.dynamic_batching.sequence_length_round == 64
+    data = token_batch(batch=2, seq=160)
+    data["input_lengths"][1] = 150
+    data["input_ids"][1, 150:] = 0
+    data["token_mask"][1, 150:] = 0
+    policy = make_policy(config.model_copy(update={"model_name": str(tiny_model_dir)}))
+    logprobs = policy.get_logprobs(data)["logprobs"]
+    torch.testing.assert_close(logprobs, manual_logprobs(tiny_model_dir, data), atol=1e-5, rtol=0)
+    metrics = policy.train(data, NLLLossFn())
+    assert torch.isfinite(torch.as_tensor(metrics["loss"])).all()
 
 
 def test_reference_logprobs_stay_at_the_base_model(tiny_model_dir: Path, batch) -> None:

@@ -115,7 +115,8 @@ def test_adapters_train_the_same_under_activation_checkpointing(tiny_model_dir: 
     ("overrides", "refused"),
     [
         (["policy.dtensor_cfg.lora_cfg.dropout=0.1"], "lora_cfg.dropout_position='post'"),
-        (["policy.megatron_cfg.enabled=true"], "lora_cfg.enabled=True"),
+        # With Megatron on, NeMo RL reads no dtensor_cfg key but enabled, which must be off.
+        (["policy.megatron_cfg.enabled=true"], "dtensor_cfg.enabled=True: Megatron-core trains"),
     ],
 )
 def test_lora_keys_that_cannot_work_are_refused(overrides: list[str], refused: str) -> None:

@@ -139,14 +139,15 @@ def test_torch_classes_are_checked_after_the_schema(override: dict, named: str) 
         (
             ["policy.dtensor_cfg.tensor_parallel_size=2"],
             ONE_GPU,
-            "policy.dtensor_cfg.tensor_parallel_size=2: tensor parallelism is not built",
+            "policy.dtensor_cfg.tensor_parallel_size=2: tensor parallelism over 2 ranks needs "
+            "a training world that is a multiple of 2; cluster.num_nodes x "
+            "cluster.gpus_per_node (processes per node on CPU) = 1",
         ),
         (["policy.dtensor_cfg.context_parallel_size=2"], NO_GPU, "context parallelism"),
         (["policy.dtensor_cfg.enabled=false"], NO_GPU, "NeMo RL has no training backend"),
         (["policy.megatron_cfg.enabled=true"], NO_GPU, "dtensor_cfg.enabled=True: Megatron-core"),
         (["policy.dtensor_cfg.cpu_offload=true"], ONE_GPU, "CPU offload of parameters is not"),
         (["policy.offload_optimizer_for_logprob=true"], ONE_GPU, "optimizer state to the CPU"),
-        (["+policy.dtensor_cfg.env_vars.NCCL_DEBUG=INFO"], NO_GPU, "dtensor_cfg.env_vars="),
         (
             ["policy.megatron_cfg.enabled=true", "policy.sequence_packing.enabled=true"],
             NO_GPU,

@@ -6,16 +6,12 @@ config digest that decides whether a stored stage output still holds
 (``RunRuntime.config_digest``): a continued run with a new timeout keeps its stages.
 """
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from nemo_rl_core.algorithms.config import StrictConfig
-from nemo_rl_core.utils.config import ConfigError
+from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.utils.key_support import Wired
-
-if TYPE_CHECKING:
-    from nemo_rl_core.pipeline.spec import Pipeline
 
 SECTION = "orchestration"
 
@@ -35,22 +31,3 @@ class OrchestrationConfig(StrictConfig):
     fan_out: Annotated[dict[str, PositiveInt], Wired("tasks.stage:run_stage_tasks")] = Field(
         default_factory=dict
     )
-
-
-def check_stage_names(config: Any, pipeline: "Pipeline") -> None:
-    """Refuse a timeout for a stage the algorithm does not declare, and a fan-out of a stage
-    whose work does not split, by its dotted key."""
-    names = list(pipeline.stage_names)
-    for name in config.orchestration.stage_timeout_seconds:
-        if name not in names:
-            raise ConfigError(
-                f"{SECTION}.stage_timeout_seconds.{name}: {pipeline.name} has no stage "
-                f"{name!r}; its stages are {names}"
-            )
-    splittable = [stage.name for stage in pipeline.stages if stage.fan_out is not None]
-    for name in config.orchestration.fan_out:
-        if name not in splittable:
-            raise ConfigError(
-                f"{SECTION}.fan_out.{name}: {pipeline.name}'s stage {name!r} does not split "
-                f"into shards; stages that do: {splittable}"
-            )

@@ -1,0 +1,108 @@
+"""NeMo RL's ``cluster.num_nodes x cluster.gpus_per_node`` sizes the training stage's world
+(CPU processes where there is no CUDA); what cannot be served is refused before any work."""
+
+import pytest
+from policy_testing import CONFIGS, support_refusals
+
+from nemo_rl_core.algorithms.grpo import load_master_config
+from nemo_rl_core.distributed.node_launch import Rendezvous
+from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks, training_world
+from nemo_rl_core.utils.key_support import Machine
+
+TWO_CORES, ONE_GPU = Machine(cuda_devices=0, cpu_cores=2), Machine(cuda_devices=1, cpu_cores=8)
+PLACED = "+cluster.placement.train=train-pool"
+
+
+def world(*overrides: str) -> tuple[int, int]:
+    return training_world(load_master_config(str(CONFIGS / "grpo_math_tiny.yaml"), list(overrides)))
+
+
+def test_world_size_from_the_cluster_section() -> None:
+    assert world() == (1, 1)  # gpus_per_node: 0 on CPU is one process
+    assert world("cluster.gpus_per_node=2") == (1, 2)
+    assert world("cluster.num_nodes=2", PLACED) == (2, 1)
+    assert world("cluster.num_nodes=2", "cluster.gpus_per_node=4", PLACED) == (2, 4)
+    # without a cluster of several ranks, Megatron's own TP x DP ranks
+    megatron = ["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false"]
+    assert world(*megatron, "policy.megatron_cfg.tensor_model_parallel_size=2") == (1, 2)
+
+
+def test_only_the_training_stage_runs_across_ranks() -> None:
+    config = load_master_config(str(CONFIGS / "grpo_math_tiny.yaml"), ["cluster.gpus_per_node=2"])
+    assert runs_across_ranks(config, stage_commits=True)
+    assert not runs_across_ranks(config, stage_commits=False)
+    default = load_master_config(str(CONFIGS / "grpo_math_tiny.yaml"), [])
+    assert not runs_across_ranks(default, stage_commits=True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "machine", "refused"),
+    [
+        (
+            ["cluster.num_nodes=2"],
+            TWO_CORES,
+            "cluster.num_nodes=2: 2 nodes x 1 ranks = 2 training ranks, but without "
+            "cluster.placement.train the training stage runs on this one machine",
+        ),
+        (
+            ["cluster.gpus_per_node=3"],
+            TWO_CORES,
+            "cluster.gpus_per_node=3: without CUDA a rank is a CPU process: 3 per node need "
+            "3 cores, this machine has 2",
+        ),
+        (
+            ["cluster.gpus_per_node=2"],
+            ONE_GPU,
+            "cluster.gpus_per_node=2: 2 ranks per node need 2 GPUs, this machine has 1",
+        ),
+        (
+            ["cluster.num_nodes=3", PLACED, "policy.dtensor_cfg.tensor_parallel_size=2"],
+            TWO_CORES,
+            "policy.dtensor_cfg.tensor_parallel_size=2: tensor parallelism over 2 ranks needs "
+            "a training world that is a multiple of 2; cluster.num_nodes x "
+            "cluster.gpus_per_node (processes per node on CPU) = 3",
+        ),
+        (
+            [
+                "cluster.gpus_per_node=2",
+                "policy.dtensor_cfg.tensor_parallel_size=2",
+                "policy.dtensor_cfg.sequence_parallel=true",
+            ],
+            TWO_CORES,
+            "policy.dtensor_cfg.sequence_parallel=True: sequence parallelism is not built",
+        ),
+    ],
+)
+def test_a_world_that_cannot_be_served_is_refused(
+    overrides: list[str], machine: Machine, refused: str
+) -> None:
+    assert refused in support_refusals("grpo_math_tiny.yaml", overrides, machine)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"],
+        ["cluster.num_nodes=2", PLACED],
+        ["cluster.num_nodes=2", PLACED, "policy.dtensor_cfg.tensor_parallel_size=2"],
+        ["policy.dtensor_cfg.sequence_parallel=true"],  # inert without TP, as in NeMo RL
+    ],
+)
+def test_a_world_that_fits_is_accepted(overrides: list[str]) -> None:
+    assert support_refusals("grpo_math_tiny.yaml", overrides, TWO_CORES) == ""
+
+
+def test_the_rendezvous_follows_the_cluster_section() -> None:
+    config = load_master_config(
+        str(CONFIGS / "grpo_math_tiny.yaml"),
+        [
+            "cluster.num_nodes=2",
+            "cluster.gpus_per_node=2",
+            PLACED,
+            "+cluster.rendezvous_timeout_seconds=45",
+            "+cluster.rendezvous_endpoint=trainer-0:29400",
+        ],
+    )
+    plan = Rendezvous.for_cluster(config, "attempt-1")
+    assert (plan.nnodes, plan.nproc_per_node, plan.world_size) == (2, 2, 4)
+    assert (plan.join_timeout_s, plan.endpoint) == (45, "trainer-0:29400")
