@@ -207,8 +207,7 @@ def run_seed(seed: int, eval_overrides: list[str], smoke: bool, root: Path) -> d
     start_seconds = time.perf_counter() - started
     grpo_run = summary["grpo"]["run_id"]
     storage = RunStorage(f"file://{root}/store", grpo_run)
-    iterations = len(list((root / "store" / "runs" / grpo_run).glob("iter_*")))
-    manifests = [storage.read_manifest(i)["stages"] for i in range(iterations)]
+    manifests = [storage.read_manifest(i) for i in storage.iterations()]
     return {
         "seed": seed,
         "sft_checkpoint": summary["sft"]["checkpoint"],
