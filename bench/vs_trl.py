@@ -9,7 +9,8 @@ worker runs with the repo root on its path).
 
 Same work on both sides: the prompts are our dataloader's batches in order, as the exact
 prompt text (chat template applied) with shuffling off in TRL; the reward is the same
-``verify_math_answer`` (loaded from ``nemo_rl_core/environments/math_verifier.py``);
+``check_answer`` (loaded from ``nemo_rl_core/environments/math_verifier.py``) with the check
+the config's ``env.math.math_verify_impl`` names (math-verify, or DAPO's "Answer:" line);
 one optimizer step per ``prompts x generations`` batch, micro batches of the same size,
 AdamW with the same lr, betas, eps, weight decay and grad-norm clip, constant lr, PPO
 clip alike, fp32. Both sides run TRL's defaults of the GRPO update, set explicitly on
@@ -115,9 +116,7 @@ def ensure_trl_venv() -> Path:
         shutil.rmtree(TRL_VENV)  # installing over it would keep what broke it
     print(f"creating {TRL_VENV} ({' '.join(TRL_PINS)})", flush=True)
     uv = str(Path(sys.executable).with_name("uv"))
-    subprocess.run(
-        [uv, "venv", "--allow-existing", "--python", "python3.11", str(TRL_VENV)], check=True
-    )
+    subprocess.run([uv, "venv", "--clear", "--python", "python3.11", str(TRL_VENV)], check=True)
     wheels = ["--find-links", str(LOCAL_WHEELS)] if LOCAL_WHEELS.is_dir() else []
     # our lock as constraints: the packages both venvs hold (torch, transformers, vLLM) at the
     # versions ours runs, not whatever the registry holds newest the day the venv is built
@@ -130,9 +129,9 @@ def ensure_trl_venv() -> Path:
 
 
 def shared_settings(model: str, args: argparse.Namespace, seed: int | None) -> dict:
-    """Our config (validated) and the same settings as TRL needs them; ``seed`` sets
-    ``grpo.seed`` (our sampler and data order, TRL's seed), None keeps the config's."""
-    from nemo_rl_core.algorithms.grpo import load_master_config
+    """Our config's overrides for ``model`` and the command line, and the same settings as
+    TRL needs them; ``seed`` sets ``grpo.seed`` (our sampler and data order, TRL's seed),
+    None keeps the config's."""
     from nemo_rl_core.utils.config import load_config_with_overrides
 
     config_path, default_lr = MODELS[model]
@@ -155,17 +154,27 @@ def shared_settings(model: str, args: argparse.Namespace, seed: int | None) -> d
         "max_input_seq_length"
     ]
     overrides.append(f"policy.max_total_sequence_length={longest_prompt + args.tokens}")
+    return settings_from_config(config_path, overrides)
+
+
+def settings_from_config(config_path: str, overrides: list[str], model_dir: str = "") -> dict:
+    """TRL's settings of the GRPO run that ``config_path`` with ``overrides`` describes (it
+    must already be the shared update: see the module docstring), starting from
+    ``model_dir`` (set later when empty): its batch shape, steps, optimizer, sampling, the
+    math check its environment uses and the exact prompts of its batches, in order."""
+    from nemo_rl_core.algorithms.grpo import load_master_config
+
     config = load_master_config(config_path, overrides)
     optimizer = config.policy.optimizer.kwargs
     return {
         "config_path": config_path,
         "overrides": overrides,
-        "model_dir": "",
-        "prompts": args.prompts,
-        "generations": args.generations,
-        "steps": args.steps,
-        "max_completion_length": args.tokens,
-        "lr": lr,
+        "model_dir": model_dir,
+        "prompts": config.grpo.num_prompts_per_step,
+        "generations": config.grpo.num_generations_per_prompt,
+        "steps": config.grpo.max_num_steps,
+        "max_completion_length": config.policy.generation.max_new_tokens,
+        "lr": optimizer["lr"],
         "weight_decay": optimizer.get("weight_decay", 0.0),
         "betas": list(optimizer.get("betas", (0.9, 0.999))),
         "eps": optimizer.get("eps", 1e-8),
@@ -176,8 +185,10 @@ def shared_settings(model: str, args: argparse.Namespace, seed: int | None) -> d
         "temperature": config.policy.generation.temperature,
         "top_p": config.policy.generation.top_p,
         "seed": config.grpo.seed,
-        "max_model_len": longest_prompt + args.tokens,
-        "rows": prompt_rows(config, args.steps),
+        "max_model_len": config.policy.max_total_sequence_length,
+        # the math env's check (math-verify or DAPO's), dispatched in TRL's reward as in ours
+        "math_verify_impl": config.env.get("math", {}).get("math_verify_impl"),
+        "rows": prompt_rows(config, config.grpo.max_num_steps),
     }
 
 
@@ -210,15 +221,17 @@ def prompt_rows(config, steps: int) -> list[dict]:
     return rows
 
 
-def start_trl(python: Path, settings: dict, workdir: Path, mode: str) -> Callable[[], dict]:
+def start_trl(
+    python: Path, settings: dict, workdir: Path, mode: str, save_model: bool = False
+) -> Callable[[], dict]:
     """Start TRL in its venv in ``mode`` (a ``TRL_MODES`` key); the function returned waits
-    for it and returns its per-step end times and rewards."""
+    for it and returns its per-step end times and rewards (and with ``save_model``, the
+    ``model_dir`` its final weights were saved to, in HF layout)."""
     spec = workdir / f"trl_{mode}_spec.json"
     out = workdir / f"trl_{mode}_result.json"
     workdir = workdir / f"trl_{mode}"
-    spec.write_text(
-        json.dumps({**settings, "mode": mode, "output": str(out), "workdir": str(workdir)})
-    )
+    described = {**settings, "mode": mode, "output": str(out), "workdir": str(workdir)}
+    spec.write_text(json.dumps({**described, "save_model": save_model}))
     if mode == "colocate":  # TRL's engine gets the environment ours runs with
         from nemo_rl_core.models.generation.vllm_generation import set_vllm_env_defaults
 
@@ -255,7 +268,17 @@ def trl_worker(spec_path: str) -> None:
 
     def math_reward(completions: list[str], ground_truth: list[str], **_: object) -> list[float]:
         pairs = zip(completions, ground_truth, strict=True)
-        return [verifier.verify_math_answer(pair)[0] for pair in pairs]
+        return [
+            verifier.check_answer(
+                {
+                    "verifier": "math",
+                    "math_verify_impl": spec.get("math_verify_impl"),
+                    "response": completion,
+                    "ground_truth": truth,
+                }
+            )[0]
+            for completion, truth in pairs
+        ]
 
     ends: list[float] = []
     generation_seconds: list[float] = []
@@ -336,6 +359,9 @@ def trl_worker(spec_path: str) -> None:
         "rewards": rewards,
         "response_tokens": lengths,
     }
+    if spec["save_model"]:
+        result["model_dir"] = str(Path(spec["workdir"]) / "final")
+        trainer.save_model(result["model_dir"])
     Path(spec["output"]).write_text(json.dumps(result))
 
 

@@ -3,7 +3,9 @@
 NeMo RL v0.7 names its datasets per split: ``data.train`` and ``data.validation`` (one
 dataset or a list), each merged over ``data.default``. A dataset is a built-in generator
 here (``arithmetic``, ``addition``, ``countdown``, ``sliding_puzzle``; ``addition_sft``: the
-additions as SFT conversations; ``addition_preference``: as preference pairs), ``ResponseDataset``
+additions as SFT conversations; ``addition_preference``: as preference pairs;
+``addition_answer_line`` and ``addition_answer_line_sft``: the additions asking for a last line
+"Answer: <number>", DAPO's format), ``ResponseDataset``
 (rows from a local JSONL/Parquet file or ``save_to_disk`` folder at ``data_path``),
 ``PreferenceDataset`` / ``BinaryPreferenceDataset`` (preference rows from such a file, for
 DPO and reward models), or one of NeMo RL's
@@ -22,6 +24,8 @@ BUILTIN_DATASETS = (
     "arithmetic",
     "addition",
     "addition_sft",
+    "addition_answer_line",
+    "addition_answer_line_sft",
     "addition_preference",
     "countdown",
     "sliding_puzzle",
@@ -88,7 +92,8 @@ NOT_BUILT_PROCESSORS = {
     "multichoice_qa_processor": "NeMo RL's multiple-choice processor, not built here",
 }
 SFT_PROCESSOR = "sft_processor"  # NeMo RL's: a conversation to train on, not a prompt
-SFT_DATASETS = ("addition_sft",)  # built-ins whose rows are conversations, not prompts
+# built-ins whose rows are conversations, not prompts
+SFT_DATASETS = ("addition_sft", "addition_answer_line_sft")
 # NeMo RL's: a chosen and a rejected conversation (DPO, reward models)
 PREFERENCE_PROCESSOR = "preference_preprocessor"
 

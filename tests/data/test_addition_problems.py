@@ -30,3 +30,35 @@ def test_rows_are_seeded_and_answered():
         a, b = (int(x) for x in row["problem"].removeprefix("What is ").split("?")[0].split(" + "))
         assert row["expected_answer"] == str(a + b)
         assert "\\boxed{}" in row["problem"]
+
+
+def test_answer_line_additions_are_scored_by_dapo_and_not_by_the_question():
+    """The answer-line built-ins (issue 31): the question asks for DAPO's "Answer:" line, the
+    demonstration answers with the sum there, and restating the question scores 0."""
+    from nemo_rl_core.data.config import DataConfig
+    from nemo_rl_core.data.datasets.builder import load_rows
+    from nemo_rl_core.environments.dapo_math_verifier import compute_score
+
+    problems = load_rows(
+        DataConfig.model_validate(
+            {"validation": [{"dataset_name": "addition_answer_line", "num_samples": 8}]}
+        ),
+        "validation",
+    )
+    demonstrations = load_rows(
+        DataConfig.model_validate(
+            {"train": [{"dataset_name": "addition_answer_line_sft", "num_samples": 8}]}
+        ),
+        "train",
+    )
+    for row in problems:
+        a, b = (int(x) for x in row["problem"].removeprefix("What is ").split("?")[0].split(" + "))
+        assert is_held_out_addition(a, b)
+        assert row["problem"].endswith('End your response with the line "Answer: <number>".')
+        assert compute_score(f"Answer: {a} + {b}", row["expected_answer"])["score"] == 0.0
+        assert compute_score(f"Answer: {a + b}", row["expected_answer"])["score"] == 1.0
+    for row in demonstrations:
+        question, answer = (m["content"] for m in row["messages"])
+        a, b = (int(x) for x in question.removeprefix("What is ").split("?")[0].split(" + "))
+        assert not is_held_out_addition(a, b)
+        assert answer == f"Answer: {a + b}"

@@ -9,7 +9,7 @@ GRPO's use::
 """
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,8 @@ DEFAULT_TASKS = {
     "arithmetic": "math",
     "addition": "math",
     "addition_sft": "math",
+    "addition_answer_line": "math",
+    "addition_answer_line_sft": "math",
     "addition_preference": "preference",
     "countdown": "countdown",
     LOCAL_DATASET: "math",
@@ -60,6 +62,7 @@ DEFAULT_TASKS = {
 DEFAULT_PROCESSORS = {
     "sliding_puzzle": "sliding_puzzle_data_processor",
     "addition_sft": SFT_PROCESSOR,
+    "addition_answer_line_sft": SFT_PROCESSOR,
     "addition_preference": PREFERENCE_PROCESSOR,
     PREFERENCE_DATASET: PREFERENCE_PROCESSOR,
     BINARY_PREFERENCE_DATASET: PREFERENCE_PROCESSOR,
@@ -136,9 +139,11 @@ def _generated_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> lis
     seed = dataset.seed + (VALIDATION_SEED_OFFSET if split == "validation" else 0)
     if dataset.dataset_name == "arithmetic":
         return arithmetic_word_problems(dataset.num_samples or DEFAULT_COUNTS[split], seed)
-    additions = {
+    additions: dict[str, Callable[..., list[dict[str, Any]]]] = {
         "addition": addition_problems,
         "addition_sft": addition_demonstrations,
+        "addition_answer_line": partial(addition_problems, answer_format="answer_line"),
+        "addition_answer_line_sft": partial(addition_demonstrations, answer_format="answer_line"),
         "addition_preference": addition_preferences,
     }
     if dataset.dataset_name in additions:

@@ -7,7 +7,7 @@ the same seed always gives the same rows.
 
 import random
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 _ITEMS = ["apples", "books", "coins", "marbles", "stickers", "pencils"]
 _NAMES = ["Ada", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goro", "Hana"]
@@ -73,26 +73,39 @@ def addition_pairs(
     return pairs
 
 
-def addition_question(a: int, b: int) -> str:
+# How an addition asks for its answer: in a box (math-verify's format), or on a last line
+# "Answer: <number>" (DAPO's check, ``math_verify_impl: dapo_math_verify``), which a restated
+# question ("Answer: 62 + 69") does not pass.
+AnswerFormat = Literal["boxed", "answer_line"]
+_QUESTION_ENDINGS: dict[str, str] = {
+    "boxed": "Put the answer in \\boxed{}.",
+    "answer_line": 'End your response with the line "Answer: <number>".',
+}
+
+
+def addition_question(a: int, b: int, answer_format: AnswerFormat = "boxed") -> str:
     """The problem text; it states the answer format itself, so it needs no prompt file."""
-    return f"What is {a} + {b}? Put the answer in \\boxed{{}}."
+    return f"What is {a} + {b}? {_QUESTION_ENDINGS[answer_format]}"
 
 
-def addition_answer(total: int) -> str:
-    """The response a policy learns for an addition: the sum in the box the question asks for."""
-    return f"\\boxed{{{total}}}"
+def addition_answer(total: int, answer_format: AnswerFormat = "boxed") -> str:
+    """The response a policy learns for an addition: the sum in the format the question asks for."""
+    return f"\\boxed{{{total}}}" if answer_format == "boxed" else f"Answer: {total}"
 
 
 def addition_demonstrations(
-    num_samples: int, seed: int = 0, held_out: bool = False
+    num_samples: int,
+    seed: int = 0,
+    held_out: bool = False,
+    answer_format: AnswerFormat = "boxed",
 ) -> list[dict[str, Any]]:
     """Chat rows ``{"messages": [user question, assistant answer]}`` of the addition problems:
     SFT data (NeMo RL's ``messages`` format) for the same pairs ``addition_problems`` draws."""
     return [
         {
             "messages": [
-                {"role": "user", "content": addition_question(a, b)},
-                {"role": "assistant", "content": addition_answer(a + b)},
+                {"role": "user", "content": addition_question(a, b, answer_format)},
+                {"role": "assistant", "content": addition_answer(a + b, answer_format)},
             ]
         }
         for a, b in addition_pairs(num_samples, seed, held_out)
@@ -128,7 +141,10 @@ def addition_preferences(
 
 
 def addition_problems(
-    num_samples: int, seed: int = 0, held_out: bool = False
+    num_samples: int,
+    seed: int = 0,
+    held_out: bool = False,
+    answer_format: AnswerFormat = "boxed",
 ) -> list[dict[str, Any]]:
     """Rows ``{"problem", "expected_answer"}``: "What is a + b?" for two-digit ``a`` and ``b``.
 
@@ -136,7 +152,7 @@ def addition_problems(
     (``is_held_out_addition``), so validation measures problems never trained on.
     """
     return [
-        {"problem": addition_question(a, b), "expected_answer": str(a + b)}
+        {"problem": addition_question(a, b, answer_format), "expected_answer": str(a + b)}
         for a, b in addition_pairs(num_samples, seed, held_out)
     ]
 
