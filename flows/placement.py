@@ -26,8 +26,9 @@ storage, and its outputs, as every stage's, go to the run's storage.
   damaged raises the same ``DamagedInputError`` a local stage would, and the iteration
   re-makes the input by re-running its producer, wherever that is placed.
 
-A job is one or more task runs on one pool, waited for together; a stage made of several
-processes (the ranks of one torch.distributed job) is such a job too.
+A job is one or more task runs on one pool, waited for together. A stage made of several
+processes (the ranks of one torch.distributed job) runs as one task run per node, waited
+for and run again together (``flows.placed_nodes``).
 """
 
 import contextvars
@@ -51,6 +52,7 @@ from prefect.utilities.asyncutils import run_coro_as_sync
 
 from flows.heartbeat import Heartbeat, damage_reported
 from flows.pool_tasks import heartbeat_name, pool_tasks
+from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import Pipeline, shard_part, split_round
@@ -124,7 +126,7 @@ class PlacedTask:
     """One task run of a placed job: the pool task and its parameters, the name its heartbeat
     is recorded under, how messages name it, and how its committed outputs are read."""
 
-    task: Task[..., StageRef]
+    task: Task[..., Any]  # a stage, shard or node task (its outputs are read from storage)
     parameters: dict[str, Any]
     heartbeat: str
     label: str
@@ -170,6 +172,10 @@ def run_placed_stage(
     if (entry := storage.completed_stage(iteration, name, inputs)) is not None:
         skipped(run, label, pool)
         return StageRef(entry.outputs)
+    if runs_across_ranks(config, spec.commits):
+        from flows.placed_nodes import run_placed_nodes  # it builds on this module
+
+        return run_placed_nodes(config, run, iteration, name, pool, upstream, inputs)
     merged = PlacedTask(
         tasks.stage,
         {**given, "upstream": upstream},

@@ -9,6 +9,7 @@ import socket
 from typing import Any
 
 from flows.config_check import check_run_config, trained_models
+from flows.placed_nodes import warn_if_pool_is_short
 from flows.placement import check_placement
 from flows.storage_block import load_storage_block
 from nemo_rl_core.data.datasets.builder import dataset_environments, games_from_environment
@@ -78,6 +79,7 @@ def open_run(
     config = check_run_config(pipeline.config_class, config_path, overrides, setup)
     check_stage_names(config, pipeline)
     check_placement(config, pipeline)
+    warn_if_pool_is_short(config)
     for _, model in trained_models(config):
         resolve_model(model.model_name)
     if pipeline.preflight is not None:

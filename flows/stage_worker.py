@@ -67,8 +67,8 @@ class StageTaskWorker(TaskWorker):
     module docstring)."""
 
     def __init__(self, tasks: PoolTasks) -> None:
-        super().__init__(tasks.stage, tasks.shard, limit=1)
-        self.tasks = [tasks.stage, tasks.shard]  # as given: no result cache, our task keys
+        super().__init__(*tasks.all, limit=1)
+        self.tasks = tasks.all  # as given: no result cache, our task keys
         self.pool = tasks.pool
 
     async def _subscribe_to_task_scheduling(self) -> None:

@@ -151,13 +151,20 @@ class RendezvousIncomplete(TimeoutError):
     """The stage's ranks did not all join within the rendezvous's ``join_timeout_s``."""
 
 
+class AttemptEnded(RendezvousIncomplete):
+    """This node started after another node of its attempt had ended (its worker was busy
+    until then): it joined nothing."""
+
+
 @dataclass(frozen=True)
 class NodeEnd:
     """How one node's launch ended: ``finished``, or the error it raised (``lost``:
-    ``RanksLost``, ``incomplete``: ``RendezvousIncomplete``, ``failed``: ``RanksFailed``)."""
+    ``RanksLost``, ``late``: ``AttemptEnded``, ``incomplete``: ``RendezvousIncomplete``,
+    ``failed``: ``RanksFailed``)."""
 
-    KINDS: ClassVar[dict[type[Exception], str]] = {
+    KINDS: ClassVar[dict[type[Exception], str]] = {  # the first that matches names it
         RanksLost: "lost",
+        AttemptEnded: "late",
         RendezvousIncomplete: "incomplete",
         RanksFailed: "failed",
     }
@@ -202,6 +209,7 @@ def _run_node(
     log_path: Path | None,
 ) -> None:
     _check_fits(node_rank, rendezvous)
+    _check_attempt_open(node_rank, rendezvous, notes)
     scratch = Path(tempfile.mkdtemp(prefix=f"node{node_rank}-{rendezvous.attempt}-"))
     summary = scratch / "summary.json"
     log_path = log_path or scratch / "node.log"
@@ -231,6 +239,18 @@ def _run_node(
             _stop(process)
     if returncode != 0:
         raise _failure(node_rank, rendezvous, notes, summary, log_path)
+
+
+def _check_attempt_open(node_rank: int, rendezvous: Rendezvous, notes: RendezvousNotes) -> None:
+    """A node started after another node of its attempt ended (its worker was busy until
+    then) joins nothing: the attempt is over, and its store may be gone."""
+    others = [node for node in range(rendezvous.nnodes) if node != node_rank]
+    ended = [end for node in others if (end := notes.end(node)) is not None]
+    if ended:
+        raise AttemptEnded(
+            f"{_label(notes)}, node {node_rank} of {rendezvous.nnodes}: started after "
+            f"node(s) {[end.node_rank for end in ended]} of the attempt had ended; not joined"
+        )
 
 
 def _check_fits(node_rank: int, rendezvous: Rendezvous) -> None:
