@@ -104,6 +104,10 @@ def run_flow_iteration(config: str, overrides: list[str], root: str) -> tuple[st
 def hot_path(root: str, run_id: str) -> HotPath:
     """Refit, generate and train of the run's next iteration, warm, on the flow's runtime."""
     from nemo_rl_core.algorithms import grpo as core
+    from nemo_rl_core.algorithms.prompt_batches import take_prompts
+    from nemo_rl_core.algorithms.rollout_generation import generate_rollouts
+    from nemo_rl_core.algorithms.scoring import score_rollouts
+    from nemo_rl_core.algorithms.training import train_policy
     from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
     from nemo_rl_core.storage.handles import RunRef
 
@@ -111,20 +115,20 @@ def hot_path(root: str, run_id: str) -> HotPath:
     runtime = runtime_for(run)
     config, tokenizer, envs = runtime.config, runtime.tokenizer, runtime.task_to_env
     try:
-        batch, _ = core.take_prompts(runtime.dataloader, config, runtime.dataloader_state(1))
+        batch, _ = take_prompts(runtime.dataloader, config, runtime.dataloader_state(1))
         with runtime.generation(0) as engine:  # start-up and a first generate: not timed
-            core.generate_rollouts(engine, batch, tokenizer, envs, config, 1)
+            generate_rollouts(engine, batch, tokenizer, envs, config, 1)
         policy = runtime.policy(1)
         with ExitStack() as held:  # entering refits the engine to the policy's step
             engine, refit_seconds = timed(lambda: held.enter_context(runtime.generation(1)))
             (rollouts, metrics), generate_seconds = timed(
-                lambda: core.generate_rollouts(engine, batch, tokenizer, envs, config, 1)
+                lambda: generate_rollouts(engine, batch, tokenizer, envs, config, 1)
             )
-        scored, _ = core.score_rollouts(rollouts, envs, config)
+        scored, _ = score_rollouts(rollouts, envs, config)
         train_data = core.compute_logprobs(policy, scored, tokenizer, config)
         train_data, _ = core.compute_advantages(train_data, config)
         loss_fn = core.build_loss_fn(config)
-        _, train_seconds = timed(lambda: core.train_policy(policy, train_data, loss_fn, config, 1))
+        _, train_seconds = timed(lambda: train_policy(policy, train_data, loss_fn, config, 1))
         return HotPath(
             refit_seconds=refit_seconds,
             generated_tokens=float(metrics["mean_gen_tokens_per_sample"]) * batch.size,

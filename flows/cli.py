@@ -101,6 +101,11 @@ def run_cli(algorithm: str, argv: list[str]) -> None:
     parser.add_argument(
         "--steps-per-run", type=int, default=None, help="iterations this call may run"
     )
+    parser.add_argument(
+        "--start-over",
+        action="store_true",
+        help="delete what is stored of --run-id and train it from iteration 0",
+    )
     args = parser.parse_args(argv)
     declared = algorithm_config(algorithm)
 
@@ -109,13 +114,39 @@ def run_cli(algorithm: str, argv: list[str]) -> None:
 
         if declared.data_setup is None:
             raise ConfigError(f"{algorithm} declares no training data: it has no training flow")
+        if args.run_id is not None:
+            refuse_if_leased(args, declared.config_class)
         check_run_config(declared.config_class, args.config, args.overrides, declared.data_setup)
 
     def load_flow() -> Callable[..., dict]:
         return training_flow_of(algorithm)
 
     shown = ("run_id", "storage_root", "iterations")
-    _run(args, check, load_flow, shown, steps_per_run=args.steps_per_run)
+    parameters = {"steps_per_run": args.steps_per_run, "start_over": args.start_over}
+    _run(args, check, load_flow, shown, **parameters)
+
+
+def refuse_if_leased(args: argparse.Namespace, config_class: type[Any]) -> None:
+    """Before anything loads: a run that another live run drives (its lease) is refused in
+    seconds, naming the holder and until when, instead of after its models are built."""
+    from nemo_rl_core.algorithms.grpo_config import load_master_config
+    from nemo_rl_core.storage.lease import held_error, live_lease
+
+    root = args.storage_root
+    if root is None:
+        root = load_master_config(
+            args.config, args.overrides, config_class
+        ).checkpointing.checkpoint_dir
+    record = live_lease(root, args.run_id)
+    if record is None:
+        return
+    freeing = (
+        f"once that flow run has ended, python -m flows.lease --break --run-id {args.run_id} "
+        f"--storage-root {root} frees its lease at once"
+        if record.get("flow_run_id")
+        else None
+    )
+    raise held_error(args.run_id, f"{root}/runs/{args.run_id}", record, freeing)
 
 
 def run_eval_cli(argv: list[str]) -> None:
@@ -198,10 +229,16 @@ def quiet_prefect_logs() -> None:
 
 
 def fail(err: Exception) -> None:
-    """One line on stderr: what was wrong (a config mistake exits 2, anything else 1)."""
+    """One line on stderr: what was wrong (a config mistake exits 2, a refused run 3, as one
+    another run drives, anything else 1)."""
+    from nemo_rl_core.storage.refusal import RunRefusedError
+
     what = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
     if isinstance(err, ConfigError | FileNotFoundError):
         print(f"error: {what}", file=sys.stderr)
         raise SystemExit(2) from None
+    if isinstance(err, RunRefusedError):
+        print(f"error: {what}", file=sys.stderr)
+        raise SystemExit(3) from None
     print(f"error: {type(err).__name__}: {what} (--traceback shows where)", file=sys.stderr)
     raise SystemExit(1) from None

@@ -22,7 +22,11 @@ from nemo_rl_core.storage.handles import RunRef
 
 
 def run_tags(algorithm: str, run_id: str) -> tuple[str, str]:
-    return (f"algorithm:{algorithm}", f"run:{run_id}")
+    return (f"algorithm:{algorithm}", run_tag(run_id))
+
+
+def run_tag(run_id: str) -> str:
+    return f"run:{run_id}"
 
 
 def flow_run_name(algorithm: str, run_id: str) -> str:

@@ -15,11 +15,12 @@ from flows.lease import hold_lease
 from flows.placement import run_placed_stage
 from flows.progress import IterationReports
 from flows.run_ahead import RolloutsAhead, rollouts_ahead
-from flows.run_setup import config_notes, lease_owner, open_run, plan_iterations
+from flows.run_setup import build_models, config_notes, lease_owner, open_run, plan_iterations
 from nemo_rl_core.pipeline.context import PREVIOUS, DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.spec import Pipeline, Stage, round_name
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.storage.refusal import RunRefusedError
 from nemo_rl_core.utils.timer import TimeoutChecker
 from tasks.stage import stage_logger
 
@@ -126,16 +127,19 @@ def run_iterations(
     storage_root: str | None,
     steps_per_run: int | None,
     storage_block: str | None,
+    start_over: bool = False,
 ) -> dict:
     """Run the planned iterations of ``pipeline`` (fewer when ``checkpoint_must_save_by``
-    comes near); returns the run's id, root, the iterations run, per-iteration metrics and
-    the keys of damaged inputs that were re-made."""
+    comes near; from iteration 0, discarding what is stored, with ``start_over``); returns
+    the run's id, root, the iterations run, per-iteration metrics and the keys of damaged
+    inputs that were re-made."""
     run, config = open_run(pipeline, config_path, overrides, run_id, storage_root, storage_block)
     for note in config_notes(config):
         stage_logger().warning("run %s: %s", run.run_id, note)
     resolved = {"run_id": run.run_id, "storage_root": run.storage_root}
     with labelled_run(pipeline.name, run, resolved=resolved), hold_lease(run, owner=lease_owner()):
-        iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run)
+        build_models(pipeline, config)
+        iterations, final_step = plan_iterations(pipeline, run, config, steps_per_run, start_over)
         if not iterations:
             close_runtime(run)  # planning opened it; the next flow run may bring a new config
             return nothing_to_do(pipeline, run, final_step)
@@ -219,6 +223,15 @@ def nothing_to_do(pipeline: Pipeline, run: RunRef, final_step: int) -> Any:
     return Completed(message=message, data=summary)
 
 
+def refused(err: RunRefusedError) -> Any:
+    """The flow run's end when the run was refused (another run drives it): Failed, with the
+    reason as its message and one log line, not a traceback; a caller in this process gets
+    ``err`` itself."""
+    from prefect.states import Failed
+
+    return Failed(message=str(err), data=err)
+
+
 def training_flow(pipeline: Pipeline) -> Flow:
     """The Prefect flow of ``pipeline``: named after it, with the parameters every training
     deployment takes."""
@@ -231,12 +244,23 @@ def training_flow(pipeline: Pipeline) -> Flow:
         steps_per_run: int | None = None,
         storage_block: str | None = None,
         max_num_steps: int | None = None,
+        start_over: bool = False,
     ) -> dict:
         if max_num_steps is not None:  # last, so it wins over the config and overrides
             overrides = [*(overrides or []), f"{pipeline.name}.max_num_steps={max_num_steps}"]
-        return run_iterations(
-            pipeline, config_path, overrides, run_id, storage_root, steps_per_run, storage_block
-        )
+        try:
+            return run_iterations(
+                pipeline,
+                config_path,
+                overrides,
+                run_id,
+                storage_root,
+                steps_per_run,
+                storage_block,
+                start_over,
+            )
+        except RunRefusedError as err:
+            return refused(err)
 
     train.__doc__ = (
         f"Train {pipeline.name.upper()} for ``steps_per_run`` iterations (default: up to "
@@ -244,6 +268,8 @@ def training_flow(pipeline: Pipeline) -> Flow:
         "otherwise); ``storage_root`` defaults to ``checkpointing.checkpoint_dir``; "
         "``storage_block`` names a prefect-aws ``AwsCredentials`` block for an ``s3://`` root "
         "(else ``AWS_*`` environment variables); ``max_num_steps`` sets "
-        f"``{pipeline.name}.max_num_steps``, to continue a finished run past it."
+        f"``{pipeline.name}.max_num_steps``, to continue a finished run past it; "
+        "``start_over`` deletes what is stored of run ``run_id`` and trains it from "
+        "iteration 0 (a run whose stored progress was lost is refused without it)."
     )
     return flow(name=pipeline.name, log_prints=True)(train)

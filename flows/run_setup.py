@@ -9,6 +9,7 @@ import socket
 from typing import Any
 
 from flows.config_check import check_run_config, trained_models
+from flows.lost_progress import START_OVER, check_progress_survives
 from flows.placed_nodes import warn_if_pool_is_short
 from flows.placement import check_placement
 from flows.storage_block import load_storage_block
@@ -20,6 +21,7 @@ from nemo_rl_core.pipeline.stage_keys import check_stage_names
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
+from tasks.stage import stage_logger
 
 
 def new_run_id(prefix: str) -> str:
@@ -72,21 +74,27 @@ def open_run(
     storage_root: str | None,
     storage_block: str | None = None,
 ) -> tuple[RunRef, Any]:
-    """Validate the config, build its built-in models (the warm-started one takes a minute
-    or two, which no stage's timeout should pay), run the pipeline's ``preflight`` checks of
-    them, and name the run; nothing of the run is written yet (no lease is held)."""
+    """Validate the config and name the run; nothing of the run is written yet and no model
+    is built (``build_models``, once the run's lease is held)."""
     setup = declared(pipeline, "data_setup")
     config = check_run_config(pipeline.config_class, config_path, overrides, setup)
     check_stage_names(config, pipeline)
     check_placement(config, pipeline)
     warn_if_pool_is_short(config)
+    root = storage_root or config.checkpointing.checkpoint_dir
+    load_storage_block(root, storage_block)
+    return RunRef(root, run_id or new_run_id(pipeline.name)), config
+
+
+def build_models(pipeline: Pipeline, config: Any) -> None:
+    """Under the lease: build the config's built-in models (the warm-started one takes a
+    minute or two, which no stage's timeout should pay) and run the pipeline's
+    ``preflight`` checks of them. After the lease, so that a second run of an experiment is
+    refused before it loads or builds anything."""
     for _, model in trained_models(config):
         resolve_model(model.model_name)
     if pipeline.preflight is not None:
         pipeline.preflight(config)
-    root = storage_root or config.checkpointing.checkpoint_dir
-    load_storage_block(root, storage_block)
-    return RunRef(root, run_id or new_run_id(pipeline.name)), config
 
 
 def config_notes(config: Any) -> list[str]:
@@ -117,11 +125,30 @@ def config_notes(config: Any) -> list[str]:
 
 
 def plan_iterations(
-    pipeline: Pipeline, run: RunRef, config: Any, steps_per_run: int | None
+    pipeline: Pipeline,
+    run: RunRef,
+    config: Any,
+    steps_per_run: int | None,
+    start_over: bool = False,
 ) -> tuple[list[int], int]:
-    """Under the lease: check a resume keeps its model and data, store the resolved config,
-    and return the iterations this flow run covers and the run's final training step."""
-    storage = store_run_config(pipeline, run, config)
+    """Under the lease: check that the run's stored progress survives (``start_over``:
+    discard it), that a resume keeps its model and data, store the resolved config, and
+    return the iterations this flow run covers and the run's final training step."""
+    log = stage_logger()
+    if start_over:
+        iterations, steps = open_storage(run).discard_progress()
+        log.warning(
+            "run %s: starting over (%s): deleted %d stored iteration(s) and committed "
+            "checkpoint(s) %s; training from iteration 0",
+            run.run_id,
+            START_OVER,
+            len(iterations),
+            steps or "none",
+        )
+    else:
+        for note in check_progress_survives(pipeline, run, open_storage(run)):
+            log.warning(note)
+    storage = store_run_config(pipeline, run, config, keep_identity=not start_over)
     final_step = runtime_for(run).final_step()
     start = first_iteration(pipeline, storage)
     end = pipeline.last_iteration(config, final_step)
@@ -132,13 +159,16 @@ def plan_iterations(
     return list(range(start, end)), final_step
 
 
-def store_run_config(pipeline: Pipeline, run: RunRef, config: Any) -> RunStorage:
-    """Under the lease: check a resume keeps the identity keys of the run it continues, then
-    store the resolved config (what every stage of the run reads)."""
+def store_run_config(
+    pipeline: Pipeline, run: RunRef, config: Any, keep_identity: bool = True
+) -> RunStorage:
+    """Under the lease: check a resume keeps the identity keys of the run it continues
+    (``keep_identity``; not for a run started over), then store the resolved config (what
+    every stage of the run reads)."""
     storage = open_storage(run)
     resolved = config.model_dump(mode="json")
     stored = storage.read_run_config()
-    if stored is not None:
+    if stored is not None and keep_identity:
         check_same_identity(pipeline, stored, resolved, run.run_id)
     storage.write_run_config(resolved, allow_change=True)
     return storage

@@ -23,7 +23,7 @@ from nemo_rl_core.storage.layout import (
     numbered,
     step_dir,
 )
-from nemo_rl_core.storage.object_store import ObjectStore, json_bytes
+from nemo_rl_core.storage.object_store import ObjectRef, ObjectStore, json_bytes
 from nemo_rl_core.storage.outage import StorageError
 
 
@@ -70,9 +70,8 @@ class CheckpointStore:
             for stray in (COMMITTED, TRAINING_INFO):
                 (local_dir / stray).unlink(missing_ok=True)
             _give_default_modes(local_dir)
-            self.objects.call(
-                ckpt, lambda: local_dir.rename(self.objects.path(ckpt)), reading=False
-            )
+            rename = partial(local_dir.rename, self.objects.path(ckpt))
+            self.objects.call("rename into place", ckpt, rename, reading=False)
             self.objects.put(f"{ckpt}/{TRAINING_INFO}", record)
         else:
             relative = {
@@ -142,10 +141,14 @@ class CheckpointStore:
         target.mkdir(parents=True, exist_ok=True)
         source = self.objects.path(ckpt)
         fs = self.objects.fs
-        for remote in self.objects.call(ckpt, lambda: fs.find(source)):
+        for remote in self.objects.call("listing", ckpt, lambda: fs.find(source)):
             relative = posixpath.relpath(remote, source)
             (target / relative).parent.mkdir(parents=True, exist_ok=True)
-            self.objects.call(ckpt, partial(fs.get_file, remote, str(target / relative)))
+            self.objects.call(
+                "download",
+                f"{ckpt}/{relative}",
+                partial(fs.get_file, remote, str(target / relative)),
+            )
         return target
 
     def read_checkpoint_info(self, step: int) -> dict:
@@ -154,6 +157,15 @@ class CheckpointStore:
         if data is None:
             raise StorageError(f"{self.objects.url(key)} does not exist")
         return json.loads(data)
+
+    def recorded_files(self, step: int) -> list[ObjectRef]:
+        """The files of checkpoint ``step`` as its training info recorded them (key, size,
+        sha256); ``StorageError`` if it has no training info."""
+        info = self.read_checkpoint_info(step)
+        return [
+            ObjectRef(f"{step_dir(step)}/{relative}", int(file["size"]), str(file["sha256"]))
+            for relative, file in sorted(info.get("files", {}).items())
+        ]
 
     def record_checkpoint_metrics(self, step: int, metrics: dict[str, Any]) -> None:
         """Add metrics measured after the commit (validation of these weights) to a committed
@@ -214,6 +226,12 @@ class CheckpointStore:
         for step in sorted(doomed):
             self._delete_checkpoint(step)
         return sorted(doomed | off_period)
+
+    def delete_all(self) -> None:
+        """Delete every checkpoint: each committed one marker first, then what is left."""
+        for step in reversed(self.committed_checkpoints()):
+            self._delete_checkpoint(step)
+        self.objects.delete_tree("checkpoints")
 
     def _delete_checkpoint(self, step: int) -> None:
         """Delete checkpoint ``step``, its ``COMMITTED`` marker before its other files: a

@@ -20,13 +20,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
+from nemo_rl_core.storage.filesystem import OpenedRoot, open_root
+from nemo_rl_core.storage.outage import StorageError
+from nemo_rl_core.storage.refusal import RunRefusedError
+from nemo_rl_core.storage.slow_calls import watching
+
 if TYPE_CHECKING:
     from nemo_rl_core.storage.run_storage import RunStorage
 
 LEASE_KEY = "LEASE.json"
 
 
-class LeaseHeldError(RuntimeError):
+class LeaseHeldError(RunRefusedError):
     """Another live run holds the lease."""
 
 
@@ -87,6 +92,8 @@ class LocalObject:
         return Versioned(data, hashlib.sha256(data).hexdigest())
 
     def read(self) -> Versioned | None:
+        if not os.path.isdir(os.path.dirname(self.path)):
+            return None  # no run folder: nothing to lock, and reading creates nothing
         with self._locked():
             return self._read_unlocked()
 
@@ -131,9 +138,15 @@ class S3Object:
         from fsspec.asyn import sync
 
         try:
-            return sync(
-                self.fs.loop, self.fs._call_s3, method, Bucket=self.bucket, Key=self.key, **kwargs
-            )
+            with watching(method, f"s3://{self.bucket}/{self.key}"):
+                return sync(
+                    self.fs.loop,
+                    self.fs._call_s3,
+                    method,
+                    Bucket=self.bucket,
+                    Key=self.key,
+                    **kwargs,
+                )
         except FileNotFoundError:
             raise
         except OSError as exc:  # s3fs turns botocore's errors into OSError, the cause kept
@@ -198,11 +211,7 @@ class Lease:
             record = _record(current)
             held = record if record is not None and record.get("token") != self.token else None
             if held is not None and held["expires_at"] > time.time():
-                until = datetime.fromtimestamp(held["expires_at"], UTC).isoformat()
-                raise LeaseHeldError(
-                    f"run {self.storage.run_url} is leased by {held.get('owner')!r} until "
-                    f"{until}; wait, or stop that owner"
-                )
+                raise held_error(self.storage.run_id, self.storage.run_url, held)
             with contextlib.suppress(VersionConflict):
                 self._write(current)
                 self.taken_over = held
@@ -260,6 +269,44 @@ class Lease:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+def held_error(
+    run_id: str, run_url: str, record: dict, freeing: str | None = None
+) -> LeaseHeldError:
+    """The refusal of a run whose lease ``record`` another live run holds: who, until when,
+    and ``freeing``, how to free a dead holder's lease, if the caller knows a way."""
+    expires_at = record["expires_at"]
+    until = datetime.fromtimestamp(expires_at, UTC).isoformat(timespec="seconds")
+    left = max(0.0, expires_at - time.time())
+    flow_run = f", flow run {record['flow_run_id']}" if record.get("flow_run_id") else ""
+    return LeaseHeldError(
+        f"run {run_id} ({run_url}) is leased by {record.get('owner')!r} until {until} "
+        f"(in {left:.0f} s{flow_run}): another run of this experiment drives it, renewing "
+        f"the lease while it lives; wait for it to end, or stop it"
+        + (f"; {freeing}" if freeing else "")
+    )
+
+
+def lease_object(root: OpenedRoot, run_id: str) -> ConditionalObject:
+    """A run's ``LEASE.json`` as an object written only if unchanged (the store's own CAS)."""
+    path = f"{root.run_path(run_id)}/{LEASE_KEY}"
+    if root.local:
+        return LocalObject(path)
+    if root.s3:
+        return S3Object(root.fs, path)
+    raise StorageError(
+        f"{root.url}: an exclusive run lease needs file:// or s3:// storage "
+        f"(the store's conditional writes), not {root.fs.protocol}"
+    )
+
+
+def live_lease(root: str, run_id: str, storage_options: dict | None = None) -> dict | None:
+    """The lease record of run ``run_id`` under ``root`` if a live holder has it (not expired):
+    one read, without loading torch and without writing anything, so that a second run of
+    an experiment is refused in seconds, before it loads models."""
+    record = _record(lease_object(open_root(root, storage_options), run_id).read())
+    return record if record is not None and record["expires_at"] > time.time() else None
 
 
 def read_lease(storage: "RunStorage") -> dict | None:

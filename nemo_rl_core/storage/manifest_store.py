@@ -10,6 +10,7 @@ committed meanwhile by another process is never lost.
 """
 
 import json
+import posixpath
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -74,7 +75,9 @@ class ManifestStore:
         """The manifest's bytes and ETag from one GET (S3), remembered as the base of this
         process's next conditional update."""
         key = manifest_key(iteration)
-        seen = self.objects.call(key, S3Object(self.objects.fs, self.objects.path(key)).read)
+        seen = self.objects.call(
+            "read", key, S3Object(self.objects.fs, self.objects.path(key)).read
+        )
         self._remember_manifest(iteration, seen)
         return seen
 
@@ -209,6 +212,23 @@ class ManifestStore:
         repair = Repair(key, damage, datetime.now(UTC))
         self._update_manifest(iteration, lambda manifest: manifest.with_repair(repair))
 
+    def recorded_entries(self, iteration: int) -> list[tuple[str, StageEntry]]:
+        """Every entry recorded for the iteration, complete or stale, by label: its
+        manifest's stages (``reward``, a refill round ``reward.1``), then the parts recorded
+        beside them (``generate/shard-0-of-2``), found by one listing. ``IntegrityError``
+        names a manifest or part entry that cannot be read."""
+        entries = list(self.read_manifest(iteration).stages.items())
+        folder = self.objects.path(iter_dir(iteration))
+        for path in sorted(self.objects.find(iter_dir(iteration))):
+            if str(path).endswith(PART_SUFFIX):
+                relative = posixpath.relpath(str(path), folder)
+                key = f"{iter_dir(iteration)}/{relative}"
+                data = self.objects.get_optional(key)
+                if data is not None:  # gone since the listing: a stage re-made meanwhile
+                    entry = _parsed(StageEntry, data, self.objects.url(key))
+                    entries.append((relative.removesuffix(PART_SUFFIX), entry))
+        return entries
+
     def iterations(self) -> list[int]:
         """Iterations that have a directory (any stage output or manifest)."""
         return sorted(numbered(self.objects.list_names(""), ITER_RE))
@@ -251,12 +271,11 @@ class ManifestStore:
                 data = json_bytes(changed.to_dict())
                 try:
                     if base is None:
-                        version = self.objects.call(
-                            key, partial(target.create, data), reading=False
-                        )
+                        create = partial(target.create, data)
+                        version = self.objects.call("write", key, create, reading=False)
                     else:
                         write = partial(target.replace, data, base.version)
-                        version = self.objects.call(key, write, reading=False)
+                        version = self.objects.call("write", key, write, reading=False)
                 except VersionConflict:  # changed since this process saw it: read it again
                     self._manifest_seen.pop(iteration, None)
                     continue

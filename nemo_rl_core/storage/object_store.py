@@ -21,22 +21,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.storage.codec import batch_from_bytes, batch_to_bytes
 from nemo_rl_core.storage.containers import SUFFIXES, BatchFormat, check_format, map_file
+from nemo_rl_core.storage.filesystem import open_root
 from nemo_rl_core.storage.layout import stage_key
 from nemo_rl_core.storage.names import validate_name
 from nemo_rl_core.storage.outage import (
-    S3_FAST_FAIL,
-    S3_TRIES,
     StorageError,
     StorageUnreachableError,
     retry_within_budget,
 )
 from nemo_rl_core.storage.recent_writes import RecentWrites
+from nemo_rl_core.storage.slow_calls import watching
 
 T = TypeVar("T")
 
@@ -86,25 +83,11 @@ class ObjectStore:
         batch_format: BatchFormat,
     ) -> None:
         self.batch_format = check_format(batch_format)
-        self.root = str(root).rstrip("/") or "/"
-        options = dict(storage_options or {})
-        protocol = fsspec.utils.get_protocol(self.root)
-        if protocol not in ("file", "local"):
-            # Other writers (stages in other processes) change the run: never trust a listing.
-            options.setdefault("use_listings_cache", False)
-        if protocol in ("s3", "s3a"):
-            for name, value in S3_FAST_FAIL.items():
-                options.setdefault(name, value)
-        try:
-            self.fs, root_path = fsspec.core.url_to_fs(self.root, **options)
-        except (ValueError, ImportError, TypeError) as exc:
-            raise StorageError(f"cannot open storage root {self.root!r}: {exc}") from exc
-        self.s3 = protocol in ("s3", "s3a")
-        if self.s3:
-            self.fs.retries = S3_TRIES
-        self.local = isinstance(self.fs, LocalFileSystem)
-        self.run_path = posixpath.join(root_path.rstrip("/"), "runs", run_id)
-        self.run_url = f"{self.root}/runs/{run_id}"
+        self.opened = open_root(root, storage_options)
+        opened = self.opened
+        self.root, self.fs, self.s3, self.local = opened.url, opened.fs, opened.s3, opened.local
+        self.run_path = opened.run_path(run_id)
+        self.run_url = opened.run_url(run_id)
         self.recent = RecentWrites(0 if self.local else _RECENT_WRITE_BYTES)
 
     # ---- stage outputs ---------------------------------------------------------------
@@ -152,14 +135,18 @@ class ObjectStore:
         if key.startswith("/") or any(part in ("", ".", "..") for part in parts):
             raise ValueError(f"object key {key!r} must be relative to the run, without '..'")
 
-    def call(self, key: str, op: Callable[[], T], reading: bool = True) -> T:
-        """Run one fsspec operation; connection and service errors become ``StorageError``.
+    def call(self, action: str, key: str, op: Callable[[], T], reading: bool = True) -> T:
+        """Run one fsspec operation, ``action`` (``read``, ``write``, ``list`` ...) of ``key``:
+        every storage call of the run passes here. Connection and service errors become
+        ``StorageError``; a call that waits long is logged while it waits (``slow_calls``).
 
         A missing object stays ``FileNotFoundError`` when reading (callers decide what
         absence means); when writing it means a missing bucket, a ``StorageError``.
         """
+        what = f"{action} of {self.url(key)}"
         try:
-            return retry_within_budget(op, f"storage operation on {self.url(key)}", _TRANSIENT)
+            with watching(action, self.url(key)):
+                return retry_within_budget(op, what, _TRANSIENT)
         except StorageUnreachableError:
             raise
         except FileNotFoundError as exc:
@@ -167,7 +154,7 @@ class ObjectStore:
                 raise
             raise StorageError(f"cannot write {self.url(key)}: {exc}") from exc
         except _TRANSIENT as exc:
-            raise StorageError(f"storage operation on {self.url(key)} failed: {exc}") from exc
+            raise StorageError(f"{what} failed: {exc}") from exc
 
     def put(self, key: str, data: bytes, remember: bool = False) -> ObjectRef:
         """Write ``data`` at ``key`` so that readers see the whole object or nothing;
@@ -176,9 +163,9 @@ class ObjectStore:
         path = self.path(key)
         digest = _HASHER.submit(sha256_of, data)  # hashed while it is written
         if self.local:
-            self.call(key, lambda: _local_atomic_write(path, data), reading=False)
+            self.call("write", key, lambda: _local_atomic_write(path, data), reading=False)
         else:
-            self.call(key, lambda: self.fs.pipe_file(path, data), reading=False)
+            self.call("write", key, lambda: self.fs.pipe_file(path, data), reading=False)
         ref = ObjectRef(key=key, size=len(data), sha256=digest.result())
         if remember:
             self.recent.remember(key, ref.sha256, data)
@@ -195,13 +182,15 @@ class ObjectStore:
         if self.local:
             for key, local_path in files.items():
                 path = self.path(key)
-                self.call(key, partial(_local_atomic_copy, local_path, path), reading=False)
+                self.call(
+                    "write", key, partial(_local_atomic_copy, local_path, path), reading=False
+                )
             return
         if not files:
             return
         sources = [str(local_path) for local_path in files.values()]
         targets = [self.path(key) for key in files]
-        self.call(folder, lambda: self.fs.put(sources, targets), reading=False)
+        self.call("upload", folder, lambda: self.fs.put(sources, targets), reading=False)
 
     def get_optional(self, key: str, size: int | None = None) -> bytes | None:
         """The object's bytes, or None where there is none. On S3 an object that fits one
@@ -213,7 +202,7 @@ class ObjectStore:
         if self.s3 and (size is None or size <= self.fs.default_block_size):
             options["max_concurrency"] = 1
         try:
-            return self.call(key, lambda: self.fs.cat_file(path, **options))
+            return self.call("read", key, lambda: self.fs.cat_file(path, **options))
         except FileNotFoundError:
             return None
 
@@ -225,7 +214,7 @@ class ObjectStore:
         if not self.local:
             return self.get_optional(key, size)
         try:
-            return self.call(key, lambda: map_file(self.path(key)))
+            return self.call("read", key, lambda: map_file(self.path(key)))
         except FileNotFoundError:
             return None
 
@@ -275,7 +264,7 @@ class ObjectStore:
 
     def size_optional(self, key: str) -> int | None:
         try:
-            return int(self.call(key, lambda: self.fs.size(self.path(key))))
+            return int(self.call("size lookup", key, lambda: self.fs.size(self.path(key))))
         except FileNotFoundError:
             return None
 
@@ -286,7 +275,7 @@ class ObjectStore:
         """Names of the entries directly under ``key`` (empty if it does not exist)."""
         path = self.path(key)
         try:
-            entries = self.call(key, lambda: self.fs.ls(path, detail=False))
+            entries = self.call("listing", key, lambda: self.fs.ls(path, detail=False))
         except FileNotFoundError:
             return []
         return [posixpath.basename(str(entry).rstrip("/")) for entry in entries]
@@ -299,8 +288,8 @@ class ObjectStore:
         path = self.path(key)
         if self.s3:
             parent, name = posixpath.split(path)
-            return self.call(key, lambda: self.fs.find(parent, prefix=f"{name}/"))
-        return self.call(key, lambda: self.fs.find(path, withdirs=self.local))
+            return self.call("listing", key, lambda: self.fs.find(parent, prefix=f"{name}/"))
+        return self.call("listing", key, lambda: self.fs.find(path, withdirs=self.local))
 
     def delete_tree(self, key: str, first: str | None = None) -> None:
         """Delete everything under ``key``, if anything; the object ``key/first``, if there,
@@ -311,17 +300,17 @@ class ObjectStore:
         head = posixpath.join(path, first) if first else None
         try:
             if self.local:
-                if self.call(key, lambda: self.fs.exists(path)):
+                if self.call("lookup", key, lambda: self.fs.exists(path)):
                     if head is not None:
                         Path(head).unlink(missing_ok=True)
-                    self.call(key, lambda: self.fs.rm(path, recursive=True))
+                    self.call("delete", key, lambda: self.fs.rm(path, recursive=True))
                 return
             objects = self.find(key)
             if head in objects:
-                self.call(key, lambda: self.fs.rm([head]))
+                self.call("delete", key, lambda: self.fs.rm([head]))
                 objects.remove(head)
             if objects:
-                self.call(key, lambda: self.fs.rm(objects))
+                self.call("delete", key, lambda: self.fs.rm(objects))
         except FileNotFoundError:
             pass
 

@@ -44,13 +44,15 @@ import yaml
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.storage.checkpoint_store import CheckpointStore
 from nemo_rl_core.storage.containers import ARROW, BatchFormat
-from nemo_rl_core.storage.layout import COMMITTED, step_dir
-from nemo_rl_core.storage.lease import LEASE_KEY, ConditionalObject, Lease, LocalObject, S3Object
+from nemo_rl_core.storage.layout import COMMITTED, MANIFEST, STAGE_RUNS, iter_dir
+from nemo_rl_core.storage.lease import ConditionalObject, Lease, lease_object
 from nemo_rl_core.storage.manifest import Manifest, RanOn, StageEntry, StageRun
 from nemo_rl_core.storage.manifest_store import ManifestStore
 from nemo_rl_core.storage.names import validate_name
 from nemo_rl_core.storage.object_store import IntegrityError, ObjectRef, ObjectStore
 from nemo_rl_core.storage.outage import StorageError
+from nemo_rl_core.storage.progress import StoredProgress, stored_progress
+from nemo_rl_core.storage.verification import RunCheck, check_run
 
 __all__ = [
     "COMMITTED",
@@ -263,20 +265,30 @@ class RunStorage:
 
     def lease_object(self) -> ConditionalObject:
         """``LEASE.json`` as an object written only if unchanged (the store's own CAS)."""
-        path = self.objects.path(LEASE_KEY)
-        if self.objects.local:
-            return LocalObject(path)
-        if self.fs.protocol in ("s3", ("s3", "s3a")) or "s3" in self.fs.protocol:
-            return S3Object(self.fs, path)
-        raise StorageError(
-            f"{self.root}: an exclusive run lease needs file:// or s3:// storage "
-            f"(the store's conditional writes), not {self.fs.protocol}"
-        )
+        return lease_object(self.objects.opened, self.run_id)
 
     def _check_lease(self) -> None:
         """Refuse a commit once this handle's lease was found taken by another run."""
         if self.lease is not None:
             self.lease.check()
+
+    # ---- progress --------------------------------------------------------------------
+
+    def stored_progress(self, committing_stage: str) -> StoredProgress:
+        return stored_progress(self.objects, self.manifests, self.checkpoints, committing_stage)
+
+    def discard_progress(self) -> tuple[list[int], list[int]]:
+        """Delete every iteration, checkpoint and stage-run record of the run (its config
+        and lease stay): a deliberate start over. Returns the iterations and the committed
+        checkpoints deleted."""
+        self._check_lease()
+        iterations, committed = self.iterations(), self.committed_checkpoints()
+        self.checkpoints.delete_all()
+        for iteration in reversed(iterations):
+            self.objects.delete_tree(iter_dir(iteration), first=MANIFEST)
+        self.objects.delete_tree(STAGE_RUNS)
+        self.forget_writes()
+        return iterations, committed
 
     # ---- reading what the store holds ------------------------------------------------
 
@@ -287,22 +299,11 @@ class RunStorage:
         self.objects.recent.forget()
         self.manifests.forget()
 
-    def verify(self) -> list[str]:
-        """Every object the run recorded, checked against its recorded size and sha256: the
-        outputs of each complete stage and every file of each committed checkpoint. Returns
-        one line per damaged object (its URL, what was expected, what was found)."""
-        damaged = []
-        for iteration in self.iterations():
-            for entry in self.read_manifest(iteration).stages.values():
-                if entry.complete:
-                    refs = entry.outputs.values()
-                    damaged += [p for ref in refs if (p := self.objects.problem(ref)) is not None]
-        for step in self.committed_checkpoints():
-            info = self.read_checkpoint_info(step)
-            for relative, recorded in sorted(info.get("files", {}).items()):
-                ref = ObjectRef(f"{step_dir(step)}/{relative}", **recorded)
-                damaged += [p for p in [self.objects.problem(ref)] if p is not None]
-        return damaged
+    def verify(self) -> RunCheck:
+        """Every object the run recorded, read back and checked against its recorded size
+        and sha256: the outputs of every entry, stale ones too, and every file of each
+        committed checkpoint (``verification.check_run``)."""
+        return check_run(self.objects, self.manifests, self.checkpoints)
 
 
 def _diff_keys(old: Any, new: Any, prefix: str = "") -> Iterator[str]:

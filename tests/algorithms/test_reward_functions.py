@@ -125,4 +125,6 @@ def test_scaling_clamps_then_maps_onto_the_target_range():
     scale_rewards(batch, {"enabled": False})
     assert batch["total_reward"].tolist() == pytest.approx([0.0, 0.0, 5.0, 7.5, 10.0])
     with pytest.raises(ValueError, match="source_max"):
-        RewardScalingConfig(source_min=1.0, source_max=1.0)
+        RewardScalingConfig(enabled=True, source_min=1.0, source_max=1.0)
+    # a disabled section is not read (NeMo RL), so its range is not refused either
+    assert not RewardScalingConfig(source_min=1.0, source_max=1.0).enabled

@@ -127,12 +127,13 @@ def test_verify_finds_damage_a_continue_would_not_look_at(uninterrupted, tmp_pat
     root, _ = uninterrupted
     copy = tmp_path / "copy"
     shutil.copytree(root, copy)
-    assert verify_run(run_id="clean", storage_root=str(copy)) == []
+    assert verify_run(run_id="clean", storage_root=str(copy)).intact
     weights = (
         copy / "runs" / "clean" / "checkpoints" / f"step_{ITERATIONS:06d}" / "model.safetensors"
     )
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x01
     weights.write_bytes(bytes(data))
-    [problem] = verify_run(run_id="clean", storage_root=str(copy))
-    assert f"step_{ITERATIONS:06d}/model.safetensors has sha256" in problem
+    state = verify_run(run_id="clean", storage_root=str(copy), return_state=True)
+    assert state.is_failed()
+    assert f"step_{ITERATIONS:06d}/model.safetensors has sha256" in state.message

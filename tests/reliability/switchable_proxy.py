@@ -1,6 +1,8 @@
 """A TCP proxy in front of the S3 server that a test can switch off and on: while off it
 cuts every open connection and resets new ones, as an endpoint that went away does (moto
-keeps its data in memory, so stopping moto itself would lose the bucket)."""
+keeps its data in memory, so stopping moto itself would lose the bucket). It can also
+``hold`` the traffic, as a server process that is paused (SIGSTOP) does: connections are
+accepted and requests read, but nothing passes either way until ``release``."""
 
 import contextlib
 import socket
@@ -14,6 +16,8 @@ class SwitchableProxy:
         self.refused = 0  # connections reset while the endpoint was down
         self._up = threading.Event()
         self._up.set()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._lock = threading.Lock()
         self._open: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -34,6 +38,12 @@ class SwitchableProxy:
     def start(self) -> None:
         self._up.set()
 
+    def hold(self) -> None:
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
+
     def _accept_loop(self) -> None:
         while True:
             client, _ = self._listener.accept()
@@ -46,12 +56,14 @@ class SwitchableProxy:
             with self._lock:
                 self._open += [client, upstream]
             for source, target in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(source, target), daemon=True).start()
+                pump = (source, target, self._flowing)
+                threading.Thread(target=_pump, args=pump, daemon=True).start()
 
 
-def _pump(source: socket.socket, target: socket.socket) -> None:
+def _pump(source: socket.socket, target: socket.socket, flowing: threading.Event) -> None:
     try:
         while data := source.recv(65536):
+            flowing.wait()
             target.sendall(data)
     except OSError:
         pass

@@ -1,12 +1,17 @@
 """Concurrency: a second flow run of an experiment (run_id) that another run drives is
-refused by the storage lease, naming the holder, before it writes anything; a lease that
-its killed holder stopped renewing expires and is taken over."""
+refused by the storage lease, naming the holder, before it writes anything (from the
+command line in one line, before torch or Prefect load); a lease that its killed holder
+stopped renewing expires and is taken over."""
 
+import json
+import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
-from reliability_helpers import CONFIG
+from reliability_helpers import CONFIG, REPO
 
 from flows.grpo import grpo
 from flows.lease import hold_lease
@@ -17,14 +22,55 @@ from nemo_rl_core.storage.lease import LeaseHeldError, read_lease
 def test_second_run_of_one_experiment_is_refused(prefect_api, tmp_path: Path) -> None:
     run = RunRef(str(tmp_path), "nightly")
     with open_storage(run).acquire_lease("flow-run first-night", ttl_s=600):
+        state = grpo(
+            config_path=str(CONFIG),
+            run_id="nightly",
+            storage_root=str(tmp_path),
+            return_state=True,
+        )
+        assert state.is_failed()
+        assert "leased by 'flow-run first-night' until" in state.message
         with pytest.raises(LeaseHeldError, match="leased by 'flow-run first-night' until"):
-            grpo(
-                config_path=str(CONFIG),
-                run_id="nightly",
-                storage_root=str(tmp_path),
-            )
+            state.result()
         written = sorted(p.name for p in (tmp_path / "runs" / "nightly").rglob("*"))
         assert written == ["LEASE.json"], "the refused run wrote something"
+
+
+# The command line, and which heavy libraries it had loaded when it exited.
+COMMAND_PROBE = """
+import json, sys
+from flows.cli import main
+try:
+    main(sys.argv[1:])
+finally:
+    heavy = ("torch", "prefect", "transformers", "vllm")
+    print(json.dumps([name for name in heavy if name in sys.modules]))
+"""
+
+
+def test_second_run_from_the_command_line_is_refused_in_one_line_before_loading(
+    tmp_path: Path,
+) -> None:
+    holder = str(uuid.uuid4())
+    run = RunRef(str(tmp_path), "nightly")
+    with open_storage(run).acquire_lease("flow-run first-night", ttl_s=600, flow_run_id=holder):
+        started = time.monotonic()
+        second = subprocess.run(
+            [sys.executable, "-c", COMMAND_PROBE, "grpo", "--config", str(CONFIG)]
+            + ["--run-id", "nightly", "--storage-root", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=600,
+        )
+        took = time.monotonic() - started
+    print(f"refused after {took:.1f} s")  # the figure, with -s; not a timed assertion
+    assert second.returncode == 3, second.stderr
+    [line] = second.stderr.splitlines()
+    assert line.startswith("error: run nightly (")
+    assert "is leased by 'flow-run first-night' until 20" in line
+    assert f"flow run {holder}" in line and "python -m flows.lease --break" in line
+    assert json.loads(second.stdout.splitlines()[-1]) == [], "refused after loading"
 
 
 def test_stale_lease_of_a_killed_run_expires_and_is_taken_over(

@@ -448,18 +448,66 @@ def test_verify_names_damaged_outputs_and_checkpoint_files(tmp_path: Path) -> No
         (local / "optimizer" / "state.pt").write_bytes(b"moments")
         files = {k: v.model_dump() for k, v in recorded_files(local).items()}
         storage.write_checkpoint(1, local, {"files": files})
-    assert storage.verify() == []
+    found = storage.verify()
+    assert found.intact and found.damaged == [] and found.checked == 3
 
     run_dir = tmp_path / "runs" / "verify"
-    output = run_dir / ref.key
-    data = bytearray(output.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # same size, other bytes
-    output.write_bytes(bytes(data))
+    flip_a_byte(run_dir / ref.key)
     (run_dir / "checkpoints" / "step_000001" / "optimizer" / "state.pt").unlink()
-    problems = storage.verify()
+    problems = storage.verify().damaged
     assert len(problems) == 2
     assert f"{ref.key} has sha256" in problems[0] and ref.sha256 in problems[0]
+    assert problems[0].endswith("(iteration 0 stage reward)")
     assert "optimizer/state.pt is missing (expected 7 bytes)" in problems[1]
+    assert problems[1].endswith("(committed checkpoint 1)")
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    path.write_bytes(bytes(data))
+
+
+def test_verify_checks_stale_entries_and_parts_too_and_says_they_are_stale(
+    tmp_path: Path,
+) -> None:
+    """A rerun marked the stage stale: a continue recomputes it, but until then its bytes
+    are read (by a rerun of a later stage, by a person), and damage there is damage."""
+    storage = RunStorage(str(tmp_path), "stale")
+    batch = BatchedDataDict({"x": torch.arange(8, dtype=torch.float32)})
+    logprob = storage.write_batch(0, "logprob", batch)
+    storage.record_stage(0, "logprob", {}, {"batch": logprob})
+    shard = storage.write_batch(0, "generate", batch, name="shard-0-of-2.batch")
+    storage.record_part(0, "generate", "shard-0-of-2", {}, {"batch": shard})
+    storage.mark_stale(0, ["logprob", "generate"])
+    found = storage.verify()
+    assert found.intact and found.checked == 2
+    assert found.stale == [
+        "iteration 0 stage logprob: stale (marked to be redone), 1 output(s) checked",
+        "iteration 0 stage generate/shard-0-of-2: stale (marked to be redone), 1 output(s) checked",
+    ]
+
+    run_dir = tmp_path / "runs" / "stale"
+    flip_a_byte(run_dir / logprob.key)
+    flip_a_byte(run_dir / shard.key)
+    [stage, part] = storage.verify().damaged
+    assert f"{logprob.key} has sha256" in stage
+    assert stage.endswith(
+        "(iteration 0 stage logprob, a stale entry: the next continue recomputes it)"
+    )
+    assert f"{shard.key} has sha256" in part and "stage generate/shard-0-of-2, a stale" in part
+
+
+def test_verify_names_a_manifest_it_cannot_read_and_checks_the_rest(tmp_path: Path) -> None:
+    storage = RunStorage(str(tmp_path), "torn")
+    for iteration in (0, 1):
+        ref = storage.write_json(iteration, "train", "metrics", {"loss": 1.0})
+        storage.record_stage(iteration, "train", {}, {"metrics": ref})
+    (tmp_path / "runs" / "torn" / "iter_000000" / "MANIFEST.json").write_text('{"stag')
+    found = storage.verify()
+    [problem] = found.damaged
+    assert problem.startswith(f"{tmp_path}/runs/torn/iter_000000/MANIFEST.json: its record ")
+    assert found.checked == 1  # iteration 1's output
 
 
 @pytest.mark.parametrize("racers", [2, 8])

@@ -48,6 +48,9 @@ PATCH_POINTS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
 )  # fmt: skip
 
 _APPLIED = False
+# megatron-core's own functions this module replaced: verify_patch_points checks these, so a
+# check made after the patches (another test, a second policy in one process) still sees them.
+_REPLACED: dict[tuple[str, str], Any] = {}
 
 
 class MegatronCoreVersionError(RuntimeError):
@@ -71,7 +74,7 @@ def verify_patch_points() -> None:
         )
     for module_name, attr, params, fragment in PATCH_POINTS:
         module = importlib.import_module(module_name)
-        target = getattr(module, attr, None)
+        target = _REPLACED.get((module_name, attr), getattr(module, attr, None))
         if target is None:
             raise MegatronCoreVersionError(f"{module_name}.{attr} no longer exists")
         signature = inspect.signature(target.__init__ if inspect.isclass(target) else target)
@@ -170,6 +173,11 @@ def _set_rng_state(new_state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
     torch.set_rng_state(new_state)
 
 
+def _replace(module: ModuleType, attr: str, value: Any) -> None:
+    _REPLACED.setdefault((module.__name__, attr), getattr(module, attr))
+    setattr(module, attr, value)
+
+
 def apply_cpu_compat() -> bool:
     """Patch megatron-core for CPU if no CUDA device is present; True if patches are active.
 
@@ -195,10 +203,10 @@ def apply_cpu_compat() -> bool:
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.empty_cache = lambda *args, **kwargs: None
-    mrandom._get_cuda_rng_state = _get_rng_state
-    mrandom._set_cuda_rng_state = _set_rng_state
-    transformer_utils.get_default_causal_mask = _causal_mask
-    fused_softmax.get_default_causal_mask = _causal_mask
+    _replace(mrandom, "_get_cuda_rng_state", _get_rng_state)
+    _replace(mrandom, "_set_cuda_rng_state", _set_rng_state)
+    _replace(transformer_utils, "get_default_causal_mask", _causal_mask)
+    _replace(fused_softmax, "get_default_causal_mask", _causal_mask)
     schedules.torch = _CpuTorch()
     _APPLIED = True
     return True
