@@ -12,10 +12,12 @@ from prefect import Flow, flow
 
 from flows.labels import labelled_run
 from flows.lease import hold_lease
-from flows.placement import placed_pool, run_placed_chain, run_placed_stage
+from flows.placed_stage import run_placed_stage
+from flows.placement import placed_pool, run_placed_chain
 from flows.progress import IterationReports
 from flows.run_ahead import RolloutsAhead, rollouts_ahead
 from flows.run_setup import build_models, config_notes, lease_owner, open_run, plan_iterations
+from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks
 from nemo_rl_core.pipeline.context import PREVIOUS, DamagedInputError, StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime
 from nemo_rl_core.pipeline.spec import Pipeline, Stage, round_name
@@ -58,11 +60,14 @@ def run_pipeline_iteration(
 
 def chain_pool(pipeline: Pipeline, config: Any, spec: Stage) -> str | None:
     """The pool ``spec`` runs on as part of a chain of consecutive stages placed there, or
-    None: it runs alone (not placed, fanned out, or refilled round after round)."""
+    None: it runs alone (not placed, fanned out, refilled round after round, or across
+    ranks)."""
     refill = pipeline.refill
     if refill is not None and refill.enabled(config) and spec.name in refill.stages:
         return None
     if config.orchestration.fan_out.get(spec.name, 1) > 1:
+        return None
+    if runs_across_ranks(config, spec.commits):  # one task run per node (flows.placed_nodes)
         return None
     return placed_pool(config, spec.name)
 

@@ -26,8 +26,9 @@ storage, and its outputs, as every stage's, go to the run's storage.
   damaged raises the same ``DamagedInputError`` a local stage would, and the iteration
   re-makes the input by re-running its producer, wherever that is placed.
 
-A job is one or more task runs on one pool, waited for together; a stage made of several
-processes (the ranks of one torch.distributed job) is such a job too.
+A job is one or more task runs on one pool, waited for together. A stage made of several
+processes (the ranks of one torch.distributed job) runs as one task run per node, waited
+for and run again together (``flows.placed_nodes``).
 """
 
 import contextvars
@@ -53,12 +54,12 @@ from flows.heartbeat import Heartbeat, damage_reported
 from flows.pool_tasks import chain_name, heartbeat_name, pool_tasks
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
-from nemo_rl_core.pipeline.spec import Pipeline, shard_part, split_round
+from nemo_rl_core.pipeline.spec import Pipeline, split_round
 from nemo_rl_core.pipeline.stage_keys import check_placed_stages
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.run_storage import RunStorage
 from nemo_rl_core.utils.config import ConfigError
-from tasks.stage import STAGE_TASK_OPTIONS, run_stage_tasks, stage_inputs, stage_logger
+from tasks.stage import STAGE_TASK_OPTIONS, stage_inputs, stage_logger
 
 POLL_S = 1.0  # longest wait for a task run's final state before the liveness checks run
 WORKERS_CHECK_S = 5.0  # how often the server is asked for the pool's live workers
@@ -130,56 +131,6 @@ class PlacedTask(Generic[R]):
     heartbeat: str
     label: str
     stored: Callable[[], R | None]
-
-
-def run_placed_stage(
-    config: Any, run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]
-) -> StageRef:
-    """Stage ``name`` where ``cluster.placement`` puts it: task runs of its pool's stage
-    workers (its shards first, where it fans out), or task runs in this process."""
-    pool = placed_pool(config, name)
-    if pool is None:
-        return run_stage_tasks(config, run, iteration, name, upstream)
-    runtime = runtime_for(run)
-    storage = open_storage(run)
-    spec = runtime.pipeline.stage(name)
-    tasks = pool_tasks(pool)
-    given = {"run": run, "iteration": iteration, "name": name, "storage_block": flow_run_block()}
-    count = config.orchestration.fan_out.get(split_round(name)[0], 1)
-    if count > 1:
-        inputs = stage_inputs(runtime, spec, iteration, upstream)
-        shards: dict[str, StageRef] = {}
-        missing: dict[str, PlacedTask[StageRef]] = {}
-        for index in range(count):
-            part = shard_part(index, count)
-            label = f"shard {index} of {count} of stage {name!r} of iteration {iteration}"
-            if (entry := storage.completed_part(iteration, name, part, inputs)) is not None:
-                skipped(run, label, pool)
-                shards[part] = StageRef(entry.outputs)
-                continue
-            missing[part] = PlacedTask(
-                tasks.shard,
-                {**given, "index": index, "count": count, "upstream": upstream},
-                heartbeat_name(name, index, count),
-                label,
-                partial(stored_part, storage, iteration, name, part, inputs),
-            )
-        refs = run_job(config, run, iteration, pool, list(missing.values()))
-        upstream = {**upstream, **shards, **dict(zip(missing, refs, strict=True))}
-    inputs = stage_inputs(runtime, spec, iteration, upstream)
-    label = f"stage {name!r} of iteration {iteration}"
-    if (entry := storage.completed_stage(iteration, name, inputs)) is not None:
-        skipped(run, label, pool)
-        return StageRef(entry.outputs)
-    merged = PlacedTask(
-        tasks.stage,
-        {**given, "upstream": upstream},
-        heartbeat_name(name),
-        label,
-        partial(stored_stage, storage, iteration, name, inputs),
-    )
-    [ref] = run_job(config, run, iteration, pool, [merged])
-    return ref
 
 
 def run_placed_chain(

@@ -1,5 +1,6 @@
-"""The Prefect tasks a pool's stage workers serve: one stage of one iteration, or one shard
-of a stage that fans out, run in a long-lived worker process that keeps the run's models
+"""The Prefect tasks a pool's stage workers serve: one stage of one iteration, one shard
+of a stage that fans out, or one node of a stage run across processes (its torchrun, which
+starts that node's ranks), run in a long-lived worker process that keeps the run's models
 and engine warm.
 
 A task worker takes the runs of the task keys it serves (``Task.task_key``): each pool's tasks
@@ -25,11 +26,12 @@ from prefect.utilities.timeout import timeout
 
 from flows.heartbeat import stage_heartbeat
 from flows.storage_block import load_storage_block
+from nemo_rl_core.distributed.node_launch import Rendezvous
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
 from nemo_rl_core.pipeline.spec import shard_part, split_round
 from nemo_rl_core.storage.handles import RunRef
-from tasks.stage import STAGE_TASK_OPTIONS, stage, stage_shard
+from tasks.stage import STAGE_TASK_OPTIONS, launch_stage_node, stage, stage_shard
 
 T = TypeVar("T")
 CHAIN_JOIN = "+"
@@ -55,6 +57,11 @@ def heartbeat_name(name: str, index: int | None = None, count: int | None = None
     if index is None or count is None:
         return name.replace(CHAIN_JOIN, "_")
     return f"{name}.{shard_part(index, count)}"
+
+
+def node_heartbeat_name(name: str, node_rank: int, nnodes: int) -> str:
+    """The name a node task's heartbeat is recorded under: ``train.node-0-of-2``."""
+    return f"{name}.node-{node_rank}-of-{nnodes}"
 
 
 _held: list[tuple[RunRef, str | None]] = []  # the run and flow run whose runtime is warm here
@@ -84,7 +91,7 @@ def run_here(
         return compute()
 
 
-def within_stage_timeout(run: RunRef, name: str, compute: Callable[[], StageRef]) -> StageRef:
+def within_stage_timeout(run: RunRef, name: str, compute: Callable[[], T]) -> T:
     """``compute()`` (stage ``name`` or a shard of it) under the stage's
     ``orchestration.stage_timeout_seconds`` (the worker's tasks serve every stage, so the
     limit is applied here, per stage)."""
@@ -167,6 +174,30 @@ def run_shard_here(
     )
 
 
+def run_node_here(
+    run: RunRef,
+    iteration: int,
+    name: str,
+    node_rank: int,
+    rendezvous: Rendezvous,
+    upstream: dict[str, StageRef],
+    storage_block: str | None = None,
+) -> None:
+    """Node ``node_rank`` of stage ``name`` run across processes: this machine's ranks of
+    ``rendezvous``, started here with torchrun, waited for (rank 0 commits the stage)."""
+    run_here(
+        run,
+        iteration,
+        node_heartbeat_name(name, node_rank, rendezvous.nnodes),
+        storage_block,
+        lambda: within_stage_timeout(
+            run,
+            name,
+            lambda: launch_stage_node(run, iteration, name, upstream, node_rank, rendezvous),
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class PoolTasks:
     """The tasks a pool's workers serve, keyed to that pool."""
@@ -175,10 +206,11 @@ class PoolTasks:
     stage: Task[..., StageRef]
     chain: Task[..., dict[str, StageRef]]
     shard: Task[..., StageRef]
+    node: Task[..., None]
 
     @property
     def all(self) -> tuple[Task[..., Any], ...]:
-        return (self.stage, self.chain, self.shard)
+        return (self.stage, self.chain, self.shard, self.node)
 
     @property
     def task_keys(self) -> list[str]:
@@ -187,21 +219,30 @@ class PoolTasks:
 
 @cache
 def pool_tasks(pool: str) -> PoolTasks:
-    """The stage, chain and shard tasks of ``pool``: what its workers serve and the iteration
-    flow submits, keyed ``stage@<pool>``, ``stages@<pool>`` and ``stage-shard@<pool>``. Named
-    as the stages' local task runs are (``generate-it3``, ``generate+reward-it3``); a stage's options (retries of transient errors, no
-    Prefect cache) as a local stage's."""
+    """The stage, chain, shard and node tasks of ``pool``: what its workers serve and the
+    iteration flow submits, keyed ``stage@<pool>``, ``stages@<pool>``, ``stage-shard@<pool>``
+    and ``stage-node@<pool>``. Named as the stages' local task runs are (``generate-it3``,
+    ``generate+reward-it3``); a stage's options (retries of transient errors, no Prefect cache)
+    as a local stage's, but a node is never retried alone: its attempt's other nodes are gone,
+    and the waiter runs the whole attempt again (``flows.placed_nodes``)."""
     options = {**STAGE_TASK_OPTIONS, "task_run_name": "{name}-it{iteration}"}
     shard_options = {**options, "task_run_name": "{name}-shard{index}-it{iteration}"}
+    node_options = {
+        **options,
+        "retries": 0,
+        "task_run_name": "{name}-node{node_rank}-it{iteration}",
+    }
     tasks = PoolTasks(
         pool,
         task(name="stage", **options)(run_stage_here),
         task(name="stages", **options)(run_chain_here),
         task(name="stage-shard", **shard_options)(run_shard_here),
+        task(name="stage-node", **node_options)(run_node_here),
     )
     # Prefect derives a task's key from its function's name and its code's hash, which
     # holds the checkout's path: a key of our own is the same on every machine.
     tasks.stage.task_key = f"stage@{pool}"
     tasks.chain.task_key = f"stages@{pool}"
     tasks.shard.task_key = f"stage-shard@{pool}"
+    tasks.node.task_key = f"stage-node@{pool}"
     return tasks

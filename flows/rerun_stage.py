@@ -13,7 +13,8 @@ from prefect import flow
 
 from flows.labels import labelled_run
 from flows.lease import hold_lease
-from flows.placement import check_placement, run_placed_stage
+from flows.placed_stage import run_placed_stage
+from flows.placement import check_placement
 from flows.run_setup import lease_owner
 from flows.storage_block import load_storage_block
 from nemo_rl_core.pipeline.context import StageRef

@@ -10,6 +10,7 @@ from typing import Any
 
 from flows.config_check import check_run_config, trained_models
 from flows.lost_progress import START_OVER, check_progress_survives
+from flows.placed_nodes import warn_if_pool_is_short
 from flows.placement import check_placement
 from flows.storage_block import load_storage_block
 from nemo_rl_core.data.datasets.builder import dataset_environments, games_from_environment
@@ -79,6 +80,7 @@ def open_run(
     config = check_run_config(pipeline.config_class, config_path, overrides, setup)
     check_stage_names(config, pipeline)
     check_placement(config, pipeline)
+    warn_if_pool_is_short(config)
     root = storage_root or config.checkpointing.checkpoint_dir
     load_storage_block(root, storage_block)
     return RunRef(root, run_id or new_run_id(pipeline.name)), config

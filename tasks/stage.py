@@ -283,9 +283,8 @@ def spmd_stage(run: RunRef, iteration: int, name: str, upstream: dict[str, Stage
         if rendezvous.nnodes > 1:
             raise ConfigError(
                 f"cluster.num_nodes={rendezvous.nnodes}: stage {name!r} spans "
-                f"{rendezvous.nnodes} machines; each worker of its pool "
-                f"(cluster.placement.{name}) launches one node (launch_stage_node), which "
-                "this flow does not submit yet"
+                f"{rendezvous.nnodes} machines, and runs here only on this one: place it on a "
+                f"pool (cluster.placement.{name}) whose workers each launch one node"
             )
         launch_stage_node(run, iteration, name, upstream, 0, rendezvous)
         entry = storage.read_manifest(iteration).complete(name)

@@ -18,7 +18,9 @@ With one node it is ``torchrun --standalone``. A rank that fails ends its node's
 ranks (torchrun's ``--max-restarts 0``) and, through the collectives they wait in, the
 other nodes' ranks: every node's launch raises, naming its failed ranks: ``RanksLost`` for
 a rank killed by a signal (a lost process or machine: run the attempt again),
-``RanksFailed`` for one that raised (its traceback in the message).
+``RanksFailed`` for one that raised (its traceback in the message). Each node also notes how
+it ended (``RendezvousNotes.end``), for whoever waits on the nodes of an attempt from another
+process to decide whether to run the attempt again.
 """
 
 import json
@@ -33,7 +35,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+import torch
 
 from nemo_rl_core.distributed.virtual_cluster import training_world
 from nemo_rl_core.storage.run_storage import RunStorage
@@ -101,6 +105,17 @@ class RendezvousNotes:
     def joined(self, nnodes: int) -> list[int]:
         return [node for node in range(nnodes) if self._read(f"node-{node}") is not None]
 
+    def record_end(self, node_rank: int, error: Exception | None) -> None:
+        """Note how node ``node_rank``'s launch ended: finished (``error`` None), or how."""
+        kinds = [kind for cls, kind in NodeEnd.KINDS.items() if isinstance(error, cls)]
+        kind = kinds[0] if kinds else "finished"
+        self._write(f"end-{node_rank}", {"kind": kind, "message": str(error or "")})
+
+    def end(self, node_rank: int) -> "NodeEnd | None":
+        """How node ``node_rank``'s launch ended, or None (it did not end, or never launched)."""
+        record = self._read(f"end-{node_rank}")
+        return None if record is None else NodeEnd(node_rank, record["kind"], record["message"])
+
 
 @dataclass(frozen=True)
 class RankFailure:
@@ -136,6 +151,34 @@ class RendezvousIncomplete(TimeoutError):
     """The stage's ranks did not all join within the rendezvous's ``join_timeout_s``."""
 
 
+class AttemptEnded(RendezvousIncomplete):
+    """This node started after another node of its attempt had ended (its worker was busy
+    until then): it joined nothing."""
+
+
+@dataclass(frozen=True)
+class NodeEnd:
+    """How one node's launch ended: ``finished``, or the error it raised (``lost``:
+    ``RanksLost``, ``late``: ``AttemptEnded``, ``incomplete``: ``RendezvousIncomplete``,
+    ``failed``: ``RanksFailed``)."""
+
+    KINDS: ClassVar[dict[type[Exception], str]] = {  # the first that matches names it
+        RanksLost: "lost",
+        AttemptEnded: "late",
+        RendezvousIncomplete: "incomplete",
+        RanksFailed: "failed",
+    }
+    node_rank: int
+    kind: str
+    message: str
+
+    @property
+    def restartable(self) -> bool:
+        """Whether running the attempt again, every rank restarted, may succeed: a rank or
+        node was lost, or the nodes never all met; not when a rank raised."""
+        return self.kind in ("lost", "incomplete")
+
+
 def launch_node(
     program: Sequence[str],
     node_rank: int,
@@ -149,6 +192,24 @@ def launch_node(
     docstring says. The node's output (torchrun's and its ranks') goes to ``log_path``."""
     if not 0 <= node_rank < rendezvous.nnodes:
         raise ValueError(f"node_rank {node_rank} is not one of the {rendezvous.nnodes} nodes")
+    try:
+        _run_node(program, node_rank, rendezvous, notes, env, log_path)
+    except (RanksLost, RendezvousIncomplete, RanksFailed) as err:
+        notes.record_end(node_rank, err)
+        raise
+    notes.record_end(node_rank, None)
+
+
+def _run_node(
+    program: Sequence[str],
+    node_rank: int,
+    rendezvous: Rendezvous,
+    notes: RendezvousNotes,
+    env: Mapping[str, str] | None,
+    log_path: Path | None,
+) -> None:
+    _check_fits(node_rank, rendezvous)
+    _check_attempt_open(node_rank, rendezvous, notes)
     scratch = Path(tempfile.mkdtemp(prefix=f"node{node_rank}-{rendezvous.attempt}-"))
     summary = scratch / "summary.json"
     log_path = log_path or scratch / "node.log"
@@ -178,6 +239,31 @@ def launch_node(
             _stop(process)
     if returncode != 0:
         raise _failure(node_rank, rendezvous, notes, summary, log_path)
+
+
+def _check_attempt_open(node_rank: int, rendezvous: Rendezvous, notes: RendezvousNotes) -> None:
+    """A node started after another node of its attempt ended (its worker was busy until
+    then) joins nothing: the attempt is over, and its store may be gone."""
+    others = [node for node in range(rendezvous.nnodes) if node != node_rank]
+    ended = [end for node in others if (end := notes.end(node)) is not None]
+    if ended:
+        raise AttemptEnded(
+            f"{_label(notes)}, node {node_rank} of {rendezvous.nnodes}: started after "
+            f"node(s) {[end.node_rank for end in ended]} of the attempt had ended; not joined"
+        )
+
+
+def _check_fits(node_rank: int, rendezvous: Rendezvous) -> None:
+    """A node's ranks need a GPU each where there is CUDA, else a core each."""
+    per_node = rendezvous.nproc_per_node
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    have, what = (gpus, "GPUs") if gpus else (os.cpu_count() or 1, "cores (no CUDA)")
+    if per_node > have:
+        raise RanksFailed(
+            f"node {node_rank} of {rendezvous.nnodes} (host {socket.gethostname()}): "
+            f"{per_node} ranks per node (cluster.gpus_per_node) need {per_node} {what}, this "
+            f"machine has {have}; give the pool machines that size, or lower gpus_per_node"
+        )
 
 
 def _torchrun_args(node_rank: int, rendezvous: Rendezvous, notes: RendezvousNotes) -> list[str]:

@@ -1,0 +1,300 @@
+"""A placed stage run across processes (the training stage of ``cluster.num_nodes x
+gpus_per_node`` ranks, with ``cluster.placement.train``): one node task run per node on the
+stage's pool, each a stage worker's torchrun of that node's ranks, joined by torchrun's c10d
+rendezvous (``nemo_rl_core.distributed.node_launch``); rank 0 commits the stage.
+
+An attempt is one ``Rendezvous`` (a fresh ``--rdzv-id``) and its ``num_nodes`` task runs,
+waited for together; a node is never run again alone (its peers are gone):
+
+- every node finished: the stage's committed outputs;
+- a rank or node lost (``RanksLost``, a crashed task run, a worker whose heartbeat stopped)
+  or a rendezvous that did not complete (``RendezvousIncomplete``): the attempt is run again,
+  every rank restarted, up to a local stage's retries;
+- a rank raised (``RanksFailed``), and nothing was lost: the stage fails with its message;
+- a node no worker of the pool started within ``cluster.placement_wait_seconds`` (the pool
+  serves fewer nodes than asked): the stage fails naming the pool and the missing nodes and
+  their ranks; nodes already started end at their rendezvous's timeout
+  (``cluster.rendezvous_timeout_seconds``), which names the nodes that never joined.
+"""
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import State
+from prefect.states import Cancelled
+
+from flows.placement import (
+    POLL_S,
+    START_WORKER,
+    PlacedRun,
+    PlacedTask,
+    PlacementError,
+    PoolWatch,
+    flow_run_block,
+    live_workers,
+    mark_task_run_crashed,
+    placed_pool,
+    stored_stage,
+)
+from flows.pool_tasks import node_heartbeat_name, pool_tasks
+from nemo_rl_core.config.cluster import TRAIN_STAGE
+from nemo_rl_core.distributed.node_launch import (
+    NodeEnd,
+    RanksFailed,
+    Rendezvous,
+    RendezvousNotes,
+)
+from nemo_rl_core.distributed.virtual_cluster import training_world
+from nemo_rl_core.pipeline.context import StageRef
+from nemo_rl_core.storage.handles import RunRef, open_storage
+from tasks.stage import STAGE_TASK_OPTIONS, stage_logger
+
+
+def ranks_of(node_rank: int, per_node: int) -> str:
+    """A node's global ranks, as messages name them: ``ranks 2-3`` or ``rank 1``."""
+    first, last = node_rank * per_node, (node_rank + 1) * per_node - 1
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
+
+def warn_if_pool_is_short(config: Any) -> None:
+    """Before any work: a training stage of several nodes whose pool has fewer live stage
+    workers than nodes is said, naming the pool and the count (its missing nodes wait up to
+    ``cluster.placement_wait_seconds`` for workers, then the stage fails naming them)."""
+    pool = placed_pool(config, TRAIN_STAGE)
+    if pool is None:
+        return
+    nodes, per_node = training_world(config)
+    if nodes == 1:
+        return
+    with get_client(sync_client=True) as client:
+        workers = live_workers(client, pool)
+    if len(workers) < nodes:
+        stage_logger().warning(
+            "pool %r has %d live stage worker(s), and stage %r needs %d (cluster.num_nodes=%d "
+            "x %d ranks per node = world size %d, one worker per node): the missing nodes wait "
+            "up to cluster.placement_wait_seconds=%g; start more with %s",
+            pool,
+            len(workers),
+            TRAIN_STAGE,
+            nodes,
+            nodes,
+            per_node,
+            nodes * per_node,
+            config.cluster.placement_wait_seconds,
+            START_WORKER.format(pool=pool),
+        )
+
+
+@dataclass
+class NodeRun:
+    """One node's task run of an attempt, and what the waiter saw of it."""
+
+    node_rank: int
+    placed: PlacedRun
+    started: bool = False  # a worker took it (it ran, or runs)
+    final: State | None = None
+    lost: str | None = None  # why the waiter declared it lost (its heartbeat stopped)
+
+
+class Attempt:
+    """One attempt of the stage: its rendezvous and one task run per node on the pool."""
+
+    def __init__(
+        self,
+        config: Any,
+        run: RunRef,
+        iteration: int,
+        name: str,
+        pool: str,
+        upstream: dict[str, StageRef],
+        inputs: dict[str, str],
+    ) -> None:
+        self.iteration, self.name, self.pool = iteration, name, pool
+        attempt = f"{run.run_id}-it{iteration}-{name}-{uuid.uuid4().hex[:12]}"
+        self.rendezvous = Rendezvous.for_cluster(config, attempt)
+        self.notes = RendezvousNotes(open_storage(run), iteration, name, attempt)
+        self.wait_s = float(config.cluster.placement_wait_seconds)
+        self.ended = threading.Event()
+        storage = open_storage(run)
+        given = {"run": run, "iteration": iteration, "name": name, "upstream": upstream}
+        task = pool_tasks(pool).node
+        self.nodes: list[NodeRun] = []
+        for node_rank in range(self.rendezvous.nnodes):
+            # the node task returns nothing; its stage's outputs are read from storage
+            placed: PlacedTask[Any] = PlacedTask(
+                task,
+                {
+                    **given,
+                    "node_rank": node_rank,
+                    "rendezvous": self.rendezvous,
+                    "storage_block": flow_run_block(),
+                },
+                node_heartbeat_name(name, node_rank, self.rendezvous.nnodes),
+                self.node_label(node_rank),
+                partial(stored_stage, storage, iteration, name, inputs),
+            )
+            self.nodes.append(
+                NodeRun(
+                    node_rank,
+                    PlacedRun(placed, run, iteration, pool, self.wait_s, self.ended),
+                )
+            )
+        self.submitted_at = time.monotonic()
+
+    def node_label(self, node_rank: int) -> str:
+        ranks = ranks_of(node_rank, self.rendezvous.nproc_per_node)
+        return (
+            f"node {node_rank} of {self.rendezvous.nnodes} ({ranks}) of stage {self.name!r} "
+            f"of iteration {self.iteration} (attempt {self.rendezvous.attempt})"
+        )
+
+    def wait(self, watch: PoolWatch) -> None:
+        """Until every node's task run ended; raises ``PlacementError`` once a node was
+        not started by a worker within ``placement_wait_seconds`` (cancelling it)."""
+        checked_at = time.monotonic()
+        while any(node.final is None for node in self.nodes):
+            check = time.monotonic() - checked_at >= POLL_S
+            if check:
+                watch.check()
+                checked_at = time.monotonic()
+            self.ended.clear()
+            for node in self.nodes:
+                if node.final is None:
+                    self.poll(node, check)
+            if any(node.final is not None and not node.final.is_completed() for node in self.nodes):
+                self.cancel_unstarted("another node of its attempt ended first")
+            waiting = [node for node in self.nodes if node.final is None and not node.started]
+            if waiting and time.monotonic() - self.submitted_at > self.wait_s:
+                raise self.unserved()
+            if any(node.final is None for node in self.nodes):
+                self.ended.wait(timeout=max(0.0, checked_at + POLL_S - time.monotonic()))
+
+    def poll(self, node: NodeRun, check: bool) -> None:
+        state = node.placed.state(check)
+        if state is None:
+            return
+        if state.is_final():
+            node.final, node.started = state, True
+            return
+        if state.is_running():
+            node.started = True
+            silent = node.placed.heartbeat.silent_for()
+            if silent is not None:
+                # its worker is gone (or stalled): a delivery to another worker would join
+                # a rendezvous whose other nodes have left; the attempt is run again instead
+                node.lost = f"its worker's heartbeat on storage stopped {silent:.0f} s ago"
+                mark_task_run_crashed(node.placed.task_run_id, node.lost)
+
+    def cancel_unstarted(self, why: str) -> None:
+        """Cancel the nodes no worker started yet (a worker then skips them; one that took
+        it already finds the attempt ended and joins nothing)."""
+        waiting = [node for node in self.nodes if node.final is None and not node.started]
+        if not waiting:
+            return
+        with get_client(sync_client=True) as client:
+            for node in waiting:
+                node.final = Cancelled(message=why)
+                client.set_task_run_state(node.placed.task_run_id, node.final, force=True)
+
+    def unserved(self) -> PlacementError:
+        missing = [node.node_rank for node in self.nodes if not node.started]
+        with get_client(sync_client=True) as client:
+            workers = live_workers(client, self.pool)
+        message = (
+            f"stage {self.name!r} of iteration {self.iteration} on pool {self.pool!r}: "
+            f"no stage worker of the pool started node(s) {missing} ("
+            + ", ".join(ranks_of(node, self.rendezvous.nproc_per_node) for node in missing)
+            + f" of world size {self.rendezvous.world_size}) within "
+            f"cluster.placement_wait_seconds={self.wait_s:g}; the stage needs "
+            f"{self.rendezvous.nnodes} workers of the pool at once, it has "
+            f"{len(workers)} live ({workers or 'none'}): start more with "
+            f"{START_WORKER.format(pool=self.pool)}"
+        )
+        self.cancel_unstarted(message)
+        return PlacementError(message)
+
+    def unstarted(self, ends: list[NodeEnd]) -> list[int]:
+        """The nodes no worker started while the attempt was open: never taken, or taken
+        only once another node had ended (``late``: queued behind it on a busy worker)."""
+        late = {end.node_rank for end in ends if end.kind == "late"}
+        return [node.node_rank for node in self.nodes if not node.started or node.node_rank in late]
+
+    def ends(self) -> list[NodeEnd]:
+        """How each node a worker took ended: its own note, or what its task run's state
+        says."""
+        found = []
+        for node in self.nodes:
+            if node.final is None or not node.started:
+                continue
+            end = self.notes.end(node.node_rank)
+            if node.lost is not None or node.final.is_crashed():
+                why = node.lost or node.final.message or "crashed"
+                end = NodeEnd(node.node_rank, "lost", f"{self.node_label(node.node_rank)}: {why}")
+            elif end is None:
+                state = f"{node.final.name}: {node.final.message}"
+                kind = "finished" if node.final.is_completed() else "failed"
+                end = NodeEnd(node.node_rank, kind, f"{self.node_label(node.node_rank)}: {state}")
+            found.append(end)
+        return found
+
+
+def run_placed_nodes(
+    config: Any,
+    run: RunRef,
+    iteration: int,
+    name: str,
+    pool: str,
+    upstream: dict[str, StageRef],
+    inputs: dict[str, str],
+) -> StageRef:
+    """Stage ``name`` across ``cluster.num_nodes`` nodes of ``pool`` (see the module
+    docstring); its committed outputs."""
+    storage = open_storage(run)
+    watch = PoolWatch.of(pool)
+    attempts = int(STAGE_TASK_OPTIONS["retries"]) + 1
+    restartable: list[NodeEnd] = []
+    try:
+        for number in range(1, attempts + 1):
+            attempt = Attempt(config, run, iteration, name, pool, upstream, inputs)
+            attempt.wait(watch)
+            ends = attempt.ends()
+            unstarted = attempt.unstarted(ends)
+            ends = [end for end in ends if end.node_rank not in unstarted]
+            where = f"stage {name!r} of iteration {iteration} on pool {pool!r}"
+            if not unstarted and all(end.kind == "finished" for end in ends):
+                if (ref := stored_stage(storage, iteration, name, inputs)) is None:
+                    raise PlacementError(f"{where}: every node finished, rank 0 committed nothing")
+                return ref
+            restartable = [end for end in ends if end.restartable]
+            failed = [end for end in ends if end.kind == "failed"]
+            if failed and not restartable:
+                raise RanksFailed(f"{where}: " + "; ".join(end.message for end in failed))
+            if unstarted and not any(end.kind == "lost" for end in ends):
+                raise PlacementError(
+                    f"{where}: node(s) {unstarted} were not started by a worker of the pool "
+                    "(it serves fewer nodes than cluster.num_nodes at once): "
+                    + "; ".join(end.message for end in restartable or failed)
+                )
+            if number < attempts:
+                stage_logger().warning(
+                    "run %s: stage %r of iteration %d, attempt %d of %d: %s; running it again "
+                    "with every rank restarted",
+                    run.run_id,
+                    name,
+                    iteration,
+                    number,
+                    attempts,
+                    "; ".join(end.message for end in restartable),
+                )
+    finally:
+        watch.settle()
+    raise PlacementError(
+        f"stage {name!r} of iteration {iteration} on pool {pool!r}: {attempts} attempts lost "
+        "a rank or node, or did not all meet; the last: "
+        + "; ".join(end.message for end in restartable)
+    )

@@ -1,0 +1,149 @@
+"""The SFT flow's train stage across 2 "nodes" x 1 rank (``cluster.num_nodes: 2``), each node
+started by its own stage worker of the train pool (two task-worker processes), joined by
+torchrun's c10d rendezvous on this machine (127.0.0.1), gloo:
+
+- loss and grad norm equal the one-process flow's within 1e-5, the checkpoint loads in
+  transformers;
+- a rank killed in the middle of a step fails the attempt; the next attempt restarts every
+  rank, and the run ends bit-identical to the undisturbed run;
+- a pool that serves fewer nodes than asked is said before any work, and the stage fails
+  naming the nodes and ranks that never started, or never joined the rendezvous.
+
+CPU-heavy: each attempt starts two torchruns (~30 s each on 2 cores).
+"""
+
+import socket
+from pathlib import Path
+
+import pytest
+from flow_testing import assert_bit_identical, checkpoint_dir, stages_of
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from test_placement_flow import flow_run_of, logs_of, stage_workers
+from test_spmd_flow import CONFIG, OVERRIDES
+from transformers import AutoModelForCausalLM
+
+from flows.placement import PlacementError
+from flows.sft import sft
+from nemo_rl_core.storage.handles import RunRef, open_storage
+from tasks.faults import FAULT_ENV, FAULT_NOTES
+
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+TWO_NODES = ["cluster.num_nodes=2", "cluster.gpus_per_node=1"]
+
+
+def run(root: Path, run_id: str, pool: str | None, *extra: str) -> None:
+    placed = [*TWO_NODES, f"++cluster.placement.train={pool}"] if pool else []
+    sft(
+        config_path=str(CONFIG),
+        overrides=[*OVERRIDES, *placed, *extra],
+        run_id=run_id,
+        storage_root=str(root),
+    )
+
+
+def node_task_runs(run_id: str, pool: str, iteration: int) -> list:
+    flow_run = flow_run_of(f"sft-{run_id}")
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+        )
+    return [
+        t
+        for t in task_runs
+        if t.task_key == f"stage-node@{pool}" and t.name.endswith(f"-it{iteration}")
+    ]
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("single")
+    run(root, "single", None)
+    return root
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("nodes")
+    with stage_workers("train-pool", root, count=2):
+        run(root, "nodes", "train-pool")
+    return root
+
+
+def test_two_nodes_each_started_by_a_worker_train_as_one_process(
+    single: Path, two_nodes: Path
+) -> None:
+    storage = open_storage(RunRef(str(two_nodes), "nodes"))
+    for iteration in (0, 1):
+        expected = stages_of(single, "single", iteration)["train"]["metrics"]
+        train = stages_of(two_nodes, "nodes", iteration)["train"]
+        got = train["metrics"]
+        assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
+        assert got["global_valid_toks"] == expected["global_valid_toks"]
+        assert (train["ran_on"]["ranks"], train["ran_on"]["pool"]) == (2, "train-pool")
+        workers = set()
+        for node in (0, 1):
+            beat = storage.read_stage_run(iteration, f"train.node-{node}-of-2")
+            assert beat is not None and beat.ran_on.pool == "train-pool"
+            workers.add(beat.ran_on.worker)
+        assert workers == {"train-pool-0", "train-pool-1"}, "one node per worker"
+        assert len(node_task_runs("nodes", "train-pool", iteration)) == 2
+    # the rendezvous was on this machine's loopback: node 0 published its host name
+    assert socket.gethostbyname(socket.gethostname()) == "127.0.0.1"
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoint_dir(two_nodes, "nodes", 2))
+    assert sum(p.numel() for p in loaded.parameters()) > 0
+
+
+def test_a_killed_rank_reruns_every_rank_bit_identical(tmp_path: Path, two_nodes: Path) -> None:
+    """Rank 1 SIGKILLs itself in iteration 1's backward pass: both nodes' launches fail,
+    the attempt runs again on both workers with every rank restarted."""
+    with stage_workers("kill-pool", tmp_path, count=2, env={FAULT_ENV: "train@1:kill-rank1"}):
+        run(tmp_path, "killed", "kill-pool")
+    storage = open_storage(RunRef(str(tmp_path), "killed"))
+    assert storage.read_rendezvous_note(1, "train", FAULT_NOTES, "kill-rank1") is not None
+    assert len(node_task_runs("killed", "kill-pool", 0)) == 2
+    attempts = node_task_runs("killed", "kill-pool", 1)
+    assert len(attempts) == 4, "two attempts of two nodes"
+    assert sum(t.state.is_completed() for t in attempts) == 2
+    logs = logs_of(flow_run_of("sft-killed").id)
+    again = [line for line in logs if "running it again with every rank restarted" in line]
+    assert len(again) == 1 and "rank 1 was killed by SIGKILL" in again[0], logs
+    assert_bit_identical(
+        checkpoint_dir(tmp_path, "killed", 2), checkpoint_dir(two_nodes, "nodes", 2)
+    )
+    for iteration in (0, 1):
+        got = stages_of(tmp_path, "killed", iteration)["train"]["metrics"]
+        expected = stages_of(two_nodes, "nodes", iteration)["train"]["metrics"]
+        assert (got["loss"], got["grad_norm"]) == (expected["loss"], expected["grad_norm"])
+
+
+def test_a_pool_short_of_nodes_is_said_and_fails_naming_the_missing_ranks(
+    tmp_path: Path,
+) -> None:
+    with stage_workers("short-pool", tmp_path, count=1):
+        # the one worker starts a node, whose rendezvous waits 15 s for the other
+        with pytest.raises(PlacementError) as never_joined:
+            run(tmp_path, "rdzv", "short-pool", "++cluster.rendezvous_timeout_seconds=15")
+        message = str(never_joined.value)
+        assert "pool 'short-pool'" in message and "were not started by a worker" in message
+        assert "join_timeout=15s; node(s) [" in message and "never joined" in message
+        logs = logs_of(flow_run_of("sft-rdzv").id)
+        assert any(
+            "pool 'short-pool' has 1 live stage worker(s), and stage 'train' needs 2" in line
+            for line in logs
+        ), logs
+        # nobody takes the second node within placement_wait_seconds
+        with pytest.raises(
+            PlacementError,
+            match=r"pool 'short-pool': no stage worker of the pool started node\(s\) \[[01]\] "
+            r"\(rank [01] of world size 2\) within cluster.placement_wait_seconds=8",
+        ):
+            run(
+                tmp_path,
+                "wait",
+                "short-pool",
+                "++cluster.placement_wait_seconds=8",
+                "++cluster.rendezvous_timeout_seconds=20",
+            )
+    assert "train" not in stages_of(tmp_path, "wait", 0)
