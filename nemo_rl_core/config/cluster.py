@@ -84,7 +84,7 @@ class ClusterConfig(StrictConfig):
         int | None,
         Only(None, reason="NVLink-domain alignment needs a multi-node GPU cluster"),
     ] = None
-    placement: Annotated[dict[str, str], Wired("flows.placement:run_placed_stage")] = Field(
+    placement: Annotated[dict[str, str], Wired("flows.placed_stage:run_placed_stage")] = Field(
         default_factory=dict
     )
     placement_wait_seconds: Annotated[PositiveFloat, Wired("flows.placement:PlacedRun.poll")] = (

@@ -167,6 +167,11 @@ def toy_answer(ctx: StageContext) -> StageResult:
     return StageResult({"batch": answered}, {"weights_step": ctx.weights_step})
 
 
+def toy_score_widest(config: Any) -> tuple[int, str]:
+    """A shard holds whole samples: at most one per problem of a step's batch."""
+    return config.toy.batch_size, f"toy.batch_size={config.toy.batch_size} samples"
+
+
 def toy_score_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
     answered = ctx.batch("answer")
     start, end = shard_bounds(answered.size, index, count)
@@ -245,7 +250,7 @@ TOY = Pipeline(
             toy_score,
             reads=("answer",),
             reported=("mean_reward",),
-            fan_out=FanOut(toy_score_shard, toy_score_merge),
+            fan_out=FanOut(toy_score_shard, toy_score_merge, toy_score_widest),
         ),
         Stage(
             "update",
