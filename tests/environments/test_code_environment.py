@@ -32,8 +32,19 @@ def sandbox_processes() -> list[int]:
     """Live processes of samples' sandboxes right now (the environment's judges live on)."""
     if os.geteuid() != 0:
         return []
-    pids = [pid for uid in SANDBOX_UIDS for pid in live_processes(uid)]
+    pids = [pid for uid in SANDBOX_UIDS for pid in live_processes(uid) if ours_or_orphaned(pid)]
     return [pid for pid in pids if (cmd := cmdline(pid)) is not None and not cmd.endswith(JUDGE)]
+
+
+def ours_or_orphaned(pid: int) -> bool:
+    """Whether a sandbox process descends from this test process, or escaped to the host's
+    init: another pytest worker's sandboxes (same uid pool) are neither."""
+    try:
+        parents = psutil.Process(pid).parents()
+    except psutil.NoSuchProcess:
+        return False
+    escaped = not parents or parents[0].pid == 1
+    return escaped or any(parent.pid == os.getpid() for parent in parents)
 
 
 def cmdline(pid: int) -> bytes | None:
