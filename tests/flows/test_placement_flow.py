@@ -106,11 +106,19 @@ def flow_run_messages(flow_run_id: Any) -> list[str]:
 
 
 def logs_of(flow_run_id: Any) -> list[str]:
+    """Every log line of the flow run, page by page (the API returns at most 200 a call; a
+    run's stages log more than that)."""
+    messages: list[str] = []
     with get_client(sync_client=True) as client:
-        found = client.read_logs(
-            log_filter=LogFilter(flow_run_id={"any_": [flow_run_id]}), limit=200
-        )
-    return [entry.message for entry in found]
+        while True:
+            page = client.read_logs(
+                log_filter=LogFilter(flow_run_id={"any_": [flow_run_id]}),
+                limit=200,
+                offset=len(messages),
+            )
+            messages += [entry.message for entry in page]
+            if len(page) < 200:
+                return messages
 
 
 @contextmanager
@@ -301,7 +309,10 @@ def test_a_killed_worker_is_said_and_its_stage_runs_again_on_a_restarted_one(
     assert_same_weights(final_weights(whole, "whole"), final_weights(tmp_path, "killed"))
     train = manifest(tmp_path, "killed", 1)["train"].ran_on
     assert train is not None and train.pid == restarted.pid, train
-    assert any("has a live stage worker again" in line for line in logs_of(flow_run.id))
+    said_by = time.monotonic() + 15  # Prefect's log worker sends the run's lines in batches
+    while not any("has a live stage worker again" in line for line in logs_of(flow_run.id)):
+        assert time.monotonic() < said_by, "the flow run never said the pool's worker is back"
+        time.sleep(0.5)
 
 
 def test_a_stalled_worker_is_declared_lost_and_its_stage_runs_on_another(
