@@ -39,7 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from common import flow_iteration_times, record
+from common import every_iteration_stages, flow_iteration_times, record
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "examples/configs/grpo_math_tiny_pools.yaml"
@@ -81,7 +81,7 @@ PARTS_NOTE = (
 
 def placed_parts(stack: Any, flow_run_id: str, manifests: list) -> list[dict[str, float]]:
     """Where the seconds of each placed task run of iterations 1.. went (``PARTS_NOTE``)."""
-    order = list(manifests[0].stages)
+    order = list(every_iteration_stages())
     task_runs = stack.api(
         "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}}
     )

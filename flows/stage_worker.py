@@ -31,7 +31,7 @@ import orjson
 import websockets.exceptions
 from prefect.client.schemas.objects import TaskRun
 from prefect.client.subscriptions import Subscription
-from prefect.context import SyncClientContext
+from prefect.context import AsyncClientContext, SyncClientContext
 from prefect.exceptions import ObjectNotFound
 from prefect.settings import get_current_settings
 from prefect.task_worker import TaskWorker
@@ -102,10 +102,12 @@ class StageTaskWorker(TaskWorker):
 
 
 async def serve(pool: str) -> None:
-    # Prefect's client context for the worker's life: the task engine takes its client from
-    # it (``get_client``) instead of opening one per task run (~20-40 ms each, issue 30).
+    # Prefect's client contexts for the worker's life: its task engine (sync) and its reads
+    # of the task-scheduling block (async) take their clients from them (``get_client``)
+    # instead of opening one each per task run (~20-40 ms each, issue 30).
     with SyncClientContext():
-        await StageTaskWorker(pool_tasks(pool)).astart()
+        async with AsyncClientContext():
+            await StageTaskWorker(pool_tasks(pool)).astart()
 
 
 def main() -> None:
