@@ -23,7 +23,7 @@ of ten seconds or so, nearer the 13-17 s the issue saw, still far below a real m
 Below the table, each size's placed task runs split into parts (``placed_parts``), from the
 task runs' state timestamps on the server: what a placement costs per task run.
 
-Run:   .venv/bin/python bench/placement.py                       (6 steps, 2 rounds, both sizes)
+Run:   .venv/bin/python bench/placement.py                       (6 steps, 2 rounds, every size)
        .venv/bin/python bench/placement.py --config examples/configs/grpo_math_tiny.yaml \\
            --place generate=rollout-pool --place reward=rollout-pool \\
            --place logprob=train-pool --place train=train-pool
