@@ -71,8 +71,8 @@ PARTS_NOTE = (
     "stages' commits in the manifests: 'submit' from the commit before it (the waiter seeing "
     "the previous task run end and reading its outputs, then Prefect's submission: the "
     "task-scheduling block, parameters to S3) to the task run's creation; 'pickup' to "
-    "Pending (a worker took it and read its parameters); 'start' to Running (the task "
-    "engine's state proposals); 'in run' from Running to its last stage's commit, less "
+    "Pending (a worker took it and read its parameters); 'start' to Running (the worker's "
+    "task engine starting: its context, the task run's name set on the server); 'in run' from Running to its last stage's commit, less "
     "'compute' (its stages' own seconds): the credentials block, the heartbeat, the stages' "
     "manifest reads, outputs and commits; 'complete' from that commit to Completed; 'fixed': "
     "all but 'compute'."
@@ -143,6 +143,7 @@ def measure_run(
         "first_s": first_commit - started,
         "iteration_s": [t["total"] for t in timings],
         "stage_s": {s: [t[s] for t in timings] for s in STAGES},
+        "compute_s": [sum(t[f"{s}_compute"] for s in STAGES) for t in timings],
         "parts": placed_parts(stack, flow_run_id, manifests),
     }
 
@@ -195,7 +196,8 @@ def main() -> None:
 
     lines = [
         f"{'size':7} {'variant':12} {'iter s (median)':>15} {'vs one process':>14} "
-        f"{'iteration 0 s':>13} {'flow run s':>10}  " + " ".join(f"{s + ' s':>10}" for s in STAGES)
+        f"{'iteration 0 s':>13} {'flow run s':>10} {'compute s':>9}  "
+        + " ".join(f"{s + ' s':>10}" for s in STAGES)
     ]
     for size, side in variants:
         base = statistics.median(pooled((size, "one process"), "iteration_s"))
@@ -203,12 +205,13 @@ def main() -> None:
         median = statistics.median(pooled((size, side), "iteration_s"))
         first = statistics.median(r["first_s"] for r in runs)
         wall = statistics.median(r["flow_run_s"] for r in runs)
+        compute = statistics.median(pooled((size, side), "compute_s"))
         stages = " ".join(
             f"{statistics.median(v for r in runs for v in r['stage_s'][s]):10.2f}" for s in STAGES
         )
         lines.append(
             f"{size:7} {side:12} {median:15.2f} {median / base:13.2f}x {first:13.1f} "
-            f"{wall:10.1f}  {stages}"
+            f"{wall:10.1f} {compute:9.2f}  {stages}"
         )
     lines += ["", "placed task runs, median seconds of each part (iterations 1..):"]
     lines.append(
@@ -233,7 +236,9 @@ def main() -> None:
         "machine's cores with the stages). 'iter s': median wall seconds from one iteration's "
         "checkpoint commit to the next's, iterations 1.. of every round; 'iteration 0 s' holds "
         "the model loads (the workers' first task, the flow process's first stage); "
-        "'flow run s': submitted to completed. Stage columns: median wall seconds of each stage "
+        "'flow run s': submitted to completed; 'compute s': median of an iteration's "
+        "generate, reward, logprob and train compute seconds (manifest metrics: reading the "
+        "inputs, a generation engine's refit, the stage's work). Stage columns: median wall seconds of each stage "
         "from the previous commit to its own (for a placed stage: submitting its task run, a "
         "worker taking it, reading its inputs from S3, computing, committing, the waiter "
         "seeing it complete; consecutive stages of one pool are one task run, so its "
