@@ -1,11 +1,12 @@
 """Storage credentials from a Prefect block: a flow or stage worker given the name of a
 prefect-aws ``AwsCredentials`` block uses its keys and endpoint for the run's ``s3://`` root.
 
-A block is read once per process and flow run: a stage worker runs many task runs of one
-flow run, and reading the block for each cost an API round trip and the block's parsing
-(~50-100 ms on a loaded 2-core machine, bench/RESULTS.md, issue 30). A block changed on the
-server is read again by the next flow run, as a changed config is (``flows.pool_tasks``
-keeps a warm runtime per flow run too); a different block name is read at once."""
+A block is read once per process and flow run (outside a flow run, once per process): a
+stage worker runs many task runs of one flow run, and reading the block for each cost an API
+round trip and the block's parsing (tens of ms on a loaded 2-core machine, bench/RESULTS.md,
+issue 30). A block changed on the server is read again by the next flow run, as a changed
+config is (``flows.pool_tasks`` keeps a warm runtime per flow run too); a different block
+name is read at once."""
 
 from typing import Any
 
