@@ -66,7 +66,7 @@ setup: $(STAMP) | which-lock
 run: setup
 	$(PY) -m flows grpo --config $(RUN_CONFIG) $(ARGS)
 
-PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 test: system-deps setup
 	$(VENV)/bin/ruff check .
