@@ -110,8 +110,10 @@ def nemo_rl_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def local_stack() -> Iterator[LocalStack]:
-    """PostgreSQL, Prefect server, process worker and moto S3 for this test session."""
-    with running_stack() as stack:
+    """PostgreSQL, Prefect server, process worker and moto S3 for this test session. Its
+    scheduler looks for due schedules every 5 s, not 60: a test waiting for a schedule's
+    runs waits seconds (tests/stack/test_training_on_stack.py)."""
+    with running_stack(settings={"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}) as stack:
         yield stack
 
 
