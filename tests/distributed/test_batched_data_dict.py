@@ -264,9 +264,6 @@ def test_packing_rejects_a_sequence_over_the_budget() -> None:
 
 
 def _gather_worker(rank: int, port: int, results: "mp.Queue") -> None:
-    """One rank; it ends with ``os._exit(0)`` once its result is sent: a forked child must
-    not run the exit hooks it inherited (Prefect's services, once a flow ran in the test
-    process, fail their drain there, and the child would exit 1)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     try:
@@ -277,16 +274,15 @@ def _gather_worker(rank: int, port: int, results: "mp.Queue") -> None:
         results.put((rank, gathered["ids"].tolist(), gathered["name"]))
     finally:
         torch.distributed.destroy_process_group()
-    results.close()
-    results.join_thread()  # the result is sent before the process ends
-    os._exit(0)
 
 
 def test_all_gather_concatenates_in_rank_order_over_gloo() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ctx = mp.get_context("fork")  # spawn re-imports torch: ~15 s per process here
+    # Fresh processes: a forked one would inherit the test process's state, a default process
+    # group (the Megatron tests make one in-process) or Prefect's exit hooks (a flow run).
+    ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_gather_worker, args=(r, port, results)) for r in range(2)]
     for proc in procs:
