@@ -353,6 +353,21 @@ def seed_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def reward_table(results: dict[str, Any]) -> str:
+    """Mean training reward per step of each seed that TRL ran too, ours beside TRL's (same
+    start, same prompts in the same order); empty when TRL ran for none."""
+    lines = []
+    for run in results["runs"]:
+        side = results["trl"].get(str(run["seed"]))
+        if side:
+            lines.append(f"seed {run['seed']} training reward per step (ours / TRL):")
+            for step, ours in enumerate(run["rewards"], 1):
+                theirs = side["rewards"][step - 1] if step <= len(side["rewards"]) else None
+                cell = "-" if theirs is None else f"{theirs:.3f}"
+                lines.append(f"{step:>6}{ours:>8.3f}{cell:>8}")
+    return "\n".join(lines)
+
+
 def audit_table(results: dict[str, Any], root: Path) -> str:
     """Per seed: what the GRPO rollouts of the first and last steps and the evals' greedy
     answers are made of (shares of samples), read from the runs kept under ``root``."""
@@ -387,6 +402,7 @@ def keep_results(root: Path, results: dict[str, Any]) -> None:
 
 def report(root: Path, results: dict[str, Any]) -> str:
     tables = [seed_table(results), flip_table(results, root), audit_table(results, root)]
+    tables += [table for table in [reward_table(results)] if table]
     return "\n\n".join(tables) + "\n" + (f"load averages (1 min): {', '.join(results['loads'])}")
 
 
