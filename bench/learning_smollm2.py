@@ -21,7 +21,9 @@ restated expressions, no answer line).
 
 ``--trl SEED``: TRL's GRPOTrainer (``bench/vs_trl.py``'s worker, in its venv) from that seed's
 SFT checkpoint, on the prompts our GRPO run drew, in order, with the same DAPO reward and
-update settings; its final weights are scored by the same eval flow.
+update settings; its final weights are scored by the same eval flow. ``--trl-minutes M``:
+TRL stops after the first step that ends past M minutes of training and its weights so far
+are scored (a wall budget on a loaded machine, where its steps have taken 40-580 s).
 ``--trl-only``: TRL alone, for the ``--trl`` seeds whose runs a ``--keep`` folder already holds
 (beside a run still going: each TRL result is kept in its own ``trl_s<seed>/result.json``).
 ``--validation``: score training-side pairs of another seed instead of the held-out ones
