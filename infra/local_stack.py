@@ -50,7 +50,8 @@ class LocalStack:
 
     state_dir: Path
     ports: dict[str, int]
-    env_vars: dict[str, str]  # what .infra/env.sh exports: give these to any client
+    # what .infra/env.sh exports and the settings it started with: give these to any client
+    env_vars: dict[str, str]
 
     @property
     def env(self) -> dict[str, str]:
@@ -277,12 +278,16 @@ def kill_tree(pid: int) -> list[int]:
 
 
 def start_stack(
-    state_dir: Path, components: Sequence[str] = (), cpus: str | None = None
+    state_dir: Path,
+    components: Sequence[str] = (),
+    cpus: str | None = None,
+    settings: dict[str, str] | None = None,
 ) -> tuple[LocalStack, str]:
     """``infra/stack.sh start [COMPONENTS]`` into ``state_dir`` on free ports (every
     component when none is named); with ``cpus`` (``taskset -c`` syntax) every process of
-    the stack runs on those cores only. Returns the stack and the script's output
-    (per-service start times)."""
+    the stack runs on those cores only; ``settings`` (e.g. Prefect server settings) go into
+    the environment of every service it starts, then and on any later start through the
+    returned stack. Returns the stack and the script's output (per-service start times)."""
     ports = {"pg": free_port(), "api": free_port(), "s3": free_port()}
     env = {
         **os.environ,
@@ -290,6 +295,7 @@ def start_stack(
         "INFRA_PG_PORT": str(ports["pg"]),
         "INFRA_API_PORT": str(ports["api"]),
         "INFRA_S3_PORT": str(ports["s3"]),
+        **(settings or {}),
     }
     pinned = [] if cpus is None else ["taskset", "-c", cpus]
     proc = subprocess.run(
@@ -301,7 +307,8 @@ def start_stack(
     )
     if proc.returncode != 0:
         raise RuntimeError(f"infra/stack.sh start failed:\n{proc.stdout}\n{proc.stderr}")
-    return LocalStack(state_dir, ports, _read_env_file(state_dir / "env.sh")), proc.stdout
+    env_vars = {**_read_env_file(state_dir / "env.sh"), **(settings or {})}
+    return LocalStack(state_dir, ports, env_vars), proc.stdout
 
 
 def attach_stack(state_dir: Path) -> LocalStack:
@@ -316,16 +323,21 @@ def stop_stack(state_dir: Path) -> None:
 
 
 @contextmanager
-def running_stack(components: Sequence[str] = (), cpus: str | None = None) -> Iterator[LocalStack]:
-    """A stack (``components`` of it, on ``cpus``: see ``start_stack``) in a fresh state
-    dir for the life of the block, stopped and removed after, even on failure."""
+def running_stack(
+    components: Sequence[str] = (),
+    cpus: str | None = None,
+    settings: dict[str, str] | None = None,
+) -> Iterator[LocalStack]:
+    """A stack (``components`` of it, on ``cpus``, with ``settings``: see ``start_stack``)
+    in a fresh state dir for the life of the block, stopped and removed after, even on
+    failure."""
     # Not under pytest's tmp dir: that one is private to its owner, and PostgreSQL runs as
     # the `postgres` OS user when this runs as root.
     state_dir = Path(tempfile.mkdtemp(prefix="nemo-rl-stack-"))
     state_dir.chmod(0o755)
     try:
         started = time.monotonic()
-        stack, output = start_stack(state_dir, components, cpus)
+        stack, output = start_stack(state_dir, components, cpus, settings)
         print(f"\nlocal stack up in {time.monotonic() - started:.1f} s:\n{output}", flush=True)
         yield stack
     finally:

@@ -32,14 +32,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
 from local_stack import LocalStack, running_stack  # noqa: E402
 from moto_server import running_moto_server  # noqa: E402
 
+# Fixtures made once per module or class (a flow run the module's tests all read): under
+# ``--dist loadgroup`` the tests of one module would otherwise be spread over both workers,
+# and each worker would make the fixture again.
+SHARED_SCOPES = {"module", "class", "package"}
 
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The stack tests share one worker (the stack is a session fixture: one PostgreSQL,
+    Prefect server and worker, not one per xdist worker); a module whose tests use a
+    module-scoped fixture runs in one worker, which makes it once."""
+    if "local_stack" in getattr(item, "fixturenames", ()):
+        return "stack"
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    definitions = fixture_info.name2fixturedefs.values() if fixture_info else ()
+    if any(defs[-1].scope in SHARED_SCOPES for defs in definitions):
+        return f"module-{item.path.relative_to(item.config.rootpath)}"
+    return None
+
+
+def start_order(item: pytest.Item) -> tuple[bool, bool, bool]:
+    """The stack group first (the longest chain of tests on one worker), then the real-model
+    tests, then the groups sharing a module fixture, then the rest: the long units start
+    first and the short ones fill the end, so both workers finish close together."""
+    group = item.get_closest_marker("xdist_group")
+    return (
+        group is None or group.args[0] != "stack",
+        item.get_closest_marker("e2e") is None,
+        group is None,
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # the groups must be marked before xdist reads them
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test on the local stack runs in one xdist worker (``--dist loadgroup``): the
-    stack is a session fixture, so the stack tests share one PostgreSQL, Prefect server and
-    worker instead of starting one per xdist worker."""
+    """Groups for ``--dist loadgroup`` and the order they start in (Makefile: with
+    ``--no-loadscope-reorder``, xdist hands them out in this order)."""
     for item in items:
-        if "local_stack" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("stack"))
+        if group := xdist_group_of(item):
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=start_order)
 
 
 @pytest.fixture(scope="session")
@@ -79,8 +110,10 @@ def nemo_rl_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def local_stack() -> Iterator[LocalStack]:
-    """PostgreSQL, Prefect server, process worker and moto S3 for this test session."""
-    with running_stack() as stack:
+    """PostgreSQL, Prefect server, process worker and moto S3 for this test session. Its
+    scheduler looks for due schedules every 5 s, not 60: a test waiting for a schedule's
+    runs waits seconds (tests/stack/test_training_on_stack.py)."""
+    with running_stack(settings={"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}) as stack:
         yield stack
 
 

@@ -4,7 +4,8 @@
 torch's own launcher (``torch.distributed.run.run``, what the ``torchrun`` command runs:
 elastic agent, c10d rendezvous, worker processes) and writes what its exception holds
 (which global rank failed, its exit code or signal, the traceback torchrun's ``@record``
-error file carries), which torchrun itself only prints as a table.
+error file carries), which torchrun itself only prints as a table. It ends, stopping its
+ranks, when the worker that launched it dies (``launcher_death``).
 """
 
 import json
@@ -15,6 +16,8 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.run import parse_args, run
+
+from nemo_rl_core.distributed.launcher_death import end_with_launcher
 
 SUMMARY_TRACEBACK_LINES = 12
 
@@ -30,6 +33,7 @@ def _message(failure: Any) -> str:
 
 
 def main(argv: list[str]) -> int:
+    end_with_launcher()
     summary_path, torchrun_args = Path(argv[0]), argv[1:]
     summary: dict[str, Any]
     try:

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from nemo_rl_core.distributed.launcher_death import LAUNCHER_PID_ENV
 from nemo_rl_core.distributed.virtual_cluster import training_world
 from nemo_rl_core.storage.run_storage import RunStorage
 
@@ -228,6 +229,7 @@ def _run_node(
             "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // rendezvous.nproc_per_node))
         ),
         **(env or {}),
+        LAUNCHER_PID_ENV: str(os.getpid()),
     }
     with log_path.open("ab") as log:
         process = subprocess.Popen(

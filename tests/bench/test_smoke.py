@@ -65,21 +65,21 @@ def test_roofline_smoke() -> None:
 
 
 def test_vs_trl_smoke(trl_python: Path | None) -> None:
-    """Two seeds at the smallest size: the speed rows, each side's reward rise with its
-    standard error and per-seed rises, and the per-step table over seeds. Where TRL's venv
-    is not built (`make bench-venvs`; under CI the fixture builds it, so CI always runs
-    TRL), our side alone."""
+    """One seed at the smallest size: the speed row, each
+    side's reward rise (one seed: no standard error) and its per-seed rise. The summary over
+    several seeds is checked on hand figures (test_vs_trl_summary.py). Where TRL's venv is
+    not built (`make bench-venvs`; under CI the fixture builds it, so CI always runs TRL),
+    our side alone."""
     with_trl = trl_python is not None
-    out = run_smoke("vs_trl.py", "--seeds", "1", "2", *([] if with_trl else ["--without-trl"]))
+    out = run_smoke("vs_trl.py", "--seeds", "1", *([] if with_trl else ["--without-trl"]))
     # Per TRL mode (plain, vLLM colocate): its seconds per step and its ratio to ours.
     trl_cells = r"\s+".join([r"\d+\.\d\d"] * 4) if with_trl else r"-\s+-"
-    for seed in (1, 2):
-        assert re.search(rf"^tiny-llama {seed}\s+\d+\.\d\d\s+{trl_cells}\s", out, re.MULTILINE)
-    rise = r"\d\.\d{3} -> \d\.\d{3}: [-+]\d\.\d{3} \+- \d\.\d{3}; per seed \[[-+]\d\.\d{3}, [-+]\d\.\d{3}\]"
+    assert re.search(rf"^tiny-llama 1\s+\d+\.\d\d\s+{trl_cells}\s", out, re.MULTILINE)
+    rise = r"\d\.\d{3} -> \d\.\d{3}: [-+]\d\.\d{3} \+- nan; per seed \[[-+]\d\.\d{3}\] "
     trl_sides = ["TRL GRPOTrainer", "TRL vLLM colocate"] if with_trl else []
     for side in ["ours \\(Prefect flow\\)", *trl_sides]:
         assert re.search(rf"^tiny-llama\s+{side}\s+{rise}", out, re.MULTILINE), out[-3000:]
-    assert re.search(r"^\| 2 \| \d\.\d{3} \+- \d\.\d{3} \|", out, re.MULTILINE)
+    assert "reward per step (per seed [1]): " in out
 
 
 @pytest.mark.parametrize(

@@ -280,7 +280,9 @@ def test_all_gather_concatenates_in_rank_order_over_gloo() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ctx = mp.get_context("fork")  # spawn re-imports torch: ~15 s per process here
+    # Fresh processes: a forked one would inherit the test process's state, a default process
+    # group (the Megatron tests make one in-process) or Prefect's exit hooks (a flow run).
+    ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=_gather_worker, args=(r, port, results)) for r in range(2)]
     for proc in procs:

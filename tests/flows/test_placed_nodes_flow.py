@@ -1,6 +1,13 @@
-"""The SFT flow's train stage across 2 "nodes" x 1 rank (``cluster.num_nodes: 2``), each node
-started by its own stage worker of the train pool (two task-worker processes), joined by
-torchrun's c10d rendezvous on this machine (127.0.0.1), gloo:
+"""The SFT flow's train stage on several ranks, against one one-process run of the same config
+(made once, ``single``):
+
+- with ``cluster.gpus_per_node: 2`` on a CPU machine the train stage runs as 2 ranks of this
+  machine (torchrun --standalone, gloo, FSDP2), every other stage in the flow's process; the
+  step equals the one-process flow's within 1e-5, also when a rank is lost.
+
+Across 2 "nodes" x 1 rank (``cluster.num_nodes: 2``), each node started by its own stage
+worker of the train pool (two task-worker processes), joined by torchrun's c10d rendezvous on
+this machine (127.0.0.1), gloo:
 
 - loss and grad norm equal the one-process flow's within 1e-5, the checkpoint loads in
   transformers;
@@ -20,7 +27,6 @@ from flow_testing import assert_bit_identical, checkpoint_dir, stages_of
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from test_placement_flow import flow_run_of, logs_of, stage_workers
-from test_spmd_flow import CONFIG, OVERRIDES
 from transformers import AutoModelForCausalLM
 
 from flows.placement import PlacementError
@@ -29,6 +35,13 @@ from nemo_rl_core.storage.handles import RunRef, open_storage
 from tasks.faults import FAULT_ENV, FAULT_NOTES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "sft_tiny.yaml"
+OVERRIDES = [
+    "sft.max_num_steps=2",
+    "sft.val_at_start=false",
+    "policy.train_global_batch_size=8",
+    "policy.train_micro_batch_size=4",
+]
 TWO_NODES = ["cluster.num_nodes=2", "cluster.gpus_per_node=1"]
 
 
@@ -68,6 +81,33 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with stage_workers("train-pool", root, count=2):
         run(root, "nodes", "train-pool")
     return root
+
+
+def test_train_stage_on_two_local_ranks(
+    single: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 is killed in the middle of iteration 0's step: the stage task's retry starts
+    every rank again and the run goes on."""
+    monkeypatch.setenv(FAULT_ENV, "train@0:kill-rank1")
+    sft(
+        config_path=str(CONFIG),
+        overrides=[*OVERRIDES, "cluster.gpus_per_node=2"],
+        run_id="ranks",
+        storage_root=str(tmp_path),
+    )
+    for iteration in (0, 1):
+        expected = stages_of(single, "single", iteration)["train"]["metrics"]
+        train = stages_of(tmp_path, "ranks", iteration)["train"]
+        assert train["ran_on"]["ranks"] == 2
+        assert "ranks" not in stages_of(single, "single", iteration)["train"]["ran_on"]
+        got = train["metrics"]
+        assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
+    assert (tmp_path / "runs" / "ranks" / "checkpoints" / "step_000002" / "COMMITTED").exists()
+    fired = open_storage(RunRef(str(tmp_path), "ranks")).read_rendezvous_note(
+        0, "train", FAULT_NOTES, "kill-rank1"
+    )
+    assert fired is not None, "rank 1 was killed once, and the retry trained"
 
 
 def test_two_nodes_each_started_by_a_worker_train_as_one_process(

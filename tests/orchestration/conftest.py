@@ -1,6 +1,7 @@
 """The toy pipeline registered while its tests run, Prefect's ephemeral API, its initial
-model, and a fresh storage root per test. Each module's tests run in one xdist worker: its
-module-scoped runs (the uninterrupted run that others are compared with) are made once."""
+model, and a fresh storage root per test. Each module's tests run in one xdist worker
+(tests/conftest.py groups every module with a module-scoped fixture): its module-scoped runs
+(the uninterrupted run that others are compared with) are made once."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,14 +11,6 @@ from toy_pipeline import TOY, write_initial_model
 from toy_runs import ToyRuns
 
 from nemo_rl_core.pipeline.spec import registered_for
-
-HERE = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.parent == HERE:
-            item.add_marker(pytest.mark.xdist_group(f"toy-{item.path.stem}"))
 
 
 @pytest.fixture(scope="session", autouse=True)

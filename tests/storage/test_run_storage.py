@@ -15,6 +15,7 @@ import torch
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.storage.lease import LeaseHeldError, LeaseLostError, LocalObject, S3Object
 from nemo_rl_core.storage.manifest import Manifest
+from nemo_rl_core.storage.outage import BUDGET_ENV
 from nemo_rl_core.storage.run_storage import (
     ConfigConflictError,
     IntegrityError,
@@ -258,6 +259,9 @@ def test_interrupted_write_leaves_no_output_and_the_manifest_intact(
 
     with monkeypatch.context() as patch:
         _fail_commit(storage, patch)
+        # Each write gives up after a second, not the session's 8 s: the retrying within
+        # the budget is test_outage.py's, this test is about what a failed write leaves.
+        patch.setenv(BUDGET_ENV, "1")
         with pytest.raises(StorageError, match="iter_000005/reward/batch.arrow"):
             storage.write_batch(5, "reward", _batch(8))
         with pytest.raises(StorageError, match="MANIFEST.json"):
@@ -273,7 +277,9 @@ def test_interrupted_write_leaves_no_output_and_the_manifest_intact(
     assert storage.completed_stage(5, "generate", {"p": "1"}) is not None
 
 
-def test_unreachable_s3_raises_storage_error_naming_the_url() -> None:
+def test_unreachable_s3_raises_storage_error_naming_the_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -283,6 +289,7 @@ def test_unreachable_s3_raises_storage_error_naming_the_url() -> None:
         "secret": "s",
         "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
     }
+    monkeypatch.setenv(BUDGET_ENV, "1")  # the message is the point, not the retrying
     storage = RunStorage("s3://nowhere/prefix", "run-x", storage_options=options)
     with pytest.raises(StorageError, match=r"s3://nowhere/prefix/runs/run-x/config\.yaml"):
         storage.read_run_config()
