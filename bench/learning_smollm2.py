@@ -9,7 +9,10 @@ math-verify scored ``\\boxed{51 + 29}`` 1 (the gamed run of issue 19). SmolLM2 a
 (``sft_smollm2_answer_line.yaml``, training pairs only).
 
 Per seed (``sft.seed`` and ``grpo.seed``): the SFT -> GRPO -> eval chain (``flows.chain``),
-then the eval flow on SFT's checkpoint. 'start' is SFT's held-out greedy accuracy, 'end'
+then the eval flow on SFT's checkpoint. ``--sft-seed N``: one warm start for every seed, as
+``bench/learning.py`` has: the SFT link of seed N's chain (run once, kept and found again),
+each other seed its GRPO flow and eval flow from that checkpoint, so seeds differ only in
+GRPO's seed (its sampling and prompt order). 'start' is SFT's held-out greedy accuracy, 'end'
 GRPO's, both from the eval flow on the same 256 held-out additions (pairs no SFT or GRPO run
 draws); the gain counted is GRPO's over its start. Each GRPO run's stored rollouts
 (``rollouts/iter_*.parquet``) and both evals' samples are then audited: what the rewarded
@@ -18,19 +21,22 @@ restated expressions, no answer line).
 
 ``--trl SEED``: TRL's GRPOTrainer (``bench/vs_trl.py``'s worker, in its venv) from that seed's
 SFT checkpoint, on the prompts our GRPO run drew, in order, with the same DAPO reward and
-update settings; its final weights are scored by the same eval flow.
+update settings; its final weights are scored by the same eval flow. ``--trl-minutes M``:
+TRL stops after the first step that ends past M minutes of training and its weights so far
+are scored (a wall budget on a loaded machine, where its steps have taken 40-580 s).
 ``--trl-only``: TRL alone, for the ``--trl`` seeds whose runs a ``--keep`` folder already holds
 (beside a run still going: each TRL result is kept in its own ``trl_s<seed>/result.json``).
 ``--validation``: score training-side pairs of another seed instead of the held-out ones
 (the split the recipe's settings were chosen on; the held-out pairs chose nothing).
 
-Run:   nice -n 5 .venv/bin/python bench/learning_smollm2.py --seeds 1 2 3 --trl 1 --keep DIR
+Run:   nice -n 5 .venv/bin/python bench/learning_smollm2.py --seeds 1 2 3 --sft-seed 1 --trl 1 --keep DIR
 Again: .venv/bin/python bench/learning_smollm2.py --summarize DIR   (the tables of a kept run)
 TRL:   .venv/bin/python bench/learning_smollm2.py --trl 1 --trl-only --keep DIR
 Smoke: .venv/bin/python bench/learning_smollm2.py --smoke    (2+2 steps, 16 problems)
 """
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -185,46 +191,96 @@ def link_overrides(seed: int, eval_overrides: list[str], smoke: bool, root: Path
     return [f"{link}:{item}" for link, items in per_link.items() for item in items]
 
 
-def run_seed(seed: int, eval_overrides: list[str], smoke: bool, root: Path) -> dict[str, Any]:
-    """The chain of one seed, then the eval of its SFT checkpoint: accuracies, run ids, times."""
-    from flows.chain import sft_grpo_eval
-    from nemo_rl_core.storage.run_storage import RunStorage
+def chain_id(seed: int) -> str:
+    """The chain of ``seed`` with its own SFT start; its SFT link is the shared warm start
+    when ``--sft-seed`` names this seed."""
+    return f"smollm2-answer-s{seed}"
 
-    chain_id = f"smollm2-answer-s{seed}"
-    started = time.perf_counter()
+
+def run_chain(seed: int, eval_overrides: list[str], smoke: bool, root: Path) -> dict[str, Any]:
+    """The SFT -> GRPO -> eval chain of one seed: its SFT checkpoint, GRPO run and end."""
+    from flows.chain import sft_grpo_eval
+
     summary = sft_grpo_eval(
         sft_config=CONFIGS["sft"],
         grpo_config=CONFIGS["grpo"],
         eval_config=CONFIGS["eval"],
         overrides=link_overrides(seed, eval_overrides, smoke, root),
-        chain_id=chain_id,
+        chain_id=chain_id(seed),
         storage_root=f"file://{root}/store",
     )
-    chain_seconds = time.perf_counter() - started
+    return {
+        "sft_checkpoint": summary["sft"]["checkpoint"],
+        "grpo_run": summary["grpo"]["run_id"],
+        "end_eval": summary["eval"]["run_id"],
+        "end": summary["eval"]["scores"]["pass@1"],
+    }
+
+
+def run_from_warm_start(
+    seed: int, sft_seed: int, eval_overrides: list[str], smoke: bool, root: Path
+) -> dict[str, Any]:
+    """GRPO of ``seed`` from the SFT link of ``sft_seed``'s chain (run here if no run has
+    committed it yet; a finished one has nothing to do), then the eval of GRPO's last
+    checkpoint: the chain's links, run one by one so that seeds share the first."""
+    from flows.chain import final_checkpoint
+    from flows.chain import link_overrides as split_links
+    from flows.grpo import grpo
+    from flows.sft import sft
+
+    store = f"file://{root}/store"
+    sft_run = f"{chain_id(sft_seed)}-sft"
+    sft_overrides = split_links(link_overrides(sft_seed, eval_overrides, smoke, root))["sft"]
+    sft(config_path=CONFIGS["sft"], overrides=sft_overrides, run_id=sft_run, storage_root=store)
+    checkpoint = final_checkpoint(store, sft_run, chain_id(sft_seed), "sft")
+    links = split_links(link_overrides(seed, eval_overrides, smoke, root))
+    run_id = f"{chain_id(seed)}-from-sft{sft_seed}"
+    grpo_run, end_eval = f"{run_id}-grpo", f"{run_id}-eval"
+    grpo_overrides = [*links["grpo"], f"policy.model_name={checkpoint}"]
+    grpo(config_path=CONFIGS["grpo"], overrides=grpo_overrides, run_id=grpo_run, storage_root=store)
+    end_model = final_checkpoint(store, grpo_run, run_id, "grpo")
+    end = evaluate(end_model, eval_overrides, end_eval, root)
+    return {"sft_checkpoint": checkpoint, "grpo_run": grpo_run, "end_eval": end_eval, "end": end}
+
+
+def run_seed(
+    seed: int, sft_seed: int | None, eval_overrides: list[str], smoke: bool, root: Path
+) -> dict[str, Any]:
+    """One seed's GRPO from its start (its own SFT, or ``sft_seed``'s), then the eval of
+    that start: accuracies, run ids, times."""
+    from nemo_rl_core.storage.run_storage import RunStorage
+
     started = time.perf_counter()
-    start_eval = f"{chain_id}-eval-start"
-    start = evaluate(summary["sft"]["checkpoint"], eval_overrides, start_eval, root)
-    start_seconds = time.perf_counter() - started
-    grpo_run = summary["grpo"]["run_id"]
-    storage = RunStorage(f"file://{root}/store", grpo_run)
+    if sft_seed is None or sft_seed == seed:
+        run = run_chain(seed, eval_overrides, smoke, root)
+    else:
+        run = run_from_warm_start(seed, sft_seed, eval_overrides, smoke, root)
+    start_eval = f"{chain_id(sft_seed or seed)}-eval-start"  # a finished eval is found again
+    start = evaluate(run["sft_checkpoint"], eval_overrides, start_eval, root)
+    storage = RunStorage(f"file://{root}/store", run["grpo_run"])
     manifests = [storage.read_manifest(i) for i in storage.iterations()]
     return {
         "seed": seed,
-        "sft_checkpoint": summary["sft"]["checkpoint"],
-        "grpo_run": grpo_run,
+        "sft_seed": sft_seed or seed,
+        **run,
         "start_eval": start_eval,
-        "end_eval": summary["eval"]["run_id"],
         "start": start,
-        "end": summary["eval"]["scores"]["pass@1"],
-        "minutes": (chain_seconds + start_seconds) / 60,
+        "minutes": (time.perf_counter() - started) / 60,
         "step_seconds": median([t["total"] for t in flow_iteration_times(manifests)]),
         "rewards": flow_curves(manifests)["reward"],
     }
 
 
-def run_trl(run: dict[str, Any], eval_overrides: list[str], smoke: bool, root: Path) -> dict:
+def run_trl(
+    run: dict[str, Any],
+    eval_overrides: list[str],
+    smoke: bool,
+    root: Path,
+    budget_minutes: float | None = None,
+) -> dict:
     """TRL's GRPOTrainer from ``run``'s SFT checkpoint on the prompts its GRPO run drew (the
-    same seed's batches, in order), then the eval flow on TRL's final weights."""
+    same seed's batches, in order), then the eval flow on TRL's final weights: those of its
+    last step, or of the first step that ends past ``budget_minutes`` of training."""
     from vs_trl import ensure_trl_venv, settings_from_config, start_trl
 
     checkpoint = run["sft_checkpoint"]
@@ -237,14 +293,19 @@ def run_trl(run: dict[str, Any], eval_overrides: list[str], smoke: bool, root: P
         return dict(json.loads((workdir / TRL_RESULT).read_text()))
     workdir.mkdir(exist_ok=True)
     started = time.perf_counter()
-    trained = start_trl(ensure_trl_venv(), settings, workdir, "plain", save_model=True)()
+    budget_s = None if budget_minutes is None else budget_minutes * 60
+    python = ensure_trl_venv()
+    trained = start_trl(python, settings, workdir, "plain", save_model=True, budget_s=budget_s)()
     seconds = time.perf_counter() - started
+    clock = [trained["began"], *trained["ends"]]
     end_eval = f"trl-s{run['seed']}-eval"
     end = evaluate(trained["model_dir"], eval_overrides, end_eval, root)
     side = {
         "end_eval": end_eval,
         "end": end,
         "minutes": seconds / 60,
+        "step_seconds": median([end - begin for begin, end in itertools.pairwise(clock)]),
+        "budget_minutes": budget_minutes,
         "rewards": trained["rewards"],
     }
     (workdir / TRL_RESULT).write_text(json.dumps(side, indent=1))
@@ -266,13 +327,14 @@ def seed_table(results: dict[str, Any]) -> str:
     runs, trl = results["runs"], results["trl"]
     lines = [
         f"SmolLM2-135M-Instruct itself (no SFT): {results['base']:.3f}",
-        f"{'side':<8}{'seed':>5}{'start':>8}{'end':>8}{'gain':>8}{'steps':>6}"
+        f"{'side':<8}{'seed':>5}{'sft':>5}{'start':>8}{'end':>8}{'gain':>8}{'steps':>6}"
         f"{'s/step':>8}{'wall min':>10}",
     ]
     for run in runs:
         start, end = run["start"], run["end"]
         lines.append(
-            f"{'ours':<8}{run['seed']:>5}{start:>8.3f}{end:>8.3f}{end - start:>+8.3f}"
+            f"{'ours':<8}{run['seed']:>5}{run.get('sft_seed', run['seed']):>5}{start:>8.3f}"
+            f"{end:>8.3f}{end - start:>+8.3f}"
             f"{len(run['rewards']):>6}{run['step_seconds']:>8.0f}{run['minutes']:>10.1f}"
         )
     gains = [run["end"] - run["start"] for run in runs]
@@ -285,9 +347,26 @@ def seed_table(results: dict[str, Any]) -> str:
         if side:
             start, end = run["start"], side["end"]
             lines.append(
-                f"{'TRL':<8}{run['seed']:>5}{start:>8.3f}{end:>8.3f}{end - start:>+8.3f}"
-                f"{len(side['rewards']):>6}{'':>8}{side['minutes']:>10.1f}"
+                f"{'TRL':<8}{run['seed']:>5}{run.get('sft_seed', run['seed']):>5}{start:>8.3f}"
+                f"{end:>8.3f}{end - start:>+8.3f}"
+                f"{len(side['rewards']):>6}{side.get('step_seconds', float('nan')):>8.0f}"
+                f"{side['minutes']:>10.1f}"
             )
+    return "\n".join(lines)
+
+
+def reward_table(results: dict[str, Any]) -> str:
+    """Mean training reward per step of each seed that TRL ran too, ours beside TRL's (same
+    start, same prompts in the same order); empty when TRL ran for none."""
+    lines = []
+    for run in results["runs"]:
+        side = results["trl"].get(str(run["seed"]))
+        if side:
+            lines.append(f"seed {run['seed']} training reward per step (ours / TRL):")
+            for step, ours in enumerate(run["rewards"], 1):
+                theirs = side["rewards"][step - 1] if step <= len(side["rewards"]) else None
+                cell = "-" if theirs is None else f"{theirs:.3f}"
+                lines.append(f"{step:>6}{ours:>8.3f}{cell:>8}")
     return "\n".join(lines)
 
 
@@ -325,6 +404,7 @@ def keep_results(root: Path, results: dict[str, Any]) -> None:
 
 def report(root: Path, results: dict[str, Any]) -> str:
     tables = [seed_table(results), flip_table(results, root), audit_table(results, root)]
+    tables += [table for table in [reward_table(results)] if table]
     return "\n\n".join(tables) + "\n" + (f"load averages (1 min): {', '.join(results['loads'])}")
 
 
@@ -334,6 +414,16 @@ def main() -> None:
     parser.add_argument("--trl", nargs="*", type=int, default=[], help="seeds TRL runs too")
     parser.add_argument(
         "--trl-only", action="store_true", help="only TRL, for --trl seeds kept in --keep DIR"
+    )
+    parser.add_argument(
+        "--sft-seed",
+        type=int,
+        help="one warm start for every seed: the SFT of this seed's chain (default: each its own)",
+    )
+    parser.add_argument(
+        "--trl-minutes",
+        type=float,
+        help="TRL's training budget: it stops after the step that passes it (default: none)",
     )
     parser.add_argument("--validation", action="store_true", help="score the validation split")
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temp dir)")
@@ -358,7 +448,7 @@ def main() -> None:
         kept = kept_results(root)
         for run in kept["runs"]:
             if run["seed"] in args.trl:
-                side = run_trl(run, eval_overrides, args.smoke, root)
+                side = run_trl(run, eval_overrides, args.smoke, root, args.trl_minutes)
                 print(f"TRL seed {run['seed']}: {side['end']:.3f} ({side['minutes']:.1f} min)")
         return
 
@@ -374,13 +464,13 @@ def main() -> None:
             results["runs"] = [run for run in results["runs"] if run["seed"] not in args.seeds]
         results["loads"].append(load())
         for seed in args.seeds:
-            results["runs"].append(run_seed(seed, eval_overrides, args.smoke, root))
+            results["runs"].append(run_seed(seed, args.sft_seed, eval_overrides, args.smoke, root))
             results["loads"].append(load())
             keep_results(root, results)
             print(seed_table(results), flush=True)
         for run in results["runs"]:
             if run["seed"] in args.trl:
-                side = run_trl(run, eval_overrides, args.smoke, root)
+                side = run_trl(run, eval_overrides, args.smoke, root, args.trl_minutes)
                 results["trl"][str(run["seed"])] = side
                 results["loads"].append(load())
                 keep_results(root, results)

@@ -222,16 +222,22 @@ def prompt_rows(config, steps: int) -> list[dict]:
 
 
 def start_trl(
-    python: Path, settings: dict, workdir: Path, mode: str, save_model: bool = False
+    python: Path,
+    settings: dict,
+    workdir: Path,
+    mode: str,
+    save_model: bool = False,
+    budget_s: float | None = None,
 ) -> Callable[[], dict]:
     """Start TRL in its venv in ``mode`` (a ``TRL_MODES`` key); the function returned waits
     for it and returns its per-step end times and rewards (and with ``save_model``, the
-    ``model_dir`` its final weights were saved to, in HF layout)."""
+    ``model_dir`` its final weights were saved to, in HF layout). ``budget_s``: training
+    stops after the first step that ends past that many seconds of training."""
     spec = workdir / f"trl_{mode}_spec.json"
     out = workdir / f"trl_{mode}_result.json"
     workdir = workdir / f"trl_{mode}"
     described = {**settings, "mode": mode, "output": str(out), "workdir": str(workdir)}
-    spec.write_text(json.dumps({**described, "save_model": save_model}))
+    spec.write_text(json.dumps({**described, "save_model": save_model, "budget_s": budget_s}))
     if mode == "colocate":  # TRL's engine gets the environment ours runs with
         from nemo_rl_core.models.generation.vllm_generation import set_vllm_env_defaults
 
@@ -293,9 +299,17 @@ def trl_worker(spec_path: str) -> None:
 
     GRPOTrainer._generate_and_score_completions = timed_generation
 
+    budget = spec.get("budget_s")
+    began: list[float] = []
+
     class StepClock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            began.append(time.perf_counter())
+
         def on_step_end(self, args, state, control, **kwargs):
             ends.append(time.perf_counter())
+            if budget is not None and ends[-1] - began[0] >= budget:
+                control.should_training_stop = True  # the weights so far are saved
 
     batch = spec["prompts"] * spec["generations"]
     args = GRPOConfig(
@@ -354,6 +368,7 @@ def trl_worker(spec_path: str) -> None:
     rewards = [log["reward"] for log in history if "reward" in log]
     lengths = [log["completions/mean_length"] for log in history if "reward" in log]
     result = {
+        "began": began[0],
         "ends": ends,
         "generation": generation_seconds,
         "rewards": rewards,

@@ -105,3 +105,13 @@ def test_async_smoke() -> None:
     out = run_smoke("async.py")
     assert re.search(rf"async k=1, all cores each side\s+\d+\s+{RATIO}\s+{RATIO}x", out)
     assert re.search(rf"perfect overlap could reach {RATIO}x: sync.s step", out)
+
+
+def test_learning_smollm2_smoke() -> None:
+    """A GRPO seed from another seed's SFT warm start (``--sft-seed``): the start is that
+    seed's SFT run, both ends are scored, and the tables name the start's seed."""
+    out = run_smoke("learning_smollm2.py", "--seeds", "2", "--sft-seed", "1")
+    cells = r"\d\.\d{3}\s+\d\.\d{3}\s+[-+]\d\.\d{3}\s+2\s+\d+\s+\d+\.\d"
+    assert re.search(rf"^ours\s+2\s+1\s+{cells}$", out, re.MULTILINE), out[-3000:]
+    assert re.search(r"^ours\s+2\s+\d+\s+\d+$", out, re.MULTILINE)  # won and lost
+    assert re.search(r"^\s+2 held-out, GRPO \(end\)\s+\d\.\d{3}", out, re.MULTILINE)
