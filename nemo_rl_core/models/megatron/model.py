@@ -6,6 +6,7 @@ Also owns the process-wide parallel state (torch.distributed + megatron's
 
 import importlib.util
 import os
+import socket
 from typing import Any
 
 import torch
@@ -45,20 +46,23 @@ def rope_theta(hf_config: Any) -> float:
 def init_parallel_state(tp_size: int, seed: int) -> None:
     """Initialize torch.distributed (gloo on CPU, nccl on GPU) and megatron's groups, once.
 
-    Outside torchrun (world size 1, in-process) a single-rank group on an in-memory store.
+    Outside torchrun (world size 1, in-process) a single-rank group on a free port is made.
     """
     from megatron.core import parallel_state, tensor_parallel
 
     apply_cpu_compat()
     if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            os.environ.update(
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1"
+            )
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        if "RANK" in os.environ:
-            dist.init_process_group(backend)
-        else:  # one rank: an in-memory store, so no free port to pick and lose to a neighbour
-            os.environ.update(RANK="0", WORLD_SIZE="1")
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend)
     if parallel_state.model_parallel_is_initialized():
         current = parallel_state.get_tensor_model_parallel_world_size()
         if current != tp_size:
