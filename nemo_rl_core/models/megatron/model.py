@@ -6,7 +6,6 @@ Also owns the process-wide parallel state (torch.distributed + megatron's
 
 import importlib.util
 import os
-import socket
 from typing import Any
 
 import torch
@@ -46,23 +45,21 @@ def rope_theta(hf_config: Any) -> float:
 def init_parallel_state(tp_size: int, seed: int) -> None:
     """Initialize torch.distributed (gloo on CPU, nccl on GPU) and megatron's groups, once.
 
-    Outside torchrun (world size 1, in-process) a single-rank group on a free port is made.
+    Outside torchrun (world size 1, in-process) a single-rank group on an in-memory store:
+    a free port picked here could be taken before the bind, and ``MASTER_PORT`` set in this
+    process's environment made its subprocesses (benches, TRL's vLLM) bind the same port.
     """
     from megatron.core import parallel_state, tensor_parallel
 
     apply_cpu_compat()
     if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            os.environ.update(
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1"
-            )
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        if "RANK" in os.environ:  # a rank torchrun started
+            dist.init_process_group(backend)
+        else:  # the one rank: no TCP port to race for, nothing children would inherit
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if parallel_state.model_parallel_is_initialized():
         current = parallel_state.get_tensor_model_parallel_world_size()
         if current != tp_size:
