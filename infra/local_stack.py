@@ -24,6 +24,7 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STACK_SH = PROJECT_ROOT / "infra" / "stack.sh"
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+LOGS_PAGE = 200  # the most log entries Prefect's /logs/filter returns at once
 
 
 def free_port() -> int:
@@ -162,17 +163,23 @@ class LocalStack:
         )
 
     def flow_run_logs(self, flow_run_id: str) -> list[str]:
-        """All log messages of a flow run (and its task runs), oldest first."""
-        logs = self.api(
-            "POST",
-            "/logs/filter",
-            {
-                "logs": {"flow_run_id": {"any_": [flow_run_id]}},
-                "sort": "TIMESTAMP_ASC",
-                "limit": 200,
-            },
-        )
-        return [entry["message"] for entry in logs]
+        """All log messages of a flow run (and its task runs), oldest first, read a page
+        at a time (the server gives at most 200 per request)."""
+        messages: list[str] = []
+        while True:
+            page = self.api(
+                "POST",
+                "/logs/filter",
+                {
+                    "logs": {"flow_run_id": {"any_": [flow_run_id]}},
+                    "sort": "TIMESTAMP_ASC",
+                    "limit": LOGS_PAGE,
+                    "offset": len(messages),
+                },
+            )
+            messages += [entry["message"] for entry in page]
+            if len(page) < LOGS_PAGE:
+                return messages
 
     def wait_for_log(self, flow_run_id: str, text: str, timeout: float = 60) -> list[str]:
         """A flow run's log messages once one contains ``text`` (a run's logs reach the

@@ -119,7 +119,7 @@ def test_two_pools_survive_damage_and_a_killed_worker_to_the_one_process_weights
     assert any("re-executing stage 'generate' of iteration 1" in line for line in logs), logs
     [repair] = storage.read_manifest(1).repairs
     assert repair.key.startswith("iter_000001/generate/"), repair
-    assert any("has a live stage worker again" in line for line in logs), logs[-30:]
+    local_stack.wait_for_log(flow_run_id, "has a live stage worker again")
     workers = {pool: {worker_name(local_stack, pool)} for pool in ("train-pool",)}
     workers["rollout-pool"] = {worker_name(local_stack, name) for name in ROLLOUT_WORKERS}
     for iteration in (0, 1):
