@@ -32,7 +32,7 @@ are scored (a wall budget on a loaded machine, where its steps have taken 40-580
 Run:   nice -n 5 .venv/bin/python bench/learning_smollm2.py --seeds 1 2 3 --sft-seed 1 --trl 1 --keep DIR
 Again: .venv/bin/python bench/learning_smollm2.py --summarize DIR   (the tables of a kept run)
 TRL:   .venv/bin/python bench/learning_smollm2.py --trl 1 --trl-only --keep DIR
-Smoke: .venv/bin/python bench/learning_smollm2.py --smoke    (2+2 steps, 16 problems)
+Smoke: .venv/bin/python bench/learning_smollm2.py --smoke    (2+2 small steps, 16 problems)
 """
 
 import argparse
@@ -57,9 +57,23 @@ CONFIGS = {
 # Training-side additions of a seed no SFT or GRPO run draws its pairs from: the validation
 # split that settings were chosen on (some of its pairs may also be training pairs).
 VALIDATION = ["data.split=train", "data.seed=777", "data.num_samples=128"]
+# The smoke's batches are small enough that a step takes seconds, not tens of seconds.
+SMOKE_BATCH = ["policy.train_micro_batch_size=4", "policy.logprob_batch_size=4"]
 SMOKE = {
-    "sft": ["sft.max_num_steps=2", "data.train.num_samples=32"],
-    "grpo": ["grpo.max_num_steps=2", "policy.generation.backend=hf"],
+    "sft": [
+        "sft.max_num_steps=2",
+        "data.train.num_samples=8",
+        "policy.train_global_batch_size=4",
+        *SMOKE_BATCH,
+    ],
+    "grpo": [
+        "grpo.max_num_steps=2",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=4",
+        "policy.train_global_batch_size=8",
+        *SMOKE_BATCH,
+        "policy.generation.backend=hf",
+    ],
     "eval": ["data.num_samples=16"],
 }
 AUDIT_WINDOW = 5  # GRPO steps compared at the start and at the end of a run
@@ -427,7 +441,9 @@ def main() -> None:
     )
     parser.add_argument("--validation", action="store_true", help="score the validation split")
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temp dir)")
-    parser.add_argument("--smoke", action="store_true", help="one seed, 2+2 steps, 16 problems")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one seed, 2+2 small steps, 16 problems"
+    )
     parser.add_argument(
         "--summarize", type=Path, help="a --keep folder: print its tables again, run nothing"
     )

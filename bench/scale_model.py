@@ -258,7 +258,9 @@ def format_model(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="2 and 4 sequences, HF generation")
+    parser.add_argument(
+        "--smoke", action="store_true", help="2 and 4 sequences, HF generation, ranks launched once"
+    )
     parser.add_argument("--sizes", nargs=2, type=int, default=[32, 128])
     parser.add_argument("--iterations", type=int, default=3, help="per size; first is warm-up")
     parser.add_argument("--predict-at", type=int, default=512, help="sequences per iteration")
@@ -277,7 +279,9 @@ def main() -> None:
     fits, disk, small_train = calibrate(tuple(args.sizes), args.iterations, args.smoke)
     launch = args.spmd_launch_s
     if launch is None:
-        launch = spmd_launch_seconds(args.sizes[0], args.iterations, args.smoke, small_train)
+        # the smoke launches its ranks once: each launch is ~10 s of start-up on 2 cores
+        iterations = 1 if args.smoke else args.iterations
+        launch = spmd_launch_seconds(args.sizes[0], iterations, args.smoke, small_train)
     costs = SpreadCosts(args.placed_stage_s, launch, args.efficiency)
     table, reading = format_model(fits, args.predict_at, args.bandwidth_mb_s or disk, costs)
     print(table)

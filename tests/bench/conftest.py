@@ -37,3 +37,18 @@ def trl_python() -> Path | None:
     with open(vs_trl.TRL_VENV.with_name("trl.lock"), "w") as lock:  # closing it unlocks
         fcntl.flock(lock, fcntl.LOCK_EX)
         return vs_trl.ensure_trl_venv()
+
+
+@pytest.fixture(autouse=True)
+def flows_on_the_session_api(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A benchmark started here runs its flows on this worker's Prefect API (the session's,
+    tests/conftest.py) instead of starting a temporary server of its own, ~5 s of start-up
+    per script. The stack's tests keep the stack's API."""
+    if request.node.get_closest_marker("stack") is not None:
+        return
+    request.getfixturevalue("prefect_api")
+    from prefect.settings import get_current_settings
+
+    monkeypatch.setenv("PREFECT_API_URL", str(get_current_settings().api.url))
