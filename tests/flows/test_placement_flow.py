@@ -35,14 +35,16 @@ from typing import Any
 
 import pytest
 from prefect import flow, task
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterId,
     FlowRunFilterName,
     LogFilter,
 )
+from prefect.client.schemas.objects import TaskRun
 from prefect.context import TaskRunContext
+from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from safetensors.torch import load_file
 
@@ -105,6 +107,18 @@ def flow_run_messages(flow_run_id: Any) -> list[str]:
         return [state.message or "" for state in client.read_flow_run_states(flow_run_id)]
 
 
+def stored_task_run(client: SyncPrefectClient, task_run_id: str) -> TaskRun:
+    """A task run as the server holds it, once it does: a task run of the flow's own process
+    reaches the server as an event, which can come after the flow run's end."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return client.read_task_run(uuid.UUID(task_run_id))
+        except ObjectNotFound:
+            assert time.monotonic() < deadline, f"task run {task_run_id} never reached the server"
+            time.sleep(0.2)
+
+
 def logs_of(flow_run_id: Any) -> list[str]:
     """Every log line of the flow run, page by page (the API returns at most 200 a call; a
     run's stages log more than that)."""
@@ -119,6 +133,17 @@ def logs_of(flow_run_id: Any) -> list[str]:
             messages += [entry.message for entry in page]
             if len(page) < 200:
                 return messages
+
+
+def logs_with(flow_run_id: Any, text: str, timeout_s: float = 60) -> list[str]:
+    """The flow run's log lines once one holds ``text``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        logs = logs_of(flow_run_id)
+        if any(text in line for line in logs):
+            return logs
+        assert time.monotonic() < deadline, f"no log line holds {text!r}: {logs}"
+        time.sleep(0.5)
 
 
 @contextmanager
@@ -223,6 +248,8 @@ def test_placed_stages_run_warm_in_the_iteration_flow_run(tmp_path: Path, whole:
     train (after advantage, in the flow) another; the weights are the one-process run's."""
     with stage_workers(WARM_POOL, tmp_path) as [worker]:
         run(tmp_path, "placed", placed_on(WARM_POOL, CHAINED))
+        # the worker sends its logs in batches: its last ones, before it is killed
+        logs_with(flow_run_of("grpo-placed").id, "generation engine refit in place to step 1")
     assert_same_weights(final_weights(whole, "whole"), final_weights(tmp_path, "placed"))
     flow_run = flow_run_of("grpo-placed")
     with get_client(sync_client=True) as client:
@@ -231,7 +258,7 @@ def test_placed_stages_run_warm_in_the_iteration_flow_run(tmp_path: Path, whole:
                 ran_on = entry.ran_on
                 assert ran_on is not None and ran_on.task_run is not None, stage
                 assert ran_on.flow_run == str(flow_run.id), (stage, ran_on)
-                task_run = client.read_task_run(uuid.UUID(ran_on.task_run))
+                task_run = stored_task_run(client, ran_on.task_run)
                 assert task_run.flow_run_id == flow_run.id, (stage, task_run)
                 chain = "generate+reward+logprob" if stage in CHAINED[:3] else stage
                 assert task_run.name == f"{chain}-it{iteration}", (stage, task_run.name)
