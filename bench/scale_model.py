@@ -54,7 +54,10 @@ FANNED_OUT = ("generate", "logprob")  # split over g stage workers (orchestratio
 TRAIN = "train"  # split over G ranks (cluster.num_nodes x gpus_per_node)
 SPMD_RANKS = 2  # what this machine can run to measure a launch: one rank per core
 
-PLACED_STAGE_S = 1.4
+# A placed task run's fixed cost (all but its compute): 0.27-0.28 s at 64 and 256 sequences
+# (bench/placement.py, 28 Nov 2026, quiet machine, bench/RESULTS.md); was 1.4 s before the
+# per-process clients of issue 30.
+PLACED_STAGE_S = 0.28
 """Fixed seconds a stage pays on a warm stage worker of a pool over the same stage in the
 flow's process: the median of the eight per-stage differences (generate, reward, logprob,
 train; two runs: 0.98-1.57 s) of `bench/placement.py`, two pools against one process
@@ -194,7 +197,7 @@ def format_model(
             f"{fit.bytes_per_sequence / 1e3:>9.2f}"
         )
     lines.append(
-        f"spreading: a placed shard {costs.placed_s:.2f} s (h-warm, bench/placement.py), a "
+        f"spreading: a placed shard {costs.placed_s:.2f} s (bench/placement.py), a "
         f"train launch on ranks {costs.spmd_launch_s:.2f} s (measured here), data-parallel "
         f"efficiency {costs.efficiency:.0%} (assumed)"
     )
