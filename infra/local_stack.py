@@ -15,16 +15,41 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STACK_SH = PROJECT_ROOT / "infra" / "stack.sh"
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 LOGS_PAGE = 200  # the most log entries Prefect's /logs/filter returns at once
+T = TypeVar("T")
+
+
+def every_log_entry(read_page: Callable[[int], list[T]]) -> list[T]:
+    """Every entry of a Prefect log listing, read a page at a time from the offset given
+    (the server gives at most ``LOGS_PAGE`` per request; a run with retries logs more)."""
+    entries: list[T] = []
+    while True:
+        page = read_page(len(entries))
+        entries += page
+        if len(page) < LOGS_PAGE:
+            return entries
+
+
+def wait_for_text(read_logs: Callable[[], list[str]], text: str, timeout: float = 60) -> list[str]:
+    """The log messages ``read_logs`` gives once one contains ``text``: a process sends its
+    logs to the server in batches, some after its flow run's final state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = read_logs()
+        if any(text in message for message in logs):
+            return logs
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no log containing {text!r} after {timeout:.0f} s: {logs}")
+        time.sleep(0.5)
 
 
 def free_port() -> int:
@@ -163,35 +188,24 @@ class LocalStack:
         )
 
     def flow_run_logs(self, flow_run_id: str) -> list[str]:
-        """All log messages of a flow run (and its task runs), oldest first, read a page
-        at a time (the server gives at most 200 per request)."""
-        messages: list[str] = []
-        while True:
-            page = self.api(
+        """All log messages of a flow run (and its task runs), oldest first."""
+        entries = every_log_entry(
+            lambda offset: self.api(
                 "POST",
                 "/logs/filter",
                 {
                     "logs": {"flow_run_id": {"any_": [flow_run_id]}},
                     "sort": "TIMESTAMP_ASC",
                     "limit": LOGS_PAGE,
-                    "offset": len(messages),
+                    "offset": offset,
                 },
             )
-            messages += [entry["message"] for entry in page]
-            if len(page) < LOGS_PAGE:
-                return messages
+        )
+        return [entry["message"] for entry in entries]
 
     def wait_for_log(self, flow_run_id: str, text: str, timeout: float = 60) -> list[str]:
-        """A flow run's log messages once one contains ``text`` (a run's logs reach the
-        server in batches, some after its final state)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            logs = self.flow_run_logs(flow_run_id)
-            if any(text in message for message in logs):
-                return logs
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no log containing {text!r} after {timeout:.0f} s: {logs}")
-            time.sleep(0.5)
+        """A flow run's log messages once one contains ``text``."""
+        return wait_for_text(lambda: self.flow_run_logs(flow_run_id), text, timeout)
 
     def log_tail(self, service: str, lines: int = 40) -> str:
         """The last lines of a service's log (postgres, s3, server, worker, register)."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from local_stack import LOGS_PAGE, every_log_entry, wait_for_text
 from prefect import flow, task
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import (
@@ -120,30 +121,16 @@ def stored_task_run(client: SyncPrefectClient, task_run_id: str) -> TaskRun:
 
 
 def logs_of(flow_run_id: Any) -> list[str]:
-    """Every log line of the flow run, page by page (the API returns at most 200 a call; a
-    run's stages log more than that)."""
-    messages: list[str] = []
+    """Every log line of the flow run (a run's stages log more than one page)."""
     with get_client(sync_client=True) as client:
-        while True:
-            page = client.read_logs(
+        entries = every_log_entry(
+            lambda offset: client.read_logs(
                 log_filter=LogFilter(flow_run_id={"any_": [flow_run_id]}),
-                limit=200,
-                offset=len(messages),
+                limit=LOGS_PAGE,
+                offset=offset,
             )
-            messages += [entry.message for entry in page]
-            if len(page) < 200:
-                return messages
-
-
-def logs_with(flow_run_id: Any, text: str, timeout_s: float = 60) -> list[str]:
-    """The flow run's log lines once one holds ``text``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        logs = logs_of(flow_run_id)
-        if any(text in line for line in logs):
-            return logs
-        assert time.monotonic() < deadline, f"no log line holds {text!r}: {logs}"
-        time.sleep(0.5)
+        )
+    return [entry.message for entry in entries]
 
 
 @contextmanager
@@ -249,7 +236,8 @@ def test_placed_stages_run_warm_in_the_iteration_flow_run(tmp_path: Path, whole:
     with stage_workers(WARM_POOL, tmp_path) as [worker]:
         run(tmp_path, "placed", placed_on(WARM_POOL, CHAINED))
         # the worker sends its logs in batches: its last ones, before it is killed
-        logs_with(flow_run_of("grpo-placed").id, "generation engine refit in place to step 1")
+        flow_run_id = flow_run_of("grpo-placed").id
+        wait_for_text(lambda: logs_of(flow_run_id), "generation engine refit in place to step 1")
     assert_same_weights(final_weights(whole, "whole"), final_weights(tmp_path, "placed"))
     flow_run = flow_run_of("grpo-placed")
     with get_client(sync_client=True) as client:
