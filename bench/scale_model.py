@@ -54,16 +54,12 @@ FANNED_OUT = ("generate", "logprob")  # split over g stage workers (orchestratio
 TRAIN = "train"  # split over G ranks (cluster.num_nodes x gpus_per_node)
 SPMD_RANKS = 2  # what this machine can run to measure a launch: one rank per core
 
-# A placed task run's fixed cost (all but its compute): 0.27-0.28 s at 64 and 256 sequences
-# (bench/placement.py, 28 Nov 2026, quiet machine, bench/RESULTS.md); was 1.4 s before the
-# per-process clients of issue 30.
 PLACED_STAGE_S = 0.28
-"""Fixed seconds a stage pays on a warm stage worker of a pool over the same stage in the
-flow's process: the median of the eight per-stage differences (generate, reward, logprob,
-train; two runs: 0.98-1.57 s) of `bench/placement.py`, two pools against one process
-side by side, branch h-warm's bench/RESULTS.md "Warm stage workers", 27 Nov 16:31 and
-16:43 UTC, load average 9-10 on 2 cores. On an idle machine it is lower; the parts are
-API and object-store round trips (its reading lists them)."""
+"""Fixed seconds a stage pays on a warm stage worker of a pool: a placed task run's cost
+less its compute (submit, pickup, start, the run's own reads and commits), 0.27-0.28 s at
+64 and 256 sequences in `bench/placement.py`'s per-part split (bench/RESULTS.md "Warm stage
+workers", 28 Nov 01:11-01:16 UTC, quiet machine, two rounds). It was 1.4 s on 27 Nov, at
+load 9-10 and before the per-process Prefect clients of issue 30."""
 
 
 @dataclass(frozen=True)
