@@ -95,15 +95,30 @@ def mark_crashed(flow_run_id: str, why: str) -> list[str]:
     returns what was marked. Prefect errors are reported, never raised: the caller's own
     work must not fail for the bookkeeping of a run that is already gone."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
+
+    unfinished = TaskRunFilterState(
+        type=TaskRunFilterStateType(
+            any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED]
+        ),
+        name=None,
+    )
 
     marked = []
     try:
         with get_client(sync_client=True) as client:
             flow_run = client.read_flow_run(UUID(flow_run_id))
-            task_runs = client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+            task_runs = client.read_task_runs(  # a long run has more than a page of them
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+                task_run_filter=TaskRunFilter(state=unfinished),
             )
             for task_run in task_runs:
                 if task_run.state is not None and not task_run.state.is_final():

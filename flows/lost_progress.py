@@ -24,10 +24,12 @@ earlier flow runs than the newest that started over are not asked again.
 """
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from flows.labels import run_tag
 from flows.lease import current_flow_run
+from flows.listing import PAGE, every_entry
 from nemo_rl_core.pipeline.spec import Pipeline
 from nemo_rl_core.storage.handles import RunRef
 from nemo_rl_core.storage.progress import StoredProgress
@@ -88,16 +90,8 @@ def earlier_flow_run(run: RunRef) -> EarlierFlowRun | None:
     """The newest earlier flow run of ``run`` on its storage root that completed stages
     (since the newest one that started over), or None."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterId,
-        FlowRunFilterTags,
-        TaskRunFilter,
-        TaskRunFilterState,
-        TaskRunFilterStateType,
-    )
-    from prefect.client.schemas.objects import StateType
-    from prefect.client.schemas.sorting import FlowRunSort, TaskRunSort
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+    from prefect.client.schemas.sorting import FlowRunSort
 
     this = current_flow_run()
     with get_client(sync_client=True) as client:
@@ -111,15 +105,7 @@ def earlier_flow_run(run: RunRef) -> EarlierFlowRun | None:
                 or flow_run.parameters.get("storage_root") != run.storage_root
             ):
                 continue
-            completed = client.read_task_runs(
-                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
-                task_run_filter=TaskRunFilter(
-                    state=TaskRunFilterState(
-                        type=TaskRunFilterStateType(any_=[StateType.COMPLETED]), name=None
-                    )
-                ),
-                sort=TaskRunSort.EXPECTED_START_TIME_DESC,
-            )
+            completed = every_entry(partial(_completed_page, client, flow_run.id))
             if completed:
                 return EarlierFlowRun(
                     name=flow_run.name,
@@ -132,6 +118,28 @@ def earlier_flow_run(run: RunRef) -> EarlierFlowRun | None:
             if flow_run.parameters.get(START_OVER):
                 return None  # what ran before it was discarded on purpose
     return None
+
+
+def _completed_page(client: Any, flow_run_id: Any, offset: int) -> list[Any]:
+    """One page of the flow run's completed task runs, newest first."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    completed = TaskRunFilterStateType(any_=[StateType.COMPLETED])
+    return client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+        task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=completed, name=None)),
+        sort=TaskRunSort.EXPECTED_START_TIME_DESC,
+        limit=PAGE,
+        offset=offset,
+    )
 
 
 def _lost_checkpoints(run: RunRef, storage: RunStorage, found: StoredProgress) -> str:

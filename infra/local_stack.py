@@ -19,24 +19,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from flows.listing import PAGE, every_entry
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STACK_SH = PROJECT_ROOT / "infra" / "stack.sh"
 FINAL_STATES = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-LOGS_PAGE = 200  # the most log entries Prefect's /logs/filter returns at once
-T = TypeVar("T")
-
-
-def every_log_entry(read_page: Callable[[int], list[T]]) -> list[T]:
-    """Every entry of a Prefect log listing, read a page at a time from the offset given
-    (the server gives at most ``LOGS_PAGE`` per request; a run with retries logs more)."""
-    entries: list[T] = []
-    while True:
-        page = read_page(len(entries))
-        entries += page
-        if len(page) < LOGS_PAGE:
-            return entries
 
 
 def wait_for_text(read_logs: Callable[[], list[str]], text: str, timeout: float = 60) -> list[str]:
@@ -189,14 +178,14 @@ class LocalStack:
 
     def flow_run_logs(self, flow_run_id: str) -> list[str]:
         """All log messages of a flow run (and its task runs), oldest first."""
-        entries = every_log_entry(
+        entries = every_entry(
             lambda offset: self.api(
                 "POST",
                 "/logs/filter",
                 {
                     "logs": {"flow_run_id": {"any_": [flow_run_id]}},
                     "sort": "TIMESTAMP_ASC",
-                    "limit": LOGS_PAGE,
+                    "limit": PAGE,
                     "offset": offset,
                 },
             )

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from local_stack import LOGS_PAGE, every_log_entry, wait_for_text
+from local_stack import wait_for_text
 from prefect import flow, task
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import (
@@ -51,6 +51,7 @@ from safetensors.torch import load_file
 
 from flows.grpo import grpo
 from flows.heartbeat import Heartbeat, damage_reported, stage_heartbeat
+from flows.listing import PAGE, every_entry
 from flows.placement import PlacementError, check_placement, live_workers
 from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.pipeline.algorithms import GRPO
@@ -123,10 +124,10 @@ def stored_task_run(client: SyncPrefectClient, task_run_id: str) -> TaskRun:
 def logs_of(flow_run_id: Any) -> list[str]:
     """Every log line of the flow run (a run's stages log more than one page)."""
     with get_client(sync_client=True) as client:
-        entries = every_log_entry(
+        entries = every_entry(
             lambda offset: client.read_logs(
                 log_filter=LogFilter(flow_run_id={"any_": [flow_run_id]}),
-                limit=LOGS_PAGE,
+                limit=PAGE,
                 offset=offset,
             )
         )

@@ -5,6 +5,7 @@ its checkpoint committed finishes that iteration; a finished run says so, and
 
 import pytest
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from toy_pipeline import INITIAL_WEIGHTS
 from toy_runs import ToyRuns
 
@@ -69,9 +70,11 @@ def test_a_finished_run_says_so_and_max_num_steps_continues_it(clean: ToyRuns) -
     assert f"run clean is finished: all {STEPS} steps are committed" in state.message
     assert "toy.max_num_steps" in state.message
     assert state.result()["iterations"] == []
-    with get_client(sync_client=True) as client:
-        keys = {artifact.key for artifact in client.read_latest_artifacts()}
-    assert "clean-nothing-to-do" in keys
+    with get_client(sync_client=True) as client:  # by key: the server is shared
+        said = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["clean-nothing-to-do"]))
+        )
+    assert said, "no 'clean-nothing-to-do' artifact"
     assert {i: clean.finished_at("clean", i) for i in range(STEPS)} == finished
 
     assert clean.run("clean", max_num_steps=STEPS + 1)["iterations"] == [STEPS]

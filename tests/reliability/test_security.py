@@ -10,6 +10,7 @@ import pytest
 from reliability_helpers import CONFIG
 
 from flows.grpo import grpo
+from flows.listing import PAGE, every_entry
 from flows.rerun_stage import rerun_stage
 from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
@@ -82,11 +83,12 @@ def test_credentials_never_written_anywhere(
         if not path.endswith((".safetensors", ".pt", ".bin")):
             written.append(storage.fs.cat_file(path).decode(errors="replace"))
     assert any("iter_000000" in text for text in written), "manifests were read"
-    with get_client(sync_client=True) as client:
-        written += [log.message for log in client.read_logs()]
-        written += [json.dumps(a.model_dump(mode="json")) for a in client.read_artifacts()]
-        written += [json.dumps(r.parameters, default=str) for r in client.read_flow_runs()]
-        written += [json.dumps(t.model_dump(mode="json")) for t in client.read_task_runs()]
+    with get_client(sync_client=True) as client:  # every page: the server is shared
+        for read in (client.read_logs, client.read_artifacts, client.read_task_runs):
+            entries = every_entry(lambda offset, read=read: read(limit=PAGE, offset=offset))
+            written += [json.dumps(entry.model_dump(mode="json")) for entry in entries]
+        runs = every_entry(lambda offset: client.read_flow_runs(limit=PAGE, offset=offset))
+        written += [json.dumps(run.parameters, default=str) for run in runs]
     captured = capfd.readouterr()
     written += [caplog.text, captured.out, captured.err]
     written += [p.read_text(errors="replace") for p in Path(os.getcwd(), "logs").rglob("*.jsonl")]
