@@ -32,7 +32,7 @@ are scored (a wall budget on a loaded machine, where its steps have taken 40-580
 Run:   nice -n 5 .venv/bin/python bench/learning_smollm2.py --seeds 1 2 3 --sft-seed 1 --trl 1 --keep DIR
 Again: .venv/bin/python bench/learning_smollm2.py --summarize DIR   (the tables of a kept run)
 TRL:   .venv/bin/python bench/learning_smollm2.py --trl 1 --trl-only --keep DIR
-Smoke: .venv/bin/python bench/learning_smollm2.py --smoke    (2+2 small steps, 16 problems)
+Smoke: .venv/bin/python bench/learning_smollm2.py --smoke    (1+2 small steps, 8 problems)
 """
 
 import argparse
@@ -60,9 +60,9 @@ VALIDATION = ["data.split=train", "data.seed=777", "data.num_samples=128"]
 # The smoke's batches are small enough that a step takes seconds, not tens of seconds.
 SMOKE_BATCH = ["policy.train_micro_batch_size=4", "policy.logprob_batch_size=4"]
 SMOKE = {
-    "sft": [
-        "sft.max_num_steps=2",
-        "data.train.num_samples=8",
+    "sft": [  # one step: its checkpoint is the start either way
+        "sft.max_num_steps=1",
+        "data.train.num_samples=4",
         "policy.train_global_batch_size=4",
         *SMOKE_BATCH,
     ],
@@ -74,7 +74,7 @@ SMOKE = {
         *SMOKE_BATCH,
         "policy.generation.backend=hf",
     ],
-    "eval": ["data.num_samples=16"],
+    "eval": ["data.num_samples=8"],
 }
 AUDIT_WINDOW = 5  # GRPO steps compared at the start and at the end of a run
 KINDS = (
@@ -442,7 +442,7 @@ def main() -> None:
     parser.add_argument("--validation", action="store_true", help="score the validation split")
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temp dir)")
     parser.add_argument(
-        "--smoke", action="store_true", help="one seed, 2+2 small steps, 16 problems"
+        "--smoke", action="store_true", help="one seed, 1+2 small steps, 8 problems"
     )
     parser.add_argument(
         "--summarize", type=Path, help="a --keep folder: print its tables again, run nothing"
