@@ -39,7 +39,8 @@ Run:   .venv/bin/python bench/vs_trl.py            (tiny Llama and SmolLM2-135M-
 Seeds: .venv/bin/python bench/vs_trl.py --models smollm2-135m-instruct --dataset addition \
            --prompts 8 --tokens 32 --steps 12 --lr 5e-5 --seeds 1 2 3 --concurrent
 Smoke: .venv/bin/python bench/vs_trl.py --smoke    (tiny Llama, 2 steps each)
-       (``--without-trl``: our side only, e.g. where TRL's venv cannot be built)
+       (``--without-trl``: our side only, e.g. where TRL's venv cannot be built;
+       ``--trl-python PATH``: a TRL venv already checked, which skips its ~7 CPU-s check)
 """
 
 import argparse
@@ -581,6 +582,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--without-trl", action="store_true", help="our side only")
     parser.add_argument(
+        "--trl-python",
+        type=Path,
+        help="TRL venv's python, already checked (default: build or repair the bench's venv)",
+    )
+    parser.add_argument(
         "--trl-modes",
         nargs="+",
         default=list(TRL_MODES),
@@ -640,7 +646,7 @@ def main() -> None:
         return
     seeds = args.seeds or [None]
     print(machine_line(), flush=True)
-    python = None if args.without_trl else ensure_trl_venv()
+    python = None if args.without_trl else args.trl_python or ensure_trl_venv()
     lines = [table_header(args.trl_modes if python else [])]
     curves: dict = {"seeds": [], "rewards": {}, "response_tokens": {}}
     stage_lines = ["ours per stage, s (median wall time, commit to commit):"]
