@@ -1,0 +1,57 @@
+"""Run several benchmarks' ``--smoke`` mode in one Python process, one after another, each
+as ``python bench/<script> --smoke`` would (``__main__``, its own argv): the process pays
+the imports (torch, transformers, Prefect: ~6 CPU-s here) once instead of once per script.
+
+    python tests/bench/smoke_runner.py storage.py train.py ...
+
+Each script's output follows a line ``SMOKE_BEGIN <script>`` and ends with a line
+``SMOKE_END <script> <status>``: ``ok``, or the exception's name (its traceback is printed
+before the line). A failing script does not stop the next one; the exit status is 1 when
+any failed."""
+
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_script(script: str) -> str:
+    """``bench/<script> --smoke`` run here; ``ok`` or the name of what it raised. The next
+    script starts with this one's torch threads and environment undone (storage.py sets
+    one thread)."""
+    import torch
+
+    threads, environment = torch.get_num_threads(), dict(os.environ)
+    sys.argv = [f"bench/{script}", "--smoke"]
+    try:
+        runpy.run_path(str(REPO / "bench" / script), run_name="__main__")
+    except SystemExit as stop:
+        return "ok" if stop.code in (None, 0) else f"SystemExit({stop.code})"
+    except BaseException as error:  # noqa: BLE001 - reported, the next script still runs
+        traceback.print_exc(file=sys.stdout)
+        return type(error).__name__
+    finally:
+        torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(environment)
+    return "ok"
+
+
+def main(scripts: list[str]) -> int:
+    sys.path[:0] = [str(REPO / "bench"), str(REPO)]  # as for ``python bench/<script>``
+    import flows  # noqa: F401  (first, as each script has it: its process settings precede torch)
+
+    failed = False
+    for script in scripts:
+        print(f"SMOKE_BEGIN {script}", flush=True)
+        status = run_script(script)
+        print(f"\nSMOKE_END {script} {status}", flush=True)
+        failed |= status != "ok"
+    return int(failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
