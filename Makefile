@@ -61,6 +61,10 @@ $(STAMP): $(LOCK) requirements/overrides.txt pyproject.toml | which-lock
 	test -x $(UV) || $(PY) -m pip install --quiet uv
 	$(UV) pip sync $(UV_FLAGS) $(LOCK)
 	$(UV) pip install $(UV_FLAGS) --no-deps -e .
+	# mlflow and mlflow-skinny install the same files: an environment that had mlflow (locks
+	# before 28 Nov) loses skinny's when the sync removes mlflow. Put them back.
+	$(PY) -c "import mlflow.tracking" 2>/dev/null || \
+		$(UV) pip install $(UV_FLAGS) --no-deps --reinstall-package mlflow-skinny -r $(LOCK)
 	echo $(LOCK) > $@
 
 setup: $(STAMP) | which-lock

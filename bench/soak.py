@@ -95,6 +95,17 @@ def manual_deployment(stack: LocalStack) -> str:
         return stack.deploy_all()["grpo/manual"]
 
 
+def wait_for_lease_to_lapse(stack: LocalStack, run_id: str) -> None:
+    """Until a dead run's lease is gone or expired, so the next run can take it over: none
+    at all if it died before taking one, else at most ``LEASE_TTL_S``."""
+    from nemo_rl_core.storage.lease import read_lease
+    from nemo_rl_core.storage.run_storage import RunStorage
+
+    storage = RunStorage(f"s3://{stack.bucket}", run_id, storage_options=stack.storage_options)
+    while (lease := read_lease(storage)) is not None and lease["expires_at"] > time.time():
+        time.sleep(0.5)
+
+
 def drive_until_done(stack: LocalStack, args: argparse.Namespace, result: SoakResult) -> None:
     """Start the deployment for the run until a flow run completes, killing at random."""
     rng = random.Random(args.seed)
@@ -129,7 +140,7 @@ def drive_until_done(stack: LocalStack, args: argparse.Namespace, result: SoakRe
                 at = time.monotonic() - started
                 result.kills.append(Kill(at, target, state, last))
                 print(f"+{at:.0f} s: killed {target} ({state}); last: {last}", flush=True)
-                time.sleep(LEASE_TTL_S)  # the killed run's lease runs out
+                wait_for_lease_to_lapse(stack, result.run_id)
                 flow_run = None
                 break
             time.sleep(0.25 if kill_at else 1.0)
@@ -142,7 +153,7 @@ def drive_until_done(stack: LocalStack, args: argparse.Namespace, result: SoakRe
         print(f"flow run {flow_run_id} {message}", flush=True)
         if len(result.unplanned_failures) > MAX_UNPLANNED_FAILURES:
             raise RuntimeError(f"soak gave up after {result.unplanned_failures}")
-        time.sleep(LEASE_TTL_S)
+        wait_for_lease_to_lapse(stack, result.run_id)
     result.soak_wall_s = time.monotonic() - started
 
 

@@ -230,9 +230,10 @@ class LocalStack:
         first time (``infra/stack.sh start worker@POOL``), with ``env`` in its environment."""
         self.stack("start", _worker(pool), env=env)
 
-    def stop_worker(self, pool: str) -> None:
-        """Stop a stage worker of ``pool`` (``infra/stack.sh stop worker@POOL``)."""
-        self.stack("stop", _worker(pool))
+    def stop_workers(self, *pools: str) -> None:
+        """Stop a stage worker of each of ``pools``, side by side (``infra/stack.sh stop
+        worker@POOL ...``)."""
+        self.stack("stop", *map(_worker, pools))
 
     def live_stage_workers(self, pool: str) -> list[str]:
         """The stage workers the server holds connected for ``pool`` (host-pid each)."""

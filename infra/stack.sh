@@ -133,11 +133,14 @@ launch() {
   echo $! >>"$RUN/$name.sessions"
 }
 
-# stop_sessions NAME: INT every process of NAME's sessions (what a Prefect worker and the
-# server shut down cleanly on), then TERM, then KILL whatever is left. Only those pids.
+# stop_sessions NAME...: INT every process of the NAMEs' sessions (what a Prefect worker and
+# the server shut down cleanly on), then TERM, then KILL whatever is left. Only those pids.
+# The NAMEs shut down side by side: stopping N stage workers takes one's shutdown, not N.
 stop_sessions() {
-  local name=$1 signal i pids sessions
-  mapfile -t sessions < <(cat "$RUN/$name.sessions" "$RUN/$name.pid" 2>/dev/null | sort -u)
+  local names=("$@") name signal i pids sessions
+  mapfile -t sessions < <(for name in "${names[@]}"; do
+    cat "$RUN/$name.sessions" "$RUN/$name.pid" 2>/dev/null
+  done | sort -u)
   ((${#sessions[@]})) || return 0
   for signal in INT TERM KILL; do
     pids=$(session_members "${sessions[@]}")
@@ -148,10 +151,12 @@ stop_sessions() {
       [[ -n $(session_members "${sessions[@]}") ]] || break 2
       sleep 0.2
     done
-    echo "stack: $name still running after SIG$signal: $(session_members "${sessions[@]}" | xargs)" >&2
+    echo "stack: ${names[*]} still running after SIG$signal: $(session_members "${sessions[@]}" | xargs)" >&2
   done
-  rm -f "$RUN/$name.pid" "$RUN/$name.sessions"
-  echo "stopped $name"
+  for name in "${names[@]}"; do
+    rm -f "$RUN/$name.pid" "$RUN/$name.sessions"
+    echo "stopped $name"
+  done
 }
 
 # initdb and the postmaster refuse to run as root: use the `postgres` OS user then.
@@ -294,8 +299,9 @@ stop() {
   done
   if ((ALL)); then mapfile -t -O "${#names[@]}" names < <(pool_workers); fi
   # Order matters: a worker whose API is gone hangs on shutdown, so workers go first.
-  for name in "${names[@]}" worker register server s3 postgres; do
-    [[ $name == worker@* ]] || wants "$name" || [[ $name == register ]] || continue
+  ((${#names[@]} == 0)) || stop_sessions "${names[@]}"
+  for name in worker register server s3 postgres; do
+    wants "$name" || [[ $name == register ]] || continue
     if [[ $name == postgres ]]; then stop_postgres; else stop_sessions "$name"; fi
   done
 }

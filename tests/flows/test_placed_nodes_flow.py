@@ -2,8 +2,10 @@
 (made once, ``single``):
 
 - with ``cluster.gpus_per_node: 2`` on a CPU machine the train stage runs as 2 ranks of this
-  machine (torchrun --standalone, gloo, FSDP2), every other stage in the flow's process; the
-  step equals the one-process flow's within 1e-5, also when a rank is lost.
+  machine (torchrun --standalone, gloo), every other stage in the flow's process; with
+  ``dtensor_cfg.tensor_parallel_size: 2`` (DTensor TP, mesh dp=1 x tp=2) the step equals the
+  one-process flow's within 1e-5, also when a rank is lost (one step: the second, from a
+  checkpoint the ranks wrote, is the two-node run's, data parallel with FSDP2).
 
 Across 2 "nodes" x 1 rank (``cluster.num_nodes: 2``), each node started by its own stage
 worker of the train pool (two task-worker processes), joined by torchrun's c10d rendezvous on
@@ -12,15 +14,18 @@ this machine (127.0.0.1), gloo:
 - loss, grad norm and the weights equal the one-process flow's within 1e-5, the checkpoint loads in
   transformers;
 - a rank killed in the middle of a step fails the attempt; the next attempt restarts every
-  rank, and the run ends bit-identical to the undisturbed run;
+  rank, and the run ends bit-identical to the undisturbed run (at its first step: one step
+  killed and run again, against the undisturbed run's checkpoint of that step);
 - a pool that serves fewer nodes than asked is said before any work, and the stage fails
   naming the nodes and ranks that never started, or never joined the rendezvous.
 
-CPU-heavy: each attempt starts two torchruns (~30 s each on 2 cores).
+CPU-heavy: each attempt starts two torchruns (~30 s each on 2 cores), so the runs that
+only prove a rerun take one step.
 """
 
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,19 +44,20 @@ from tasks.faults import FAULT_ENV, FAULT_NOTES
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "configs" / "sft_tiny.yaml"
 OVERRIDES = [
-    "sft.max_num_steps=2",
     "sft.val_at_start=false",
     "policy.train_global_batch_size=8",
     "policy.train_micro_batch_size=4",
 ]
 TWO_NODES = ["cluster.num_nodes=2", "cluster.gpus_per_node=1"]
+POOL = "train-pool"
+KILL_RANK1 = "kill-rank1"  # asked of iteration 0's train stage by the pool's workers
 
 
-def run(root: Path, run_id: str, pool: str | None, *extra: str) -> None:
+def run(root: Path, run_id: str, pool: str | None, *extra: str, steps: int = 2) -> None:
     placed = [*TWO_NODES, f"++cluster.placement.train={pool}"] if pool else []
     sft(
         config_path=str(CONFIG),
-        overrides=[*OVERRIDES, *placed, *extra],
+        overrides=[*OVERRIDES, f"sft.max_num_steps={steps}", *placed, *extra],
         run_id=run_id,
         storage_root=str(root),
     )
@@ -78,36 +84,44 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Two stage workers of one pool, serving every two-node run of the module (a worker
+    costs a process start). Rank 1 of iteration 0's train stage kills itself, once per run:
+    a run whose storage notes that kill as fired already trains undisturbed."""
+    workers = tmp_path_factory.mktemp("workers")
+    with stage_workers(POOL, workers, count=2, env={FAULT_ENV: f"train@0:{KILL_RANK1}"}):
+        yield POOL
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory, pool: str) -> Path:
+    """The undisturbed two-node run."""
     root = tmp_path_factory.mktemp("nodes")
-    with stage_workers("train-pool", root, count=2):
-        run(root, "nodes", "train-pool")
+    storage = open_storage(RunRef(str(root), "nodes"))
+    storage.write_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1, {"pid": None})
+    run(root, "nodes", pool)
+    assert storage.read_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1) == {"pid": None}
     return root
 
 
 def test_train_stage_on_two_local_ranks(
     single: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rank 1 is killed in the middle of iteration 0's step: the stage task's retry starts
-    every rank again and the run goes on."""
-    monkeypatch.setenv(FAULT_ENV, "train@0:kill-rank1")
-    sft(
-        config_path=str(CONFIG),
-        overrides=[*OVERRIDES, "cluster.gpus_per_node=2"],
-        run_id="ranks",
-        storage_root=str(tmp_path),
-    )
-    for iteration in (0, 1):
-        expected = stages_of(single, "single", iteration)["train"]["metrics"]
-        train = stages_of(tmp_path, "ranks", iteration)["train"]
-        assert train["ran_on"]["ranks"] == 2
-        assert "ranks" not in stages_of(single, "single", iteration)["train"]["ran_on"]
-        got = train["metrics"]
-        assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
-        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
-    assert (tmp_path / "runs" / "ranks" / "checkpoints" / "step_000002" / "COMMITTED").exists()
+    """Tensor parallel over the two ranks; rank 1 is killed in the middle of iteration 0's
+    step: the stage task's retry starts every rank again and the run goes on."""
+    monkeypatch.setenv(FAULT_ENV, f"train@0:{KILL_RANK1}")
+    tp2 = "policy.dtensor_cfg.tensor_parallel_size=2"
+    run(tmp_path, "ranks", None, "cluster.gpus_per_node=2", tp2, steps=1)
+    expected = stages_of(single, "single", 0)["train"]["metrics"]
+    train = stages_of(tmp_path, "ranks", 0)["train"]
+    assert train["ran_on"]["ranks"] == 2
+    assert "ranks" not in stages_of(single, "single", 0)["train"]["ran_on"]
+    got = train["metrics"]
+    assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+    assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
+    assert (tmp_path / "runs" / "ranks" / "checkpoints" / "step_000001" / "COMMITTED").exists()
     fired = open_storage(RunRef(str(tmp_path), "ranks")).read_rendezvous_note(
-        0, "train", FAULT_NOTES, "kill-rank1"
+        0, "train", FAULT_NOTES, KILL_RANK1
     )
     assert fired is not None, "rank 1 was killed once, and the retry trained"
 
@@ -123,14 +137,14 @@ def test_two_nodes_each_started_by_a_worker_train_as_one_process(
         assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
         assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
         assert got["global_valid_toks"] == expected["global_valid_toks"]
-        assert (train["ran_on"]["ranks"], train["ran_on"]["pool"]) == (2, "train-pool")
+        assert (train["ran_on"]["ranks"], train["ran_on"]["pool"]) == (2, POOL)
         workers = set()
         for node in (0, 1):
             beat = storage.read_stage_run(iteration, f"train.node-{node}-of-2")
-            assert beat is not None and beat.ran_on.pool == "train-pool"
+            assert beat is not None and beat.ran_on.pool == POOL
             workers.add(beat.ran_on.worker)
-        assert workers == {"train-pool-0", "train-pool-1"}, "one node per worker"
-        assert len(node_task_runs("nodes", "train-pool", iteration)) == 2
+        assert workers == {f"{POOL}-0", f"{POOL}-1"}, "one node per worker"
+        assert len(node_task_runs("nodes", POOL, iteration)) == 2, "one attempt, not killed"
     # the rendezvous was on this machine's loopback: node 0 published its host name
     assert socket.gethostbyname(socket.gethostname()) == "127.0.0.1"
     # written by rank 0 in the layout one process writes: transformers loads it, and its
@@ -142,42 +156,44 @@ def test_two_nodes_each_started_by_a_worker_train_as_one_process(
         torch.testing.assert_close(got[name], expected, atol=1e-5, rtol=0)
 
 
-def test_a_killed_rank_reruns_every_rank_bit_identical(tmp_path: Path, two_nodes: Path) -> None:
-    """Rank 1 SIGKILLs itself in iteration 1's backward pass: both nodes' launches fail,
-    the attempt runs again on both workers with every rank restarted."""
-    with stage_workers("kill-pool", tmp_path, count=2, env={FAULT_ENV: "train@1:kill-rank1"}):
-        started = time.monotonic()
-        run(tmp_path, "killed", "kill-pool")
+def test_a_killed_rank_reruns_every_rank_bit_identical(
+    tmp_path: Path, two_nodes: Path, pool: str
+) -> None:
+    """Rank 1 SIGKILLs itself in iteration 0's backward pass: both nodes' launches fail,
+    the attempt runs again on both workers with every rank restarted. One step: a rerun's
+    ranks load the step's inputs and weights as every attempt's do, which the two-node run's
+    second step proves against the one-process run."""
+    started = time.monotonic()
+    run(tmp_path, "killed", pool, steps=1)
     # the lost rank ends its launch at once, not after the collectives' 30-minute timeout
     assert time.monotonic() - started < 600
     storage = open_storage(RunRef(str(tmp_path), "killed"))
-    assert storage.read_rendezvous_note(1, "train", FAULT_NOTES, "kill-rank1") is not None
-    assert len(node_task_runs("killed", "kill-pool", 0)) == 2
-    attempts = node_task_runs("killed", "kill-pool", 1)
+    fired = storage.read_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1)
+    assert fired is not None and fired["pid"] is not None, fired
+    attempts = node_task_runs("killed", pool, 0)
     assert len(attempts) == 4, "two attempts of two nodes"
     assert sum(t.state.is_completed() for t in attempts) == 2
     logs = logs_of(flow_run_of("sft-killed").id)
     again = [line for line in logs if "running it again with every rank restarted" in line]
     assert len(again) == 1 and "rank 1 was killed by SIGKILL" in again[0], logs
     assert_bit_identical(
-        checkpoint_dir(tmp_path, "killed", 2), checkpoint_dir(two_nodes, "nodes", 2)
+        checkpoint_dir(tmp_path, "killed", 1), checkpoint_dir(two_nodes, "nodes", 1)
     )
-    for iteration in (0, 1):
-        got = stages_of(tmp_path, "killed", iteration)["train"]["metrics"]
-        expected = stages_of(two_nodes, "nodes", iteration)["train"]["metrics"]
-        assert (got["loss"], got["grad_norm"]) == (expected["loss"], expected["grad_norm"])
+    got = stages_of(tmp_path, "killed", 0)["train"]["metrics"]
+    expected = stages_of(two_nodes, "nodes", 0)["train"]["metrics"]
+    assert (got["loss"], got["grad_norm"]) == (expected["loss"], expected["grad_norm"])
 
 
 def test_a_pool_short_of_nodes_is_said_and_fails_naming_the_missing_ranks(
     tmp_path: Path,
 ) -> None:
     with stage_workers("short-pool", tmp_path, count=1):
-        # the one worker starts a node, whose rendezvous waits 10 s for the other
+        # the one worker starts a node, whose rendezvous waits 4 s for the other
         with pytest.raises(PlacementError) as never_joined:
-            run(tmp_path, "rdzv", "short-pool", "++cluster.rendezvous_timeout_seconds=10")
+            run(tmp_path, "rdzv", "short-pool", "++cluster.rendezvous_timeout_seconds=4")
         message = str(never_joined.value)
         assert "pool 'short-pool'" in message and "were not started by a worker" in message
-        assert "join_timeout=10s; node(s) [" in message and "never joined" in message
+        assert "join_timeout=4s; node(s) [" in message and "never joined" in message
         logs = logs_of(flow_run_of("sft-rdzv").id)
         assert any(
             "pool 'short-pool' has 1 live stage worker(s), and stage 'train' needs 2" in line

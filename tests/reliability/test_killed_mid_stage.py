@@ -100,6 +100,7 @@ def test_each_stage_killed_on_the_stack_resumes_to_identical_weights(
     for iteration in (0, 1):
         stages = storage.read_manifest(iteration).stages
         assert {s for s, e in stages.items() if e.complete} == set(TRAINING_STAGES)
+    assert storage.committed_checkpoints() == [1, 2], "the manual deployment's checkpoints on S3"
     assert read_lease(storage) is None, "the last run released its lease"
     assert_no_half_written_objects(storage)
     clean = final_weights(RunStorage(str(clean_run), "clean"))

@@ -68,8 +68,7 @@ def stage_workers(local_stack: LocalStack, stack_deployments: dict[str, str]) ->
     kill = {"NEMO_RL_CORE_FAULT": "train@1:kill", "NEMO_RL_CORE_LEASE_TTL_S": LEASE_TTL_S}
     local_stack.restart_worker("train-pool", env=kill)
     yield
-    for name in (*ROLLOUT_WORKERS, "train-pool"):
-        local_stack.stop_worker(name)
+    local_stack.stop_workers(*ROLLOUT_WORKERS, "train-pool")
 
 
 def s3_run(stack: LocalStack, run_id: str) -> RunStorage:

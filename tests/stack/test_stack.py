@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -108,16 +109,20 @@ def port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.fixture(scope="module")
-def probe_project(local_stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A throwaway project with the probe flow, deployed with ``prefect deploy --all``."""
-    project = tmp_path_factory.mktemp("probe-project")
+def deploy_probe_project(stack: LocalStack, project: Path) -> Path:
+    """A throwaway project with the probe flow in ``project``, deployed on ``stack`` with
+    ``prefect deploy --all``."""
+    project.mkdir(parents=True, exist_ok=True)
     shutil.copy(Path(__file__).parent / "probe_flow.py", project / "probe_flow.py")
     (project / "prefect.yaml").write_text(PROBE_PROJECT_YAML)
-    local_stack.run(
-        "prefect", "deploy", "--all", cwd=project, env={"PROBE_PROJECT_DIR": str(project)}
-    )
+    stack.run("prefect", "deploy", "--all", cwd=project, env={"PROBE_PROJECT_DIR": str(project)})
     return project
+
+
+@pytest.fixture(scope="module")
+def probe_project(local_stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The probe project deployed on the session's stack."""
+    return deploy_probe_project(local_stack, tmp_path_factory.mktemp("probe-project"))
 
 
 @pytest.fixture(scope="module")
@@ -132,18 +137,19 @@ def probe_run(local_stack: LocalStack, probe_project: Path) -> dict[str, Any]:
     return {"flow_run": flow_run, "key": key, "logs": logs}
 
 
-def test_a_stage_worker_on_a_fresh_stack_starts_what_it_needs(tmp_path_factory) -> None:
-    """``infra/stack.sh start worker@POOL`` on a state dir that runs nothing starts
-    PostgreSQL, S3 and the server first; then the server lists the stage worker, and a shell
-    that sourced ``env.sh`` finds the venv's ``prefect`` first on its PATH."""
+@pytest.fixture(scope="module")
+def fresh_stack() -> Iterator[LocalStack]:
+    """A stack of its own, on its own ports, started by ``infra/stack.sh start
+    worker@fresh-pool`` on a state dir that runs nothing; stopped and removed after this
+    module. Not the session's stack: the last test here stops it."""
     state_dir = Path(tempfile.mkdtemp(prefix="nemo-rl-fresh-"))
     state_dir.chmod(0o755)
-    ports = {
-        "INFRA_PG_PORT": free_port(),
-        "INFRA_API_PORT": free_port(),
-        "INFRA_S3_PORT": free_port(),
+    ports = {"pg": free_port(), "api": free_port(), "s3": free_port()}
+    env = {
+        **os.environ,
+        "INFRA_STATE_DIR": str(state_dir),
+        **{f"INFRA_{name.upper()}_PORT": str(port) for name, port in ports.items()},
     }
-    env = {**os.environ, "INFRA_STATE_DIR": str(state_dir), **{k: str(v) for k, v in ports.items()}}
     env.pop("NEMO_RL_INFRA_STATE_DIR", None)
     stack = [str(PROJECT_ROOT / "infra" / "stack.sh")]
     try:
@@ -155,23 +161,77 @@ def test_a_stage_worker_on_a_fresh_stack_starts_what_it_needs(tmp_path_factory) 
             timeout=600,
         )
         assert started.returncode == 0, started.stdout + started.stderr
-        fresh = attach_stack(state_dir)
-        status = subprocess.run([*stack, "status"], env=env, capture_output=True, text=True).stdout
-        for service in ("postgres", "s3", "server", "worker@fresh-pool"):
-            assert f"{service}: up" in status, status
-        assert fresh.live_stage_workers("fresh-pool") == [
-            f"{socket.gethostname()}-{fresh.worker_pid('fresh-pool')}"
-        ]
-        found = subprocess.run(
-            ["bash", "-c", f"source {state_dir}/env.sh && command -v prefect"],
-            env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")},
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        assert found == str(PROJECT_ROOT / ".venv" / "bin" / "prefect"), found
+        yield LocalStack(state_dir, ports, attach_stack(state_dir).env_vars)
     finally:
         subprocess.run([*stack, "stop"], env=env, timeout=300, check=False)
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_a_stage_worker_on_a_fresh_stack_starts_what_it_needs(fresh_stack: LocalStack) -> None:
+    """``infra/stack.sh start worker@POOL`` on a state dir that runs nothing starts
+    PostgreSQL, S3 and the server first; then the server lists the stage worker, and a shell
+    that sourced ``env.sh`` finds the venv's ``prefect`` first on its PATH."""
+    fresh = fresh_stack
+    status = fresh.stack("status", check=False).stdout  # exits 1: no process worker here
+    for service in ("postgres", "s3", "server", "worker@fresh-pool"):
+        assert f"{service}: up" in status, status
+    assert fresh.live_stage_workers("fresh-pool") == [
+        f"{socket.gethostname()}-{fresh.worker_pid('fresh-pool')}"
+    ]
+    found = subprocess.run(
+        ["bash", "-c", f"source {fresh.state_dir}/env.sh && command -v prefect"],
+        env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")},
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    assert found == str(PROJECT_ROOT / ".venv" / "bin" / "prefect"), found
+
+
+def test_stop_leaves_nothing_running(fresh_stack: LocalStack, tmp_path: Path) -> None:
+    """On the fresh stack (its stage worker still up), after its process worker runs a
+    deployed flow run and is killed mid-run and restarted: the stack stops with the orphaned
+    run still going, and must end it too; then it starts again on the same state."""
+    fresh = fresh_stack
+    fresh.stack("start", "worker")
+    deploy_probe_project(fresh, tmp_path / "probe-project")
+    flow_run_id = run_deployment(
+        fresh, "stack-probe/manual", "key=probe/held.txt", "hold_seconds=600"
+    )
+    deadline = time.monotonic() + 120
+    while fresh.api("GET", f"/flow_runs/{flow_run_id}")["state_type"] != "RUNNING":
+        assert time.monotonic() < deadline, f"held run not RUNNING:\n{fresh.log_tail('worker')}"
+        time.sleep(0.5)
+    killed_worker = service_pids(fresh)["worker"]
+    orphaned_run = descendants(killed_worker)
+    assert orphaned_run, "the held flow run has no process under the worker"
+    os.kill(killed_worker, signal.SIGKILL)
+    while alive(killed_worker):  # the kill lands when the process is next scheduled
+        time.sleep(0.1)
+    assert "worker: down" in fresh.stack("status", check=False).stdout
+    fresh.stack("start", "worker")
+    pids = service_pids(fresh)
+    assert pids["worker"] != killed_worker
+    assert "worker@fresh-pool" in pids, pids
+    everything = (
+        set(pids.values())
+        | orphaned_run
+        | descendants(pids["worker"])
+        | descendants(pids["postgres"])
+    )
+    fresh.stack("stop")
+    # A SIGKILLed process ends when next scheduled: on a loaded machine, seconds later.
+    deadline = time.monotonic() + 30
+    while (left := sorted(pid for pid in everything if alive(pid))) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert not left, f"still running 30 s after stop: {left}"
+    open_ports = {name: port for name, port in fresh.ports.items() if port_open(port)}
+    assert not open_ports, f"still listening after stop: {open_ports}"
+    # The database persists: the same state dir starts again.
+    fresh.stack("start")
+    assert fresh.stack("status").stdout.count(": up") == 4
+    fresh.stack("stop")  # not left idling beside the session's stack for the module's rest
 
 
 def test_stack_is_healthy(local_stack: LocalStack) -> None:
@@ -338,11 +398,14 @@ PROJECT_DEPLOYMENTS = (
 )
 
 
-def test_project_deployments_register(local_stack: LocalStack) -> None:
-    """``prefect deploy --all`` of the project's prefect.yaml registers every deployment
-    under its flow's name (``eval/manual``: Prefect's ``--name`` would match the function,
-    ``evaluate``, not the flow)."""
-    registered = local_stack.deploy_all()
+def test_project_deployments_register(
+    local_stack: LocalStack, stack_deployments: dict[str, str]
+) -> None:
+    """``prefect deploy --all`` of the project's prefect.yaml (the session's deployments,
+    ``LocalStack.deploy_all``) registers every deployment under its flow's name
+    (``eval/manual``: Prefect's ``--name`` would match the function, ``evaluate``, not the
+    flow)."""
+    registered = stack_deployments
     assert set(PROJECT_DEPLOYMENTS) <= set(registered), sorted(registered)
     for name in PROJECT_DEPLOYMENTS:
         deployment = local_stack.api("GET", f"/deployments/name/{name}")
@@ -356,49 +419,3 @@ def test_project_deployments_register(local_stack: LocalStack) -> None:
         limit = (deployment["global_concurrency_limit"] or {}).get("limit")
         assert limit == (1 if training else None), name
     pause_all_schedules(local_stack)
-
-
-def test_stop_leaves_nothing_running(local_stack: LocalStack, probe_project: Path) -> None:
-    """Last in this module: a worker is killed mid-run and restarted, then the stack stops
-    with the orphaned run still going, and must end it too; then it starts again."""
-    flow_run_id = run_deployment(
-        local_stack, "stack-probe/manual", "key=probe/held.txt", "hold_seconds=600"
-    )
-    deadline = time.monotonic() + 120
-    while local_stack.api("GET", f"/flow_runs/{flow_run_id}")["state_type"] != "RUNNING":
-        assert time.monotonic() < deadline, (
-            f"held run not RUNNING:\n{local_stack.log_tail('worker')}"
-        )
-        time.sleep(0.5)
-    killed_worker = service_pids(local_stack)["worker"]
-    orphaned_run = descendants(killed_worker)
-    assert orphaned_run, "the held flow run has no process under the worker"
-    os.kill(killed_worker, signal.SIGKILL)
-    while alive(killed_worker):  # the kill lands when the process is next scheduled
-        time.sleep(0.1)
-    assert "worker: down" in local_stack.stack("status", check=False).stdout
-    local_stack.stack("start", "worker")
-    pids = service_pids(local_stack)
-    assert pids["worker"] != killed_worker
-    everything = (
-        set(pids.values())
-        | orphaned_run
-        | descendants(pids["worker"])
-        | descendants(pids["postgres"])
-    )
-    try:
-        local_stack.stack("stop")
-        # A SIGKILLed process ends when next scheduled: on a loaded machine, seconds later.
-        deadline = time.monotonic() + 30
-        while (left := sorted(pid for pid in everything if alive(pid))) and (
-            time.monotonic() < deadline
-        ):
-            time.sleep(0.5)
-        assert not left, f"still running 30 s after stop: {left}"
-        open_ports = {name: port for name, port in local_stack.ports.items() if port_open(port)}
-        assert not open_ports, f"still listening after stop: {open_ports}"
-    finally:
-        # Restart on the same state (the database persists) for the later stack tests,
-        # whatever this test found.
-        local_stack.stack("start")
-    assert local_stack.stack("status").stdout.count(": up") == 4

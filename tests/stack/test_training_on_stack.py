@@ -1,5 +1,7 @@
 """Training through the real stack: deployments picked up by the worker, S3 storage,
-the nightly schedule continuing one experiment, and the lease refusing a concurrent run."""
+the nightly schedule continuing one experiment, and the lease refusing a concurrent run.
+(A ``grpo/manual`` run committing its checkpoints on S3: the last run of
+tests/reliability/test_killed_mid_stage.py.)"""
 
 import datetime as dt
 import threading
@@ -24,20 +26,6 @@ def committed_steps(stack: LocalStack, run_id: str) -> list[int]:
     fs.invalidate_cache()
     steps = [p.rsplit("_", 1)[-1] for p in fs.ls(root)] if fs.exists(root) else []
     return sorted(int(s) for s in steps if fs.exists(f"{root}/step_{s}/COMMITTED"))
-
-
-def test_manual_deployment_trains_on_s3(
-    local_stack: LocalStack, stack_deployments: dict[str, str]
-) -> None:
-    flow_run_id = local_stack.start_flow_run(
-        stack_deployments["grpo/manual"],
-        {"run_id": "stack-manual", "overrides": [*FAST, "grpo.max_num_steps=2"]},
-    )
-    final = local_stack.wait_for_flow_run(flow_run_id, timeout=1200)
-    assert final["state_type"] == "COMPLETED", "\n".join(
-        local_stack.flow_run_logs(flow_run_id)[-30:]
-    )
-    assert committed_steps(local_stack, "stack-manual") == [1, 2]
 
 
 def test_nightly_schedule_is_registered(
