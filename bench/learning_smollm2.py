@@ -74,7 +74,9 @@ SMOKE = {
         *SMOKE_BATCH,
         "policy.generation.backend=hf",
     ],
-    "eval": ["data.num_samples=8"],
+    # HF generates 8 short answers in seconds; a vLLM engine starts in ~20 s per eval, and the
+    # eval flow on vLLM is tests/flows/test_eval_flow.py's.
+    "eval": ["data.num_samples=8", "generation.backend=hf"],
 }
 AUDIT_WINDOW = 5  # GRPO steps compared at the start and at the end of a run
 KINDS = (
