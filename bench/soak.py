@@ -97,12 +97,17 @@ def manual_deployment(stack: LocalStack) -> str:
 
 def wait_for_lease_to_lapse(stack: LocalStack, run_id: str) -> None:
     """Until a dead run's lease is gone or expired, so the next run can take it over: none
-    at all if it died before taking one, else at most ``LEASE_TTL_S``."""
+    at all if it died before taking one, else at most ``LEASE_TTL_S``. A lease still renewed
+    after twice that (a process of the run survived) is left to the next run, which says
+    who holds it."""
     from nemo_rl_core.storage.lease import read_lease
     from nemo_rl_core.storage.run_storage import RunStorage
 
     storage = RunStorage(f"s3://{stack.bucket}", run_id, storage_options=stack.storage_options)
+    deadline = time.monotonic() + 2 * LEASE_TTL_S
     while (lease := read_lease(storage)) is not None and lease["expires_at"] > time.time():
+        if time.monotonic() > deadline:
+            return
         time.sleep(0.5)
 
 
