@@ -69,12 +69,14 @@ _TENSOR_DTYPES: dict[torch.dtype, tuple[str, np.dtype, torch.dtype]] = {
     torch.bool: ("bool", np.dtype(np.uint8), torch.uint8),  # bytes, so reads stay zero-copy
 }
 _DTYPE_BY_NAME = {name: dtype for dtype, (name, _, _) in _TENSOR_DTYPES.items()}
+_SUPPORTED = "convert it to one of " + ", ".join(_DTYPE_BY_NAME)
 # Integer dtype of the same width, used to compare and restore padding bit for bit.
 _BITS_DTYPE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 _TENSOR_MARK = "__tensor__"
 _TUPLE_MARK = "__tuple__"
 _DICT_MARK = "__dict__"
+_MARKS = (_TENSOR_MARK, _TUPLE_MARK, _DICT_MARK)
 # Non-null fields: Parquet then stores no definition levels for values, and list columns
 # read ~1.7x faster than with nullable fields.
 _BLOB_LISTS = pa.large_list(pa.field("item", pa.large_binary(), nullable=False))
@@ -267,17 +269,29 @@ def _dtype_info(key: str, tensor: torch.Tensor) -> tuple[str, np.dtype, torch.dt
     try:
         return _TENSOR_DTYPES[tensor.dtype]
     except KeyError:
-        supported = ", ".join(name for name, _, _ in _TENSOR_DTYPES.values())
         raise CodecError(
-            f"key {key!r} has unsupported dtype {tensor.dtype}; convert it to one of {supported}"
+            f"key {key!r} has unsupported dtype {tensor.dtype}; {_SUPPORTED}"
         ) from None
 
 
 def _to_numpy(key: str, tensor: torch.Tensor) -> np.ndarray:
     """The tensor's values as the numpy dtype Arrow stores (a view when already on CPU)."""
     _, _, storage_dtype = _dtype_info(key, tensor)
-    tensor = tensor.detach().cpu().contiguous()
-    return tensor.view(storage_dtype).numpy().reshape(-1)
+    return _cpu_flat(tensor, storage_dtype).numpy()
+
+
+def _tensor_bytes(tensor: torch.Tensor, storage_dtype: torch.dtype) -> bytes:
+    return _cpu_flat(tensor, storage_dtype).numpy().tobytes()
+
+
+def _cpu_flat(tensor: torch.Tensor, storage_dtype: torch.dtype) -> torch.Tensor:
+    """The tensor as a flat, contiguous CPU tensor of ``storage_dtype`` (a view where it can
+    be: message logs hold thousands of small tensors, each already flat on the CPU)."""
+    if tensor.requires_grad or not tensor.is_cpu or not tensor.is_contiguous():
+        tensor = tensor.detach().cpu().contiguous()
+    if tensor.dtype != storage_dtype:
+        tensor = tensor.view(storage_dtype)
+    return tensor.view(-1) if tensor.dim() != 1 else tensor
 
 
 def _encode_tensor(
@@ -412,10 +426,14 @@ def _encode_list(key: str, values: list[Any]) -> tuple[pa.Array, dict[str, Any]]
         return pa.array(values, type=pa.int64()), {"kind": "int"}
     texts: list[str] = []
     rows: list[dict[str, list[bytes]]] = []
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
     for index, value in enumerate(values):
         blobs: dict[str, list[bytes]] = {}
-        encoded = _encode_object(value, blobs, f"{key}[{index}]")
-        texts.append(json.dumps(encoded, separators=(",", ":")))
+        try:
+            encoded = _encode_object(value, blobs)
+        except _Unstorable as err:
+            raise CodecError(err.message(f"{key}[{index}]")) from None
+        texts.append(dumps(encoded))
         rows.append(blobs)
     names = sorted({name for blobs in rows for name in blobs})
     children = [pa.array(texts, type=pa.large_string())] + [
@@ -427,39 +445,63 @@ def _encode_list(key: str, values: list[Any]) -> tuple[pa.Array, dict[str, Any]]
     return pa.StructArray.from_arrays(children, fields=fields), {"kind": "object"}
 
 
-def _encode_object(value: Any, blobs: dict[str, list[bytes]], path: str) -> Any:
+class _Unstorable(Exception):
+    """A value inside a list cell that cannot be stored. Its path (``[1]['t']``) is put
+    together while the error unwinds, so encoding builds no path strings when all is well."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.steps: list[str] = []
+
+    def within(self, step: str) -> "_Unstorable":
+        self.steps.append(step)
+        return self
+
+    def message(self, root: str) -> str:
+        return f"{root}{''.join(reversed(self.steps))} {self.problem}"
+
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _encode_object(value: Any, blobs: dict[str, list[bytes]]) -> Any:
     """JSON-able form of ``value``; a tensor's bytes go to ``blobs`` under its dtype's name
     (so a reader splits each dtype's bytes into tensors in one call) and its marker holds
     that name, its shape and its index in the row's blobs of that dtype."""
-    if value is None or type(value) in (bool, int, float, str):
+    if type(value) in _SCALARS:
         return value
-    if isinstance(value, torch.Tensor):
-        name, _, _ = _dtype_info(path, value)
-        same_dtype = blobs.setdefault(name, [])
-        same_dtype.append(_to_numpy(path, value).tobytes())
-        return {_TENSOR_MARK: [name, list(value.shape), len(same_dtype) - 1]}
-    if isinstance(value, list):
-        return [_encode_object(v, blobs, f"{path}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, tuple):
-        return {
-            _TUPLE_MARK: [_encode_object(v, blobs, f"{path}[{i}]") for i, v in enumerate(value)]
-        }
     if isinstance(value, dict):
         encoded = {}
         for k, v in value.items():
-            if not isinstance(k, str):
-                raise CodecError(f"{path} has dict key {k!r}; only string keys can be stored")
-            encoded[k] = _encode_object(v, blobs, f"{path}[{k!r}]")
-        marked = len(encoded) == 1 and next(iter(encoded)) in (
-            _TENSOR_MARK,
-            _TUPLE_MARK,
-            _DICT_MARK,
-        )
+            if type(k) is not str:
+                raise _Unstorable(f"has dict key {k!r}; only string keys can be stored")
+            try:
+                encoded[k] = _encode_object(v, blobs)
+            except _Unstorable as err:
+                raise err.within(f"[{k!r}]") from None
+        marked = len(encoded) == 1 and next(iter(encoded)) in _MARKS
         # A user dict that looks like a marker goes as pairs: the decoder's object hook
         # runs inner dicts first, so it must never see the look-alike as a dict.
         return {_DICT_MARK: [[k, v] for k, v in encoded.items()]} if marked else encoded
-    raise CodecError(
-        f"{path} holds {type(value).__name__}, which cannot be stored; use tensors, lists, "
+    if isinstance(value, torch.Tensor):
+        stored_as = _TENSOR_DTYPES.get(value.dtype)
+        if stored_as is None:
+            raise _Unstorable(f"has unsupported dtype {value.dtype}; {_SUPPORTED}")
+        name, _, storage_dtype = stored_as
+        same_dtype = blobs.setdefault(name, [])
+        same_dtype.append(_tensor_bytes(value, storage_dtype))
+        return {_TENSOR_MARK: [name, list(value.shape), len(same_dtype) - 1]}
+    if isinstance(value, list | tuple):
+        items = []
+        for index, item in enumerate(value):
+            try:
+                items.append(_encode_object(item, blobs))
+            except _Unstorable as err:
+                raise err.within(f"[{index}]") from None
+        return items if isinstance(value, list) else {_TUPLE_MARK: items}
+    raise _Unstorable(
+        f"holds {type(value).__name__}, which cannot be stored; use tensors, lists, "
         f"tuples, string-keyed dicts, str, int, float, bool or None"
     )
 
