@@ -179,25 +179,37 @@ def rollout_reward_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> St
 
 def rollout_logprob(ctx: StageContext) -> StageResult:
     """The policy's and the reference policy's logprobs of the rollouts. Unsplit: one shard,
-    merged."""
-    return rollout_logprob_merge(ctx, [rollout_logprob_shard(ctx, 0, 1)])
+    merged (the training inputs made once, not once per side)."""
+    train_data = _logprob_inputs(ctx)
+    return _with_logprobs(train_data, [_shard_logprobs(ctx, train_data, 0, 1)])
 
 
 def rollout_logprob_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
     """The logprobs of one slice of the rollouts' training inputs, padded as the whole
     batch's, in whole microbatches (``policy.logprob_batch_size``): the forward passes are
     the unsplit stage's."""
-    rt = ctx.runtime
-    train_data = grpo.logprob_inputs(ctx.batch("reward"), rt.tokenizer, ctx.config)
-    unit = ctx.config.policy.logprob_batch_size or train_data.size
-    rows = shard_bounds(train_data.size, index, count, unit)
-    with rt.policy_in_use(ctx.iteration) as policy:
-        return grpo.policy_logprobs(policy, train_data.slice(*rows), ctx.config)
+    return _shard_logprobs(ctx, _logprob_inputs(ctx), index, count)
 
 
 def rollout_logprob_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:
     """The rollouts' training inputs with the slices' logprobs joined in order."""
-    train_data = grpo.logprob_inputs(ctx.batch("reward"), ctx.runtime.tokenizer, ctx.config)
+    return _with_logprobs(_logprob_inputs(ctx), shards)
+
+
+def _logprob_inputs(ctx: StageContext) -> BatchedDataDict:
+    return grpo.logprob_inputs(ctx.batch("reward"), ctx.runtime.tokenizer, ctx.config)
+
+
+def _shard_logprobs(
+    ctx: StageContext, train_data: BatchedDataDict, index: int, count: int
+) -> BatchedDataDict:
+    unit = ctx.config.policy.logprob_batch_size or train_data.size
+    rows = shard_bounds(train_data.size, index, count, unit)
+    with ctx.runtime.policy_in_use(ctx.iteration) as policy:
+        return grpo.policy_logprobs(policy, train_data.slice(*rows), ctx.config)
+
+
+def _with_logprobs(train_data: BatchedDataDict, shards: list[BatchedDataDict]) -> StageResult:
     train_data.update(BatchedDataDict.from_batches(shards))
     return StageResult({"batch": train_data})
 
@@ -312,10 +324,10 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
         storage.record_checkpoint_metrics(
             ctx.iteration, {f"val:{name}": value for name, value in validation.items()}
         )
-    deleted = ctx.runtime.prune_checkpoints()
-    kept = storage.committed_checkpoints()
+    retention = ctx.runtime.prune_checkpoints()
     return StageResult(
-        {"retention": {"kept": kept, "deleted": deleted}}, {"checkpoints_kept": len(kept)}
+        {"retention": {"kept": retention.kept, "deleted": retention.deleted}},
+        {"checkpoints_kept": len(retention.kept)},
     )
 
 
