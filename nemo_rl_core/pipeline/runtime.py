@@ -42,7 +42,7 @@ from nemo_rl_core.models.value.interfaces import ValueInterface
 from nemo_rl_core.pipeline.registry import pipeline_for_config
 from nemo_rl_core.pipeline.spec import Pipeline, Version, declared
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from nemo_rl_core.storage.run_storage import RunStorage
+from nemo_rl_core.storage.run_storage import Retention, RunStorage
 from nemo_rl_core.utils.checkpoint import (
     INITIAL_STEP,
     MODEL_DIRS,
@@ -194,7 +194,7 @@ class RunRuntime:
                 checkpoint_copy(self.storage, step, info, folder)
         return folder
 
-    def prune_checkpoints(self) -> list[int]:
+    def prune_checkpoints(self) -> Retention:
         """Retention of the run's checkpoints (``checkpointing:``; ``RunStorage.
         prune_checkpoints``), never while this process copies one: the rollout thread's
         fetch never has its source deleted under it. The newest ``ahead_depth + 1`` stay:

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -25,6 +26,14 @@ from nemo_rl_core.storage.layout import (
 )
 from nemo_rl_core.storage.object_store import ObjectRef, ObjectStore, json_bytes
 from nemo_rl_core.storage.outage import StorageError
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What a pruning did: the steps it deleted and the committed ones that stay."""
+
+    deleted: list[int]
+    kept: list[int]
 
 
 class CheckpointStore:
@@ -183,11 +192,12 @@ class CheckpointStore:
         higher_is_better: bool = True,
         save_period: int = 1,
         keep_newest: int = 1,
-    ) -> list[int]:
+    ) -> Retention:
         """Keep the top ``keep_top_k`` committed checkpoints (by ``metric_name`` from their
         training info, else the newest), never the newest ``keep_newest`` (async GRPO still
         generates from them); drop uncommitted leftovers older than the newest and staging
-        directories of dead saves. Returns the deleted steps. ``keep_top_k=None`` keeps all.
+        directories of dead saves. Returns the deleted steps and the committed ones kept
+        (from the listing it decided on: no second listing). ``keep_top_k=None`` keeps all.
 
         Every iteration commits a checkpoint (it is how weights reach the next one); those
         whose step is not a multiple of ``save_period`` are dropped once a newer one exists,
@@ -198,7 +208,7 @@ class CheckpointStore:
                 self.objects.delete_tree(f"checkpoints/{name}")
         all_steps = numbered(names, STEP_RE)
         if not committed:
-            return []
+            return Retention([], [])
         latest = committed[-1]
         kept = set(committed[-keep_newest:])
         off_period = {s for s in committed if s % save_period != 0 and s not in kept}
@@ -206,7 +216,7 @@ class CheckpointStore:
             self._delete_checkpoint(step)
         committed = [s for s in committed if s not in off_period]
         if keep_top_k is None:
-            return sorted(off_period)
+            return Retention(sorted(off_period), committed)
         if metric_name is None:  # the newest are the top: no training info to read
             ranked = sorted(committed, reverse=True)
         else:
@@ -225,7 +235,7 @@ class CheckpointStore:
         doomed |= {s for s in uncommitted if s < latest}
         for step in sorted(doomed):
             self._delete_checkpoint(step)
-        return sorted(doomed | off_period)
+        return Retention(sorted(doomed | off_period), [s for s in committed if s not in doomed])
 
     def delete_all(self) -> None:
         """Delete every checkpoint: each committed one marker first, then what is left."""

@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.storage.checkpoint_store import CheckpointStore
+from nemo_rl_core.storage.checkpoint_store import CheckpointStore, Retention
 from nemo_rl_core.storage.containers import ARROW, BatchFormat
 from nemo_rl_core.storage.layout import COMMITTED, MANIFEST, STAGE_RUNS, iter_dir
 from nemo_rl_core.storage.lease import ConditionalObject, Lease, lease_object
@@ -59,6 +59,7 @@ __all__ = [
     "ConfigConflictError",
     "IntegrityError",
     "ObjectRef",
+    "Retention",
     "RunStorage",
     "StorageError",
     "validate_name",
@@ -227,7 +228,7 @@ class RunStorage:
         higher_is_better: bool = True,
         save_period: int = 1,
         keep_newest: int = 1,
-    ) -> list[int]:
+    ) -> Retention:
         self._check_lease()
         return self.checkpoints.prune_checkpoints(
             keep_top_k, metric_name, higher_is_better, save_period, keep_newest

@@ -78,7 +78,7 @@ def test_retention_waits_for_a_copy_in_flight(runtime, monkeypatch):
         assert (stored / OPTIMIZER_FILE).is_file()
         finish.set()
         folder = copied.result(timeout=60)
-        assert pruned.result(timeout=60) == [1]
+        assert pruned.result(timeout=60).deleted == [1]
     assert (folder / OPTIMIZER_FILE).is_file()
     assert runtime.storage.committed_checkpoints() == [2, 3, 4]
 

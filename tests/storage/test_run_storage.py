@@ -348,11 +348,11 @@ def test_prune_keeps_top_k_by_metric_and_always_the_newest(
     for step, reward in rewards.items():
         storage.write_checkpoint(step, _make_checkpoint(tmp_path, step), {"val_reward": reward})
     _raw_put(storage, "checkpoints/step_000000/policy/x.bin", b"partial")  # uncommitted, old
-    assert storage.prune_checkpoints(None) == []
-    deleted = storage.prune_checkpoints(2, metric_name="val_reward", higher_is_better=True)
-    assert deleted == [0, 2]  # top-2 are 1 and 3; 4 is the newest and stays
-    assert storage.committed_checkpoints() == [1, 3, 4]
-    assert storage.prune_checkpoints(1) == [1, 3]  # no metric: the newest is the top
+    assert storage.prune_checkpoints(None).deleted == []
+    retention = storage.prune_checkpoints(2, metric_name="val_reward", higher_is_better=True)
+    assert retention.deleted == [0, 2]  # top-2 are 1 and 3; 4 is the newest and stays
+    assert retention.kept == storage.committed_checkpoints() == [1, 3, 4]
+    assert storage.prune_checkpoints(1).deleted == [1, 3]  # no metric: the newest is the top
     assert storage.committed_checkpoints() == [4]
 
 
@@ -362,9 +362,10 @@ def test_prune_spares_the_newest_that_async_rollouts_generate_from(
     for step in (1, 2, 3, 4, 5):
         storage.write_checkpoint(step, _make_checkpoint(tmp_path, step), {"step": step})
     # async GRPO with max_trajectory_age_steps=2 keeps 3; off-period ones too while in use
-    assert storage.prune_checkpoints(1, save_period=2, keep_newest=3) == [1, 2]
-    assert storage.committed_checkpoints() == [3, 4, 5]
-    assert storage.prune_checkpoints(1) == [3, 4]
+    retention = storage.prune_checkpoints(1, save_period=2, keep_newest=3)
+    assert retention.deleted == [1, 2]
+    assert retention.kept == storage.committed_checkpoints() == [3, 4, 5]
+    assert storage.prune_checkpoints(1).deleted == [3, 4]
 
 
 def test_prune_ranks_a_checkpoint_without_the_metric_last_as_nemo_rl_does(
@@ -373,9 +374,11 @@ def test_prune_ranks_a_checkpoint_without_the_metric_last_as_nemo_rl_does(
     infos = {1: {"val:loss": 0.5}, 2: {}, 3: {"val:loss": 0.9}, 4: {}}
     for step, info in infos.items():
         storage.write_checkpoint(step, _make_checkpoint(tmp_path, step), info)
-    deleted = storage.prune_checkpoints(2, metric_name="val:loss", higher_is_better=False)
-    assert deleted == [2]  # kept: 1 and 3 (best losses) and 4 (the newest, never deleted)
-    assert storage.prune_checkpoints(1, metric_name="val:loss", higher_is_better=False) == [3]
+    retention = storage.prune_checkpoints(2, metric_name="val:loss", higher_is_better=False)
+    assert retention.deleted == [2]
+    assert retention.kept == [1, 3, 4]  # the best losses, and the newest (never deleted)
+    retention = storage.prune_checkpoints(1, metric_name="val:loss", higher_is_better=False)
+    assert retention.deleted == [3]
 
 
 def test_lease_excludes_other_owners_until_released_or_expired(storage: RunStorage) -> None:
@@ -642,10 +645,10 @@ def test_listing_and_pruning_checkpoints_on_s3_take_one_request_each(
     assert storage.committed_checkpoints() == [1, 2, 3]
     assert calls == ["list_objects_v2"]
     calls.clear()
-    assert storage.prune_checkpoints(None) == []
-    assert storage.prune_checkpoints(3) == []
+    assert storage.prune_checkpoints(None).kept == [1, 2, 3]
+    assert storage.prune_checkpoints(3).deleted == []
     assert calls == ["list_objects_v2"] * 2
-    assert storage.prune_checkpoints(2) == [1]
+    assert storage.prune_checkpoints(2).deleted == [1]
     assert storage.committed_checkpoints() == [2, 3]
 
 
