@@ -191,7 +191,6 @@ def run_iterations(
             return nothing_to_do(pipeline, run, final_step)
         total = pipeline.last_iteration(config, final_step)
         done: list[int] = []
-        history = []
         remade: list[str] = []
         # NeMo RL's checkpoint_must_save_by: stop one average iteration before the limit.
         deadline = TimeoutChecker(config.checkpointing.checkpoint_must_save_by, True)
@@ -216,7 +215,7 @@ def run_iterations(
                         iteration,
                     )
                     done.append(iteration)
-                    history.append(reports.iteration_done(iteration))
+                    reports.iteration_done(iteration)
                     deadline.mark_iteration()
                     if deadline.check_save():
                         stage_logger().info(
@@ -234,7 +233,7 @@ def run_iterations(
         "run_id": run.run_id,
         "storage_root": run.storage_root,
         "iterations": done,
-        "metrics": history,
+        "metrics": reports.history,
         "remade": remade,
     }
 

@@ -81,12 +81,14 @@ def _final_round(manifest: Manifest, stage: str) -> StageEntry | None:
 class IterationReports:
     """The reports of one flow run's iterations.
 
-    The terminal line is printed as each iteration ends; everything else (loggers, Parquet,
-    Prefect artifacts) runs in one background thread, in the flow run's context, while the
-    next iteration's stages run: nothing downstream waits for it (on 2 shared cores the
-    artifact calls alone took ~0.1 s per iteration, bench/RESULTS.md, issue 8). Leaving the
-    ``with`` block waits for every publication and raises the first failure (unless the
-    block is already raising), then prints the summary table and writes the curves.
+    Each iteration's reports (its manifest read, the terminal line, loggers, Parquet,
+    Prefect artifacts) are made in one background thread, in order, in the flow run's
+    context, while the next iteration's stages run: nothing downstream waits for them (on 2
+    shared cores the artifact calls alone took ~0.1 s per iteration, and on S3 the manifest
+    read is a round trip; bench/RESULTS.md, issues 8 and 30). Leaving the ``with`` block
+    waits for every publication and raises the first failure (unless the block is already
+    raising), then prints the summary table and writes the curves; ``history`` then holds
+    each iteration's metrics.
     """
 
     def __init__(
@@ -109,28 +111,23 @@ class IterationReports:
         self._submit(self._publish_config, resolved)
         # The per-iteration table shows the iterations of earlier flow runs of this run too.
         self._summaries: dict[int, IterationSummary] = {}
+        self.history: list[dict[str, float]] = []
         self._submit(self._load_earlier, first)
 
     def _submit(self, work: Any, *args: Any) -> None:
         context = contextvars.copy_context()
         self._published.append(self._publisher.submit(context.run, work, *args))
 
-    def iteration_done(self, iteration: int) -> dict[str, float]:
-        """Print the iteration's line and publish its reports; returns its metrics."""
+    def iteration_done(self, iteration: int) -> None:
+        """Print the iteration's line and publish its reports, in the background."""
+        self._submit(self._publish, iteration)
+
+    def _publish(self, iteration: int) -> None:
         manifest = open_storage(self.run).read_manifest(iteration)
         metrics = manifest_metrics(manifest)
+        self.history.append(metrics)
         summary = IterationSummary.from_metrics(iteration, metrics)
         print(format_line(summary))
-        self._submit(self._publish, iteration, manifest, metrics, summary)
-        return metrics
-
-    def _publish(
-        self,
-        iteration: int,
-        manifest: Manifest,
-        metrics: dict[str, float],
-        summary: IterationSummary,
-    ) -> None:
         for record in nemo_rl_records(metrics, iteration):
             self.logger.log_metrics(record.metrics, record.step, prefix=record.prefix)
         rollouts = self._table(manifest, ROLLOUT_STAGE, iteration, "rollouts")
