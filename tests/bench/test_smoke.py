@@ -81,6 +81,7 @@ def test_vs_trl_smoke(trl_python: Path | None) -> None:
 # each alone would pay its imports again.
 SHARED_PROCESS = {
     "storage.py": [rf"local disk, arrow file\s+read\s.*\s{RATIO}\s+{RATIO}$"],
+    "codec_cut.py": [rf"^32 x 40: mask .*, mask/rows wall {RATIO}$"],
     "train.py": [rf"tiny \(2x64\)\s+{RATIO}\s+{RATIO}\s+{RATIO}$"],
     "loss_functions.py": [rf"ClippedPGLossFn fwd\+bwd .* ratio {RATIO}"],
     "roofline.py": [
@@ -115,7 +116,7 @@ def shared_process_smokes() -> dict[str, tuple[str, str]]:
 def test_component_bench_smoke(
     script: str, shared_process_smokes: dict[str, tuple[str, str]]
 ) -> None:
-    """The component benchmarks (storage, training, losses, roofline, generation)."""
+    """The component benchmarks (storage, codec, training, losses, roofline, generation)."""
     status, out = shared_process_smokes[script]
     assert status == "ok", out[-3000:] + status
     for expected in SHARED_PROCESS[script]:

@@ -435,3 +435,31 @@ def test_codec_writes_and_reads_through_an_s3_filesystem(s3_server, s3_bucket: s
     fs.pipe_file(f"{s3_bucket}/direct/broken.parquet", b"PAR1 not really")
     with pytest.raises(CodecError, match="broken.parquet"):
         read_batch(f"{s3_bucket}/direct/broken.parquet", filesystem=fs)
+
+
+@pytest.mark.parametrize("padding", ["constant", "varied"])
+def test_narrow_and_wide_rows_are_cut_to_the_same_bytes(
+    padding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Narrow rows are cut with one mask, wide ones row by row: the file is the same."""
+    from nemo_rl_core.storage import codec
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([0, 3, 7, 5])
+    ids = torch.randint(0, 50, (4, 7), generator=generator)
+    pairs = torch.randn(4, 7, 2, generator=generator)
+    for row, n in enumerate(lengths.tolist()):
+        ids[row, n:] = -1
+        pairs[row, n:] = 0.5
+    if padding == "varied":
+        ids[1, 5] = 9  # not one padding value: stored dense by both
+    batch = BatchedDataDict(input_ids=ids, pairs=pairs, input_lengths=lengths)
+    masked = batch_to_bytes(batch)
+    monkeypatch.setattr(codec, "_MASKED_ROW_LIMIT", 0)
+    assert batch_to_bytes(batch) == masked
+    metadata = json.loads(batch_to_table(batch).schema.metadata[b"nemo_rl_core.batch"])
+    layouts = {key: spec.get("layout") for key, spec in metadata["columns"].items()}
+    ragged = "ragged" if padding == "constant" else "dense"
+    assert layouts["input_ids"] == ragged and layouts["pairs"] == "ragged"
+    restored = batch_from_bytes(masked)
+    assert torch.equal(restored["input_ids"], ids) and torch.equal(restored["pairs"], pairs)
