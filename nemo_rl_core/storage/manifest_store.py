@@ -61,6 +61,9 @@ class ManifestStore:
         # On S3: each iteration's manifest as this process last read or wrote it, with its
         # ETag; the base of the next conditional update (see ``_update_manifest``).
         self._manifest_seen: dict[int, Versioned | None] = {}
+        # On S3: the iterations from this one on had no directory at this process's last
+        # listing and have not been seen since: their manifest is known absent, no GET.
+        self._unlisted_from: int | None = None
 
     def read_manifest(self, iteration: int) -> Manifest:
         """An iteration's manifest; without stages when none was recorded."""
@@ -82,9 +85,19 @@ class ManifestStore:
         return seen
 
     def _known_manifest(self, iteration: int) -> Versioned | None:
-        """The manifest as this process last read or wrote it (S3), read if it has none."""
+        """The manifest as this process last read or wrote it (S3), read if it has none.
+
+        An iteration past the last listing (``iterations``) has none: the run's driver
+        lists its iterations when it plans them, and the lease keeps other drivers out.
+        A stage of it committed meanwhile by another process (a placed stage) is the case
+        ``completed_stage`` describes: the conditional commit fails and reads it."""
         seen = self._manifest_seen.get(iteration, _UNSEEN)
-        return self._read_manifest_version(iteration) if seen is _UNSEEN else seen
+        if seen is not _UNSEEN:
+            return seen
+        if self._unlisted_from is not None and iteration >= self._unlisted_from:
+            self._remember_manifest(iteration, None)
+            return None
+        return self._read_manifest_version(iteration)
 
     def _parse_manifest(self, iteration: int, data: bytes | None) -> Manifest:
         if data is None:
@@ -231,16 +244,24 @@ class ManifestStore:
 
     def iterations(self) -> list[int]:
         """Iterations that have a directory (any stage output or manifest)."""
-        return sorted(numbered(self.objects.list_names(""), ITER_RE))
+        listed = sorted(numbered(self.objects.list_names(""), ITER_RE))
+        if self.objects.s3:
+            seen = [i for i, known in self._manifest_seen.items() if known is not None]
+            self._unlisted_from = max([*listed, *seen], default=-1) + 1
+        return listed
 
     def forget(self) -> None:
         """Read every manifest from the store again (see ``RunStorage.forget_writes``)."""
         with _MANIFEST_LOCK:
             self._manifest_seen.clear()
+            self._unlisted_from = None
 
     def _remember_manifest(self, iteration: int, seen: Versioned | None) -> None:
         """Keep the manifests of the newest iterations only: a long run's older ones are
-        rarely written again, and one that is just costs a read first."""
+        rarely written again, and one that is just costs a read first. A remembered
+        iteration is no longer known absent by the listing: once forgotten, it is read."""
+        if self._unlisted_from is not None and iteration >= self._unlisted_from:
+            self._unlisted_from = iteration + 1
         self._manifest_seen[iteration] = seen
         for old in sorted(self._manifest_seen)[:-_MANIFESTS_REMEMBERED]:
             self._manifest_seen.pop(old, None)  # another thread may have dropped it

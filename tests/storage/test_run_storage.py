@@ -670,6 +670,34 @@ def test_the_stages_of_an_iteration_on_s3_read_its_manifest_once(
     assert set(storage.read_manifest(0).stages) == {"generate", "reward", "logprob"}
 
 
+def test_an_iteration_past_the_planning_listing_is_started_without_a_read(
+    s3_server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver lists its iterations when it plans them: a later one has no manifest,
+    so its first stage asks without a GET; one the listing showed is read; a commit by
+    another process meanwhile still lands beside this one's (the write is conditional)."""
+    options = dict(s3_server.storage_options)
+    storage = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
+    elsewhere = RunStorage(f"s3://{s3_bucket}/prefix", "run-1", storage_options=options)
+    ref = storage.write_batch(0, "generate", _batch())
+    storage.record_stage(0, "generate", {"config": "c"}, {"batch": ref})
+    storage.forget_writes()
+    assert storage.iterations() == [0]
+    calls = _s3_requests(storage, monkeypatch)
+    assert storage.completed_stage(0, "generate", {"config": "c"}) is not None
+    assert calls == ["get_object"] * 2  # listed: its manifest read, its output checked
+    calls.clear()
+    assert storage.completed_stage(1, "prompts", {"config": "c"}) is None
+    assert calls == []  # past the listing: known absent
+    elsewhere.record_stage(1, "generate", {"config": "c"}, {"batch": ref})
+    storage.record_stage(1, "prompts", {"config": "c"}, {"batch": ref})
+    assert set(elsewhere.read_manifest(1).stages) == {"prompts", "generate"}
+    calls.clear()
+    storage.forget_writes()  # known absent no more: read again
+    assert storage.completed_stage(2, "prompts", {"config": "c"}) is None
+    assert calls == ["get_object"]
+
+
 def _reward_committed_elsewhere(
     s3_server, s3_bucket: str
 ) -> tuple[RunStorage, RunStorage, ObjectRef]:
