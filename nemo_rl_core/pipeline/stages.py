@@ -325,9 +325,15 @@ def retain_checkpoints(ctx: StageContext) -> StageResult:
             ctx.iteration, {f"val:{name}": value for name, value in validation.items()}
         )
     retention = ctx.runtime.prune_checkpoints()
+    # In the manifest entry, not an object of its own: nothing reads it but an operator,
+    # and on S3 each object is a request more per iteration.
     return StageResult(
-        {"retention": {"kept": retention.kept, "deleted": retention.deleted}},
-        {"checkpoints_kept": len(retention.kept)},
+        {},
+        {
+            "checkpoints_kept": len(retention.kept),
+            "kept": retention.kept,
+            "deleted": retention.deleted,
+        },
     )
 
 
