@@ -33,7 +33,6 @@ from prefect.exceptions import MissingContextError
 from prefect.futures import wait
 from prefect.task_engine import TaskRunTimeoutError
 
-from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.distributed.node_launch import Rendezvous, RendezvousNotes, launch_node
 from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks
 from nemo_rl_core.distributed.world import is_distributed
@@ -43,7 +42,7 @@ from nemo_rl_core.pipeline.spec import SHARD_PREFIX, Stage, shard_part, split_ro
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.manifest import RanOn
 from nemo_rl_core.storage.outage import StorageUnreachableError
-from nemo_rl_core.storage.run_storage import IntegrityError, ObjectRef, StorageError
+from nemo_rl_core.storage.run_storage import IntegrityError, StorageError
 from nemo_rl_core.utils.config import ConfigError
 from tasks.faults import StageFaults
 
@@ -150,13 +149,8 @@ def run_stage(
     result = compute()
     metrics = {**result.metrics, "seconds": time.perf_counter() - started}
     faults.after_compute()
-    refs: dict[str, ObjectRef] = {}
-    for name, value in result.outputs.items():
-        stored = name if part is None else f"{part}.{name}"
-        if isinstance(value, BatchedDataDict):
-            refs[name] = storage.write_batch(iteration, stage, value, name=stored)
-        else:
-            refs[name] = storage.write_json(iteration, stage, stored, value)
+    prefix = "" if part is None else f"{part}."
+    refs = storage.write_outputs(iteration, stage, result.outputs, prefix)
     ran_on = where_this_runs()
     if part is None:
         storage.record_stage(iteration, stage, inputs, refs, metrics, ran_on)

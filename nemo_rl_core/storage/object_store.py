@@ -13,7 +13,7 @@ import mmap
 import posixpath
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +40,7 @@ T = TypeVar("T")
 _RECENT_WRITE_BYTES = 256 << 20  # stage outputs kept for the next stages (object stores)
 # sha256 releases the GIL on large buffers: hashing runs beside the transfer or decode.
 _HASHER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="run-storage-sha256")
+_OUTPUT_WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="run-storage-outputs")
 
 try:  # s3fs raises botocore's errors for connection trouble; other backends only OSError
     from botocore.exceptions import BotoCoreError, ClientError
@@ -111,6 +112,28 @@ class ObjectStore:
             mapped=True,
             recent=True,
         )
+
+    def write_outputs(
+        self,
+        iteration: int,
+        stage: str,
+        outputs: Mapping[str, BatchedDataDict | dict],
+        prefix: str = "",
+    ) -> dict[str, ObjectRef]:
+        """Store a stage's outputs, each at ``<prefix><name>``: a batch as ``write_batch``
+        does, a dict as ``write_json``. The second and later are written from other threads
+        while the first is written here: a stage with several outputs waits for one round
+        trip to an object store, not one per output."""
+
+        def write(name: str, value: BatchedDataDict | dict) -> ObjectRef:
+            if isinstance(value, BatchedDataDict):
+                return self.write_batch(iteration, stage, value, name=prefix + name)
+            return self.write_json(iteration, stage, prefix + name, value)
+
+        items = list(outputs.items())
+        others = {name: _OUTPUT_WRITERS.submit(write, name, value) for name, value in items[1:]}
+        refs = {name: write(name, value) for name, value in items[:1]}
+        return refs | {name: future.result() for name, future in others.items()}
 
     def write_json(self, iteration: int, stage: str, name: str, obj: dict) -> ObjectRef:
         key = stage_key(iteration, stage, f"{validate_name('name', name)}.json")

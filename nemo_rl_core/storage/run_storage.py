@@ -34,7 +34,7 @@ are handed to fsspec and never logged, stored or put in an error message.
 checks the lease before every commit and keeps the method names callers use.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,15 @@ class RunStorage:
 
     def read_batch(self, ref: ObjectRef) -> BatchedDataDict:
         return self.objects.read_batch(ref)
+
+    def write_outputs(
+        self,
+        iteration: int,
+        stage: str,
+        outputs: Mapping[str, BatchedDataDict | dict],
+        prefix: str = "",
+    ) -> dict[str, ObjectRef]:
+        return self.objects.write_outputs(iteration, stage, outputs, prefix)
 
     def write_json(self, iteration: int, stage: str, name: str, obj: dict) -> ObjectRef:
         return self.objects.write_json(iteration, stage, name, obj)

@@ -752,3 +752,22 @@ def test_a_long_run_on_s3_commits_into_old_iterations_still(s3_server, s3_bucket
     storage.record_stage(0, "reward", {"config": "c"}, {"batch": ref})
     assert set(storage.read_manifest(0).stages) == {"generate", "reward"}
     assert all(storage.read_manifest(i).stages.keys() == {"generate"} for i in range(1, 12))
+
+
+def test_a_stages_outputs_are_written_together_and_come_back_in_order(
+    storage: RunStorage,
+) -> None:
+    """A batch and a dict output, as a shard writes them (``<part>.<name>``); a later output
+    that cannot be written fails the call, though the first was written meanwhile."""
+    batch = _batch()
+    refs = storage.write_outputs(2, "prompts", {"batch": batch, "state": {"epoch": 1}}, "p0.")
+    assert list(refs) == ["batch", "state"]
+    assert [ref.key for ref in refs.values()] == [
+        "iter_000002/prompts/p0.batch.arrow",
+        "iter_000002/prompts/p0.state.json",
+    ]
+    storage.forget_writes()  # read them back from the store
+    assert torch.equal(storage.read_batch(refs["batch"])["input_ids"], batch["input_ids"])
+    assert storage.read_json(refs["state"]) == {"epoch": 1}
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        storage.write_outputs(3, "prompts", {"batch": batch, "state": {"x": object()}})
