@@ -347,8 +347,8 @@ def _try_ragged(
     lengths = lengths.detach().cpu().to(torch.int64)
     if lengths.numel() and (lengths.min() < 0 or lengths.max() > width):
         return None
-    bits = tensor.detach().cpu().contiguous().view(_BITS_DTYPE[tensor.element_size()]).numpy()
     row_numel = math.prod(tensor.shape[2:])
+    bits = _cpu_flat(tensor, _BITS_DTYPE[tensor.element_size()]).numpy()
     bits = bits.reshape(tensor.shape[0], width, row_numel)
     cut = _cut_by_mask if width * row_numel <= _MASKED_ROW_LIMIT else _cut_row_by_row
     found = cut(bits, lengths.numpy())
@@ -364,7 +364,7 @@ def _try_ragged(
 
 # Rows up to this many values are cut with one [B, W] mask (numpy's compare and boolean
 # index: no Python loop over a small batch's rows); wider ones row by row, where the mask's
-# copies cost more than the loop (2.3x at 1024 x 4096; bench/codec_cut.py, issue 30).
+# copies cost more than the loop (~2x at 1024 x 4096; bench/codec_cut.py, issue 30).
 _MASKED_ROW_LIMIT = 1024
 
 
