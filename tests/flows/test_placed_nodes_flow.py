@@ -64,16 +64,24 @@ def run(root: Path, run_id: str, pool: str | None, *extra: str, steps: int = 2) 
 
 
 def node_task_runs(run_id: str, pool: str, iteration: int) -> list:
+    """The node task runs of an iteration's train stage, once the server holds each one's
+    final state: the flow learns a run's end from Prefect's event, and the server records
+    the state from that event a moment later, which can be after the flow run's end."""
     flow_run = flow_run_of(f"sft-{run_id}")
+    deadline = time.monotonic() + 30
     with get_client(sync_client=True) as client:
-        task_runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
-        )
-    return [
-        t
-        for t in task_runs
-        if t.task_key == f"stage-node@{pool}" and t.name.endswith(f"-it{iteration}")
-    ]
+        while True:
+            task_runs = [
+                t
+                for t in client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
+                )
+                if t.task_key == f"stage-node@{pool}" and t.name.endswith(f"-it{iteration}")
+            ]
+            if all(t.state is not None and t.state.is_final() for t in task_runs):
+                return task_runs
+            assert time.monotonic() < deadline, [(t.name, t.state) for t in task_runs]
+            time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
