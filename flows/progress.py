@@ -1,7 +1,7 @@
 """A training flow run's reports, iteration by iteration: a terminal line, the loggers
 (NeMo RL's names), the rollouts as Parquet in the run's log folder, Prefect artifacts (the
 resolved config, each iteration's metrics, the table of metrics per iteration, a table of
-the rollouts, the run's progress); at the end a summary table and a PNG of the curves.
+the first rollouts, the run's progress); at the end a summary table and a PNG of the curves.
 
 Run log folder (``<logger.log_dir>/<run_id>/``)::
 
@@ -14,6 +14,7 @@ Run log folder (``<logger.log_dir>/<run_id>/``)::
 import contextvars
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Self
 from uuid import UUID
 
@@ -46,6 +47,14 @@ from nemo_rl_core.utils.logger import Logger
 
 ROLLOUT_STAGE = "reward"  # its batch holds every scored sample the iteration trains on
 TEXT_IN_ARTIFACT = 500  # characters of a prompt or response shown in the Prefect table
+ROLLOUTS_IN_ARTIFACT = 64
+"""Samples an iteration's rollouts table shows in the Prefect UI. Each table is a row of the
+API server's database: a run of NeMo RL's size (2048 samples an iteration, 1000 steps) would
+write gigabytes there. Every sample is in the log folder's Parquet."""
+ITERATIONS_IN_ARTIFACT = 100
+"""Iterations the metrics-per-iteration table shows: each iteration stores the table anew
+(a new version of the artifact), so a whole-history table grows with the square of the
+run's length. ``python -m flows.report`` prints every iteration."""
 
 
 def artifact_key(run_id: str, *parts: object) -> str:
@@ -132,10 +141,15 @@ class IterationReports:
             self.logger.log_metrics(record.metrics, record.step, prefix=record.prefix)
         rollouts = self._table(manifest, ROLLOUT_STAGE, iteration, "rollouts")
         if rollouts is not None:
+            shown = artifact_rollout_rows(rollouts)
             create_table_artifact(
-                table=[shown_row(row) for row in rollouts.to_pylist()],
+                table=shown,
                 key=artifact_key(self.run.run_id, "rollouts", "iter", iteration),
-                description=f"run {self.run.run_id}: the samples of iteration {iteration}",
+                description=(
+                    f"run {self.run.run_id}: {len(shown)} of the {rollouts.num_rows} samples of "
+                    f"iteration {iteration} (every one: "
+                    f"{self._table_path('rollouts', iteration)})"
+                ),
             )
         validation = self._table(manifest, VALIDATION_STAGE, iteration, "validation")
         to_print = self.config.logger.num_val_samples_to_print
@@ -150,9 +164,12 @@ class IterationReports:
         )
         self._summaries[iteration] = summary
         create_table_artifact(
-            table=[summary_row(self._summaries[i]) for i in sorted(self._summaries)],
+            table=[summary_row(summary) for summary in recent_summaries(self._summaries)],
             key=artifact_key(self.run.run_id, "metrics"),
-            description=f"run {self.run.run_id}: metrics per iteration (the summary table)",
+            description=(
+                f"run {self.run.run_id}: metrics per iteration (the summary table; its last "
+                f"{ITERATIONS_IN_ARTIFACT} iterations, every one: python -m flows.report)"
+            ),
         )
         update_progress_artifact(self.progress_id, progress=100.0 * (iteration + 1) / self.total)
 
@@ -179,8 +196,11 @@ class IterationReports:
             return None
         batch = open_storage(self.run).read_batch(entry.outputs[BATCH])
         table = rollout_table(batch, self.run.run_id, iteration)
-        write_parquet(table, self.logger.run_dir / folder / f"iter_{iteration:06d}.parquet")
+        write_parquet(table, self._table_path(folder, iteration))
         return table
+
+    def _table_path(self, folder: str, iteration: int) -> Path:
+        return self.logger.run_dir / folder / f"iter_{iteration:06d}.parquet"
 
     def __enter__(self) -> Self:
         return self
@@ -197,6 +217,17 @@ class IterationReports:
                 print(f"curves: {curves}; logs, rollouts: {self.logger.run_dir}")
         finally:
             self.logger.close()
+
+
+def artifact_rollout_rows(rollouts: pa.Table) -> list[dict[str, Any]]:
+    """The rollouts table's rows for the Prefect UI: the first ``ROLLOUTS_IN_ARTIFACT``
+    samples (whole groups of a prompt's generations, as the batch orders them), texts cut."""
+    return [shown_row(row) for row in rollouts.slice(0, ROLLOUTS_IN_ARTIFACT).to_pylist()]
+
+
+def recent_summaries(summaries: dict[int, IterationSummary]) -> list[IterationSummary]:
+    """The last ``ITERATIONS_IN_ARTIFACT`` iterations' summaries, in order."""
+    return [summaries[i] for i in sorted(summaries)[-ITERATIONS_IN_ARTIFACT:]]
 
 
 def shown_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,17 @@
 """The report of an iteration from its manifest metrics: NeMo RL's logger names and steps,
 the terminal line, the summary table and the PNG of the curves."""
 
+import pyarrow as pa
 import pytest
 
-from flows.progress import artifact_key
+from flows.progress import (
+    ITERATIONS_IN_ARTIFACT,
+    ROLLOUTS_IN_ARTIFACT,
+    TEXT_IN_ARTIFACT,
+    artifact_key,
+    artifact_rollout_rows,
+    recent_summaries,
+)
 from flows.report import (
     IterationSummary,
     format_line,
@@ -162,3 +170,19 @@ def test_curves_png(tmp_path):
 
 def test_artifact_keys_are_lowercase_letters_digits_and_dashes():
     assert artifact_key("GRPO_run.1", "rollouts", "iter", 3) == "grpo-run-1-rollouts-iter-3"
+
+
+def test_the_rollouts_artifact_shows_the_first_samples_with_texts_cut():
+    rows = ROLLOUTS_IN_ARTIFACT + 36
+    rollouts = pa.table(
+        {"sample": list(range(rows)), "response": ["x" * (TEXT_IN_ARTIFACT + 10)] * rows}
+    )
+    shown = artifact_rollout_rows(rollouts)
+    assert [row["sample"] for row in shown] == list(range(ROLLOUTS_IN_ARTIFACT))
+    assert shown[0]["response"] == "x" * TEXT_IN_ARTIFACT + " ..."
+
+
+def test_the_metrics_artifact_shows_the_last_iterations_in_order():
+    summaries = {i: IterationSummary.from_metrics(i, METRICS) for i in range(150)}
+    shown = recent_summaries(dict(reversed(summaries.items())))
+    assert [s.iteration for s in shown] == list(range(150 - ITERATIONS_IN_ARTIFACT, 150))
