@@ -11,16 +11,17 @@ Across 2 "nodes" x 1 rank (``cluster.num_nodes: 2``), each node started by its o
 worker of the train pool (two task-worker processes), joined by torchrun's c10d rendezvous on
 this machine (127.0.0.1), gloo:
 
-- loss, grad norm and the weights equal the one-process flow's within 1e-5, the checkpoint loads in
-  transformers;
+- one warm rank group serves both iterations (one torchrun per node for the whole flow run,
+  stopped at its end); loss, grad norm and the weights equal the one-process flow's within
+  1e-5, the checkpoint loads in transformers;
 - a rank killed in the middle of a step fails the attempt; the next attempt restarts every
   rank, and the run ends bit-identical to the undisturbed run (at its first step: one step
   killed and run again, against the undisturbed run's checkpoint of that step);
 - a pool that serves fewer nodes than asked is said before any work, and the stage fails
   naming the nodes and ranks that never started, or never joined the rendezvous.
 
-CPU-heavy: each attempt starts two torchruns (~30 s each on 2 cores), so the runs that
-only prove a rerun take one step.
+CPU-heavy: each attempt (rank group) starts two torchruns (~30 s each on 2 cores), so the
+runs that only prove a rerun take one step.
 """
 
 import socket
@@ -63,10 +64,11 @@ def run(root: Path, run_id: str, pool: str | None, *extra: str, steps: int = 2) 
     )
 
 
-def node_task_runs(run_id: str, pool: str, iteration: int) -> list:
-    """The node task runs of an iteration's train stage, once the server holds each one's
-    final state: the flow learns a run's end from Prefect's event, and the server records
-    the state from that event a moment later, which can be after the flow run's end."""
+def task_runs_of(run_id: str, key: str, iteration: int | None = None) -> list:
+    """The task runs of the run's flow run whose task key starts with ``key`` (of
+    ``iteration``: named ``...-it<iteration>``), once the server holds each one's final
+    state: the flow learns a run's end from Prefect's event, and the server records the
+    state from that event a moment later, which can be after the flow run's end."""
     flow_run = flow_run_of(f"sft-{run_id}")
     deadline = time.monotonic() + 30
     with get_client(sync_client=True) as client:
@@ -76,12 +78,18 @@ def node_task_runs(run_id: str, pool: str, iteration: int) -> list:
                 for t in client.read_task_runs(
                     flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
                 )
-                if t.task_key == f"stage-node@{pool}" and t.name.endswith(f"-it{iteration}")
+                if t.task_key.startswith(key)
+                and (iteration is None or t.name.endswith(f"-it{iteration}"))
             ]
             if all(t.state is not None and t.state.is_final() for t in task_runs):
                 return task_runs
             assert time.monotonic() < deadline, [(t.name, t.state) for t in task_runs]
             time.sleep(0.2)
+
+
+def node_task_runs(run_id: str, pool: str, iteration: int) -> list:
+    """The node task runs that started the train stage's rank groups at ``iteration``."""
+    return task_runs_of(run_id, f"stage-node@{pool}", iteration)
 
 
 @pytest.fixture(scope="module")
@@ -146,13 +154,20 @@ def test_two_nodes_each_started_by_a_worker_train_as_one_process(
         assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
         assert got["global_valid_toks"] == expected["global_valid_toks"]
         assert (train["ran_on"]["ranks"], train["ran_on"]["pool"]) == (2, POOL)
-        workers = set()
-        for node in (0, 1):
-            beat = storage.read_stage_run(iteration, f"train.node-{node}-of-2")
-            assert beat is not None and beat.ran_on.pool == POOL
-            workers.add(beat.ran_on.worker)
-        assert workers == {f"{POOL}-0", f"{POOL}-1"}, "one node per worker"
-        assert len(node_task_runs("nodes", POOL, iteration)) == 2, "one attempt, not killed"
+    # one warm rank group for the whole run: one torchrun per node, started at iteration 0
+    # and stopped when the flow run ended (its node task runs completed: the workers are
+    # free again), which took the order of each iteration
+    nodes = node_task_runs("nodes", POOL, 0)
+    assert len(nodes) == 2 and all(t.state.is_completed() for t in nodes), nodes
+    assert node_task_runs("nodes", POOL, 1) == [], "iteration 1 started no torchrun"
+    orders = sorted(t.name for t in task_runs_of("nodes", f"stage-ranks@{POOL}/"))
+    assert orders == ["train-stage-it0", "train-stage-it1", "train-stop-it1"], orders
+    workers = set()
+    for node in (0, 1):
+        beat = storage.read_stage_run(0, f"train.node-{node}-of-2")
+        assert beat is not None and beat.ran_on.pool == POOL
+        workers.add(beat.ran_on.worker)
+    assert workers == {f"{POOL}-0", f"{POOL}-1"}, "one node per worker"
     # the rendezvous was on this machine's loopback: node 0 published its host name
     assert socket.gethostbyname(socket.gethostname()) == "127.0.0.1"
     # written by rank 0 in the layout one process writes: transformers loads it, and its
@@ -179,8 +194,8 @@ def test_a_killed_rank_reruns_every_rank_bit_identical(
     fired = storage.read_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1)
     assert fired is not None and fired["pid"] is not None, fired
     attempts = node_task_runs("killed", pool, 0)
-    assert len(attempts) == 4, "two attempts of two nodes"
-    assert sum(t.state.is_completed() for t in attempts) == 2
+    assert len(attempts) == 4, "two attempts (rank groups) of two nodes"
+    assert sum(t.state.is_completed() for t in attempts) == 2, "the second, stopped at the end"
     logs = logs_of(flow_run_of("sft-killed").id)
     again = [line for line in logs if "running it again with every rank restarted" in line]
     assert len(again) == 1 and "rank 1 was killed by SIGKILL" in again[0], logs
