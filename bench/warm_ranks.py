@@ -3,6 +3,10 @@
 load per iteration (``--before``: a checkout of the code before warm ranks, e.g.
 ``git archive 8f9662b | tar -x -C /tmp/before``), side by side on one Prefect server.
 
+Columns: seconds per iteration (median over rounds of each run's median), the train stage's
+own seconds (its manifest ``seconds``: the step and the checkpoint commit, median), the flow
+run's wall time, and each run's iteration gaps.
+
 Both variants run the same command (``python -m flows sft`` of ``sft_tiny.yaml`` with
 ``cluster.num_nodes=2``, ``cluster.placement.train`` on a pool of two fresh stage workers of
 their own checkout), in turn, for ``--rounds`` rounds. Seconds per iteration = from one
@@ -97,11 +101,15 @@ def measure(repo: Path, steps: int, root: Path, logs: Path, api_url: str) -> dic
             )
         wall = time.perf_counter() - started
     storage = open_storage(RunRef(str(root), run_id))
-    commits = [
-        storage.read_manifest(i).stages["train"].finished_at.timestamp() for i in range(steps)
-    ]
+    trains = [storage.read_manifest(i).stages["train"] for i in range(steps)]
+    commits = [train.finished_at.timestamp() for train in trains]
     per_iteration = [b - a for a, b in zip(commits, commits[1:], strict=False)]
-    return {"per_iteration": statistics.median(per_iteration), "wall": wall}
+    return {
+        "per_iteration": statistics.median(per_iteration),
+        "train": statistics.median(train.metrics["seconds"] for train in trains[1:]),
+        "wall": wall,
+        "gaps": per_iteration,
+    }
 
 
 def main() -> None:
@@ -116,7 +124,7 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     variants = {"one launch per iteration": args.before.resolve(), "warm rank group": ROOT}
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    results: dict[str, list[dict]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="warm-ranks-") as scratch:
         logs = Path(scratch) / "logs"
         logs.mkdir()
@@ -127,11 +135,13 @@ def main() -> None:
                     got = measure(repo, steps, Path(scratch) / "runs", logs, api_url)
                     print(f"{name}: {got}", flush=True)
                     results[name].append(got)
-    lines = [f"{'variant':<26} {'s/iteration (median)':>21} {'flow wall s':>12}"]
+    lines = [f"{'variant':<26} {'s/iteration':>12} {'train s':>8} {'flow wall s':>12}  gaps (s)"]
     for name, runs in results.items():
         per = statistics.median(r["per_iteration"] for r in runs)
+        train = statistics.median(r["train"] for r in runs)
         wall = statistics.median(r["wall"] for r in runs)
-        lines.append(f"{name:<26} {per:>21.2f} {wall:>12.1f}")
+        gaps = " | ".join(" ".join(f"{g:.1f}" for g in r["gaps"]) for r in runs)
+        lines.append(f"{name:<26} {per:>12.2f} {train:>8.2f} {wall:>12.1f}  {gaps}")
     table = "\n".join(lines)
     print(table)
     before = statistics.median(r["per_iteration"] for r in results["one launch per iteration"])
