@@ -35,6 +35,7 @@ from prefect.client.schemas.objects import State
 from prefect.states import Cancelled
 from prefect.task_runs import TaskRunWaiter
 
+from flows.lease import current_flow_run
 from flows.placement import (
     POLL_S,
     START_WORKER,
@@ -44,7 +45,6 @@ from flows.placement import (
     PoolWatch,
     apply_async,
     flow_run_block,
-    flow_run_id,
     live_workers,
     mark_task_run_crashed,
     placed_pool,
@@ -344,7 +344,7 @@ def warm_group(
     """This flow run's rank group of stage ``name`` if every node of it still runs, else a
     new one (the old one's end is said: it stopped on its own, or lost a node, while the
     flow ran other stages)."""
-    key = (run, flow_run_id(), name)
+    key = (run, current_flow_run(), name)
     if key in _groups:
         group, _ = _groups[key]
         if group.live():
@@ -368,7 +368,7 @@ def warm_group(
 def close_rank_groups(run: RunRef) -> None:
     """Stop this flow run's rank groups of ``run`` (the flow run ends), waiting for their
     nodes to end: the pool's workers are free for the next flow run."""
-    for key in [key for key in _groups if key[:2] == (run, flow_run_id())]:
+    for key in [key for key in _groups if key[:2] == (run, current_flow_run())]:
         group, iteration = _groups.pop(key)
         group.stop(iteration)
 
@@ -389,7 +389,7 @@ def run_placed_nodes(
     attempts = int(STAGE_TASK_OPTIONS["retries"]) + 1
     restartable: list[NodeEnd] = []
     where = f"stage {name!r} of iteration {iteration} on pool {pool!r}"
-    key = (run, flow_run_id(), name)
+    key = (run, current_flow_run(), name)
     try:
         for number in range(1, attempts + 1):
             group = warm_group(config, run, iteration, name, pool, watch)

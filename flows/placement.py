@@ -51,6 +51,7 @@ from prefect.task_runs import TaskRunWaiter
 from prefect.utilities.asyncutils import run_coro_as_sync
 
 from flows.heartbeat import Heartbeat, damage_reported
+from flows.lease import current_flow_run
 from flows.pool_tasks import chain_name, heartbeat_name, pool_tasks
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
@@ -349,12 +350,6 @@ def task_run_state(task_run_id: UUID, check: bool) -> State | None:
         return client.read_task_run(task_run_id).state or Pending()
 
 
-def flow_run_id() -> str | None:
-    """This flow run's id (None outside one): what warm objects are kept per."""
-    context = FlowRunContext.get()
-    return str(context.flow_run.id) if context is not None and context.flow_run else None
-
-
 def apply_async(task: Task[..., Any], parameters: dict[str, Any]) -> UUID:
     """Submit a task run of ``task`` (Prefect's ``Task.apply_async``), creating it with this
     process's submission client."""
@@ -413,7 +408,7 @@ class PoolWatch:
     @classmethod
     def of(cls, pool: str) -> "PoolWatch":
         with cls._lock:
-            return cls._watches.setdefault((pool, flow_run_id()), cls(pool))
+            return cls._watches.setdefault((pool, current_flow_run()), cls(pool))
 
     def check(self) -> None:
         if time.monotonic() - self.asked_at < WORKERS_CHECK_S:

@@ -20,11 +20,11 @@ from functools import cache, partial
 from typing import Any, TypeVar
 
 from prefect import Task, task
-from prefect.context import FlowRunContext
 from prefect.task_engine import TaskRunTimeoutError
 from prefect.utilities.timeout import timeout
 
 from flows.heartbeat import stage_heartbeat
+from flows.lease import current_flow_run
 from flows.storage_block import load_storage_block
 from nemo_rl_core.distributed.node_launch import Rendezvous, RendezvousNotes, launch_node
 from nemo_rl_core.pipeline.context import StageRef
@@ -70,8 +70,7 @@ _held: list[tuple[RunRef, str | None]] = []  # the run and flow run whose runtim
 def warm_runtime_for(run: RunRef) -> None:
     """Keep this process's runtime of ``run`` warm across the tasks of one flow run; a task
     of another run or flow run closes the held runtime first (one engine per worker)."""
-    context = FlowRunContext.get()
-    flow_run = str(context.flow_run.id) if context is not None and context.flow_run else None
+    flow_run = current_flow_run()
     if _held == [(run, flow_run)]:
         return
     for held_run, _ in _held:
@@ -193,7 +192,8 @@ def run_node_here(
     """Node ``node_rank`` of a warm rank group of stage ``name`` (started for ``iteration``):
     this machine's ranks of ``rendezvous``, started here with torchrun, which serve the
     stage's orders (task runs of key ``orders``, one per iteration) until told to stop
-    (``flows.rank_group``); returns once they ended. No stage timeout here: the group
+    (``flows.rank_group``), or until the iteration flow run that ordered it has ended;
+    returns once they ended. No stage timeout here: the group
     outlives one stage, and its rank 0 applies the timeout to each order."""
     program = [
         "-m",
@@ -202,6 +202,8 @@ def run_node_here(
         f"--storage-root={run.storage_root}",
         f"--orders={orders}",
     ]
+    if (flow_run := current_flow_run()) is not None:
+        program.append(f"--flow-run={flow_run}")
     beat = node_heartbeat_name(name, node_rank, rendezvous.nnodes)
     notes = RendezvousNotes(open_storage(run), iteration, name, rendezvous.attempt)
     run_here(

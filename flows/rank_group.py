@@ -18,8 +18,10 @@ world (``init_rank``) and opens the run's runtime; then
 
 An order that raises on a rank ends that rank, and through the collectives its peers wait in,
 every rank: the group is gone, the order's task run failed, and the flow starts a new group
-(a new attempt) or fails as a one-shot launch would. A group that gets no order for
-``IDLE_S`` (its flow run died without stopping it) stops, freeing its stage workers.
+(a new attempt) or fails as a one-shot launch would. A flow run that died without stopping
+its group leaves it idle: rank 0 stops it once Prefect holds that flow run ended (asked
+every ``FLOW_RUN_CHECK_S``: a work pool's worker marks a flow run whose process died
+``Crashed``), or once no order came for ``IDLE_S``, freeing its stage workers.
 """
 
 import argparse
@@ -32,9 +34,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
 from typing import Any
+from uuid import UUID
 
 import torch.distributed as dist
 from prefect import Task, task
+from prefect.client.orchestration import get_client
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from flows.pool_tasks import within_stage_timeout
@@ -48,6 +52,7 @@ from tasks.stage import STAGE_TASK_OPTIONS
 
 IDLE_S = 1800.0
 """How long a group waits for its next order before it stops on its own."""
+FLOW_RUN_CHECK_S = 5.0  # how often an idle group asks whether its flow run has ended
 ORDERS_MARGIN_S = 120.0  # the other ranks wait this much longer for an order than rank 0
 POLL_S = 0.2
 STAGE, STOP = "stage", "stop"  # what an order asks: run the stage, or end the group
@@ -110,17 +115,13 @@ class OrderServer:
             finally:
                 self.last_order_at = time.monotonic()
 
-    def stop_if_idle(self) -> None:
-        """Stop the group if no order came for ``idle_s`` (none is being carried out)."""
-        if time.monotonic() - self.last_order_at < self.idle_s or not self.lock.acquire(False):
+    def stop_unless_busy(self, why: str) -> None:
+        """Stop the group (``why``: for the log) unless an order is being carried out."""
+        if not self.lock.acquire(blocking=False):
             return
         try:
             if not self.done.is_set():
-                log.warning(
-                    "rank group of run %s: no order for %g s; stopping",
-                    self.run.run_id,
-                    self.idle_s,
-                )
+                log.warning("rank group of run %s: %s; stopping", self.run.run_id, why)
                 exchange(Order(STOP, -1, "", {}), self.orders)
                 self.done.set()
         finally:
@@ -154,19 +155,35 @@ def rank_group_task(key: str) -> Task[..., None]:
     return order
 
 
-async def serve_orders(server: OrderServer, key: str) -> None:
-    """Rank 0: take the group's orders (task runs of ``key``) until the group stops; an
-    order's error, raised again here, ends rank 0 (torchrun records it for its node)."""
+async def flow_run_ended(flow_run: str | None) -> str | None:
+    """How ``flow_run`` ended (``Crashed``), or None while it runs (or is unknown)."""
+    if flow_run is None:
+        return None
+    async with get_client() as client:
+        state = (await client.read_flow_run(UUID(flow_run))).state
+    return state.name if state is not None and state.is_final() else None
+
+
+async def serve_orders(server: OrderServer, key: str, flow_run: str | None) -> None:
+    """Rank 0: take the group's orders (task runs of ``key``) until the group stops (told
+    to, or its flow run ``flow_run`` ended, or idle); an order's error, raised again here,
+    ends rank 0 (torchrun records it for its node)."""
     global _server
     _server = server
     async with worker_clients():
         worker = StageTaskWorker([rank_group_task(key)], f"rank group {key!r}")
         serving = asyncio.create_task(worker.astart())
+        checked_at = time.monotonic()
         while not server.done.is_set() or any(worker.in_flight_task_runs.values()):
             if serving.done():
                 serving.result()
                 raise RuntimeError(f"rank group {key!r}: its task worker stopped serving")
-            server.stop_if_idle()
+            if time.monotonic() - server.last_order_at >= server.idle_s:
+                server.stop_unless_busy(f"no order for {server.idle_s:g} s")
+            if time.monotonic() - checked_at >= FLOW_RUN_CHECK_S:
+                checked_at = time.monotonic()
+                if (ended := await flow_run_ended(flow_run)) is not None:
+                    server.stop_unless_busy(f"its flow run {flow_run} is {ended}")
             await asyncio.sleep(POLL_S)
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -186,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--storage-root", required=True)
     parser.add_argument("--orders", required=True, help="the task key rank 0 serves")
-    parser.add_argument("--idle-timeout", type=float, default=IDLE_S)
+    parser.add_argument("--flow-run", default=None, help="the flow run that ordered it")
     return parser
 
 
@@ -194,12 +211,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     init_rank(COLLECTIVE_TIMEOUT_S)
-    wait_s = args.idle_timeout + ORDERS_MARGIN_S
-    orders = dist.new_group(backend="gloo", timeout=timedelta(seconds=wait_s))
+    orders = dist.new_group(backend="gloo", timeout=timedelta(seconds=IDLE_S + ORDERS_MARGIN_S))
     run = RunRef(args.storage_root, args.run_id)
     runtime_for(run)
     if dist.get_rank() == 0:
-        asyncio.run(serve_orders(OrderServer(run, orders, args.idle_timeout), args.orders))
+        asyncio.run(serve_orders(OrderServer(run, orders, IDLE_S), args.orders, args.flow_run))
     else:
         follow_orders(run, orders)
     close_runtime(run)

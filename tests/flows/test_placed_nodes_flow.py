@@ -14,6 +14,8 @@ this machine (127.0.0.1), gloo:
 - one warm rank group serves both iterations (one torchrun per node for the whole flow run,
   stopped at its end); loss, grad norm and the weights equal the one-process flow's within
   1e-5, the checkpoint loads in transformers;
+- a group whose flow run died (its process killed, Prefect marks it Crashed) stops and
+  frees the pool's workers;
 - a rank killed in the middle of a step fails the attempt; the next attempt restarts every
   rank, and the run ends bit-identical to the undisturbed run (at its first step: one step
   killed and run again, against the undisturbed run's checkpoint of that step);
@@ -24,7 +26,10 @@ CPU-heavy: each attempt (rank group) starts two torchruns (~30 s each on 2 cores
 runs that only prove a rerun take one step.
 """
 
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +39,8 @@ import torch
 from flow_testing import assert_bit_identical, checkpoint_dir, stages_of
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.settings import PREFECT_API_URL
+from prefect.states import Crashed
 from test_placement_flow import flow_run_of, logs_of, stage_workers
 from transformers import AutoModelForCausalLM
 
@@ -64,13 +71,14 @@ def run(root: Path, run_id: str, pool: str | None, *extra: str, steps: int = 2) 
     )
 
 
-def task_runs_of(run_id: str, key: str, iteration: int | None = None) -> list:
+def task_runs_of(run_id: str, key: str, iteration: int | None = None, within_s: float = 30) -> list:
     """The task runs of the run's flow run whose task key starts with ``key`` (of
     ``iteration``: named ``...-it<iteration>``), once the server holds each one's final
-    state: the flow learns a run's end from Prefect's event, and the server records the
-    state from that event a moment later, which can be after the flow run's end."""
+    state (within ``within_s``): the flow learns a run's end from Prefect's event, and the
+    server records the state from that event a moment later, which can be after the flow
+    run's end."""
     flow_run = flow_run_of(f"sft-{run_id}")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + within_s
     with get_client(sync_client=True) as client:
         while True:
             task_runs = [
@@ -87,9 +95,9 @@ def task_runs_of(run_id: str, key: str, iteration: int | None = None) -> list:
             time.sleep(0.2)
 
 
-def node_task_runs(run_id: str, pool: str, iteration: int) -> list:
+def node_task_runs(run_id: str, pool: str, iteration: int, within_s: float = 30) -> list:
     """The node task runs that started the train stage's rank groups at ``iteration``."""
-    return task_runs_of(run_id, f"stage-node@{pool}", iteration)
+    return task_runs_of(run_id, f"stage-node@{pool}", iteration, within_s)
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +185,41 @@ def test_two_nodes_each_started_by_a_worker_train_as_one_process(
     assert got.keys() == one.keys()
     for name, expected in one.items():
         torch.testing.assert_close(got[name], expected, atol=1e-5, rtol=0)
+
+
+def test_a_group_whose_flow_run_died_stops_and_frees_the_workers(tmp_path: Path, pool: str) -> None:
+    """The flow's process is SIGKILLed once iteration 0's train stage committed: no stop order
+    comes. Once Prefect holds its flow run Crashed (what a work pool's worker does for a
+    flow run whose process died), rank 0 stops the group: its node task runs complete and
+    the pool's workers are free (the next test's runs need both)."""
+    storage = open_storage(RunRef(str(tmp_path), "orphan"))
+    storage.write_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1, {"pid": None})
+    placed = [*TWO_NODES, f"++cluster.placement.train={pool}"]
+    command = [sys.executable, "-m", "flows", "sft", "--config", str(CONFIG)]
+    command += ["--run-id", "orphan", "--storage-root", str(tmp_path)]
+    command += [*OVERRIDES, "sft.max_num_steps=50", *placed]
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    with (tmp_path / "flow.log").open("w") as log:
+        flow = subprocess.Popen(
+            command, cwd=CONFIG.parents[2], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while not (tmp_path / "runs" / "orphan" / "checkpoints" / "step_000001").exists():
+            assert flow.poll() is None, (tmp_path / "flow.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "iteration 0 never committed"
+            time.sleep(0.2)
+    finally:
+        flow.kill()
+        flow.wait(60)
+    flow_run = flow_run_of("sft-orphan")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(
+            flow_run.id, Crashed(message="its process was killed"), force=True
+        )
+    nodes = node_task_runs("orphan", pool, 0, within_s=120)
+    assert len(nodes) == 2 and all(t.state.is_completed() for t in nodes), nodes
+    assert stages_of(tmp_path, "orphan", 0)["train"]["ran_on"]["ranks"] == 2
 
 
 def test_a_killed_rank_reruns_every_rank_bit_identical(
