@@ -80,8 +80,8 @@ def exchange(order: Order | None, orders: dist.ProcessGroup) -> Order:
 
 class OrderServer:
     """Rank 0's side of a group: carries out the orders its task runs bring, one at a time,
-    and stops the group when told to, when an order fails, or when none came for
-    ``idle_s``."""
+    and stops the group when told to, when an order fails, or (``stop_unless_busy``) when
+    none came for ``idle_s`` or its flow run ended."""
 
     def __init__(self, run: RunRef, orders: dist.ProcessGroup, idle_s: float) -> None:
         self.run, self.orders, self.idle_s = run, orders, idle_s
