@@ -5,7 +5,8 @@ joined by torchrun's c10d rendezvous (``nemo_rl_core.distributed.node_launch``).
 stays up for the flow run's iterations (``flows.rank_group``): each iteration orders the
 stage from the group's rank 0 as one task run, rank 0 hands the order to every rank and
 commits the stage; the ranks keep the weights loaded in between. The flow run stops its
-groups when it ends (``close_rank_groups``).
+groups when it ends (``close_rank_groups``). A group holds its pool's workers while it is up:
+where other stages are placed on the same pool, it ends after each order (``shares_pool``).
 
 An attempt is one group: one ``Rendezvous`` (a fresh ``--rdzv-id``) and its ``num_nodes``
 task runs. An iteration orders its stage from the flow run's group if every node of it
@@ -373,6 +374,12 @@ def close_rank_groups(run: RunRef) -> None:
         group.stop(iteration)
 
 
+def shares_pool(config: Any, name: str, pool: str) -> bool:
+    """Whether another stage is placed on ``pool`` too: a warm group holds every worker it
+    runs on for the flow run, so there it ends after each order instead."""
+    return any(p == pool and stage != name for stage, p in config.cluster.placement.items())
+
+
 def run_placed_nodes(
     config: Any,
     run: RunRef,
@@ -396,7 +403,12 @@ def run_placed_nodes(
             # a group whose step raises stays registered: the flow run's end stops it
             ordered = group.step(iteration, upstream, watch)
             if ordered:
-                _groups[key] = (group, iteration)  # kept warm for the next iteration
+                if shares_pool(config, name, pool):
+                    # the pool's other stages need its workers before the next iteration
+                    del _groups[key]
+                    group.stop(iteration)
+                else:
+                    _groups[key] = (group, iteration)  # kept warm for the next iteration
                 if (ref := stored_stage(storage, iteration, name, inputs)) is None:
                     raise PlacementError(f"{where}: its order completed, rank 0 committed nothing")
                 return ref

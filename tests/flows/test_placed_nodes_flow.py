@@ -222,6 +222,29 @@ def test_a_group_whose_flow_run_died_stops_and_frees_the_workers(tmp_path: Path,
     assert stages_of(tmp_path, "orphan", 0)["train"]["ran_on"]["ranks"] == 2
 
 
+def test_a_group_on_a_pool_shared_with_another_stage_ends_after_each_step(
+    tmp_path: Path, two_nodes: Path, pool: str
+) -> None:
+    """The batch stage is placed on the train stage's pool too: a group kept warm would hold
+    both workers, and iteration 1's batch stage would wait for one until it failed. The group
+    ends after each step instead; the run is the two-node run, bit for bit."""
+    storage = open_storage(RunRef(str(tmp_path), "shared"))
+    storage.write_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1, {"pid": None})
+    run(
+        tmp_path,
+        "shared",
+        pool,
+        f"++cluster.placement.batch={pool}",
+        "++cluster.placement_wait_seconds=120",
+    )
+    for iteration in (0, 1):
+        assert len(node_task_runs("shared", pool, iteration)) == 2, iteration
+        assert stages_of(tmp_path, "shared", iteration)["batch"]["ran_on"]["pool"] == pool
+    assert_bit_identical(
+        checkpoint_dir(tmp_path, "shared", 2), checkpoint_dir(two_nodes, "nodes", 2)
+    )
+
+
 def test_a_killed_rank_reruns_every_rank_bit_identical(
     tmp_path: Path, two_nodes: Path, pool: str
 ) -> None:
