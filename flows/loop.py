@@ -1,8 +1,8 @@
 """What every training flow is: open the run, hold its lease, plan the iterations, run each
 one's due stages in their declared order (re-making a damaged input on the way), then
 report it (``flows.progress``: a terminal line, the loggers, readable rollouts, Prefect
-artifacts; a summary and the curves at the end); warm objects are closed when the flow
-run ends."""
+artifacts; a summary and the curves at the end); warm objects (the runtime, the rank groups
+of a stage across nodes) are closed when the flow run ends."""
 
 from collections.abc import Callable
 from functools import partial
@@ -12,6 +12,7 @@ from prefect import Flow, flow
 
 from flows.labels import labelled_run
 from flows.lease import hold_lease
+from flows.placed_nodes import close_rank_groups
 from flows.placed_stage import run_placed_stage
 from flows.placement import placed_pool, run_placed_chain
 from flows.progress import IterationReports
@@ -228,6 +229,7 @@ def run_iterations(
         finally:
             if ahead is not None:
                 ahead.close()
+            close_rank_groups(run)
             close_runtime(run)
     return {
         "run_id": run.run_id,

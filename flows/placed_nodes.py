@@ -1,16 +1,23 @@
 """A placed stage run across processes (the training stage of ``cluster.num_nodes x
-gpus_per_node`` ranks, with ``cluster.placement.train``): one node task run per node on the
-stage's pool, each a stage worker's torchrun of that node's ranks, joined by torchrun's c10d
-rendezvous (``nemo_rl_core.distributed.node_launch``); rank 0 commits the stage.
+gpus_per_node`` ranks, with ``cluster.placement.train``): a warm rank group, one node task
+run per node on the stage's pool, each a stage worker's torchrun of that node's ranks,
+joined by torchrun's c10d rendezvous (``nemo_rl_core.distributed.node_launch``). The group
+stays up for the flow run's iterations (``flows.rank_group``): each iteration orders the
+stage from the group's rank 0 as one task run, rank 0 hands the order to every rank and
+commits the stage; the ranks keep the weights loaded in between. The flow run stops its
+groups when it ends (``close_rank_groups``). A group holds its pool's workers while it is up:
+where other stages are placed on the same pool, it ends after each order (``shares_pool``).
 
-An attempt is one ``Rendezvous`` (a fresh ``--rdzv-id``) and its ``num_nodes`` task runs,
-waited for together; a node is never run again alone (its peers are gone):
+An attempt is one group: one ``Rendezvous`` (a fresh ``--rdzv-id``) and its ``num_nodes``
+task runs. An iteration orders its stage from the flow run's group if every node of it
+still runs, else from a new one; a node is never run again alone (its peers are gone):
 
-- every node finished: the stage's committed outputs;
-- a rank or node lost (``RanksLost``, a crashed task run, a worker whose heartbeat stopped)
-  or a rendezvous that did not complete (``RendezvousIncomplete``): the attempt is run again,
-  every rank restarted, up to a local stage's retries;
-- a rank raised (``RanksFailed``), and nothing was lost: the stage fails with its message;
+- the order completed: the stage's committed outputs, and the group waits for the next;
+- the group ended instead (every node's task run ends with it), as its nodes say:
+  - a rank or node lost (``RanksLost``, a crashed task run, a worker whose heartbeat
+    stopped) or a rendezvous that did not complete (``RendezvousIncomplete``): a new group,
+    every rank restarted, up to a local stage's retries;
+  - a rank raised (``RanksFailed``), and nothing was lost: the stage fails with its message;
 - a node no worker of the pool started within ``cluster.placement_wait_seconds`` (the pool
   serves fewer nodes than asked): the stage fails naming the pool and the missing nodes and
   their ranks; nodes already started end at their rendezvous's timeout
@@ -21,13 +28,15 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
+from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled
+from prefect.task_runs import TaskRunWaiter
 
+from flows.lease import current_flow_run
 from flows.placement import (
     POLL_S,
     START_WORKER,
@@ -35,13 +44,16 @@ from flows.placement import (
     PlacedTask,
     PlacementError,
     PoolWatch,
+    apply_async,
     flow_run_block,
     live_workers,
     mark_task_run_crashed,
     placed_pool,
     stored_stage,
+    task_run_state,
 )
-from flows.pool_tasks import node_heartbeat_name, pool_tasks
+from flows.pool_tasks import node_heartbeat_name, pool_tasks, rank_group_key
+from flows.rank_group import IDLE_S, STAGE, STOP, rank_group_task
 from nemo_rl_core.config.cluster import TRAIN_STAGE
 from nemo_rl_core.distributed.node_launch import (
     NodeEnd,
@@ -53,6 +65,8 @@ from nemo_rl_core.distributed.virtual_cluster import training_world
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from tasks.stage import STAGE_TASK_OPTIONS, stage_logger
+
+STOP_WAIT_S = 120.0  # how long a flow run's end waits for a stopped group's nodes to end
 
 
 def ranks_of(node_rank: int, per_node: int) -> str:
@@ -102,31 +116,23 @@ class NodeRun:
 
 
 class Attempt:
-    """One attempt of the stage: its rendezvous and one task run per node on the pool."""
+    """One attempt of the stage, a warm rank group: its rendezvous, one task run per node on
+    the pool, and the orders sent to its rank 0 (``flows.rank_group``)."""
 
-    def __init__(
-        self,
-        config: Any,
-        run: RunRef,
-        iteration: int,
-        name: str,
-        pool: str,
-        upstream: dict[str, StageRef],
-        inputs: dict[str, str],
-    ) -> None:
-        self.iteration, self.name, self.pool = iteration, name, pool
+    def __init__(self, config: Any, run: RunRef, iteration: int, name: str, pool: str) -> None:
+        self.run, self.iteration, self.name, self.pool = run, iteration, name, pool
         attempt = f"{run.run_id}-it{iteration}-{name}-{uuid.uuid4().hex[:12]}"
         self.rendezvous = Rendezvous.for_cluster(config, attempt)
         self.notes = RendezvousNotes(open_storage(run), iteration, name, attempt)
+        self.orders = rank_group_key(pool, attempt)
+        self.sent: list[UUID] = []  # the orders' task runs
         self.wait_s = float(config.cluster.placement_wait_seconds)
         self.ended = threading.Event()
-        storage = open_storage(run)
-        given = {"run": run, "iteration": iteration, "name": name, "upstream": upstream}
+        given = {"run": run, "iteration": iteration, "name": name, "orders": self.orders}
         task = pool_tasks(pool).node
         self.nodes: list[NodeRun] = []
         for node_rank in range(self.rendezvous.nnodes):
-            # the node task returns nothing; its stage's outputs are read from storage
-            placed: PlacedTask[Any] = PlacedTask(
+            placed: PlacedTask[None] = PlacedTask(
                 task,
                 {
                     **given,
@@ -136,7 +142,7 @@ class Attempt:
                 },
                 node_heartbeat_name(name, node_rank, self.rendezvous.nnodes),
                 self.node_label(node_rank),
-                partial(stored_stage, storage, iteration, name, inputs),
+                lambda: None,  # a node commits nothing itself: its group's orders do
             )
             self.nodes.append(
                 NodeRun(
@@ -146,11 +152,97 @@ class Attempt:
             )
         self.submitted_at = time.monotonic()
 
+    def order(self, kind: str, iteration: int, upstream: dict[str, StageRef]) -> UUID:
+        """Send the group an order (``flows.rank_group``: STAGE or STOP); its task run."""
+        TaskRunWaiter.instance()  # listening before the run can end
+        parameters = {
+            "run": self.run,
+            "iteration": iteration,
+            "name": self.name,
+            "upstream": upstream,
+            "kind": kind,
+        }
+        order = apply_async(rank_group_task(self.orders), parameters)
+        TaskRunWaiter.add_done_callback(order, self.ended.set)
+        self.sent.append(order)
+        return order
+
+    def step(self, iteration: int, upstream: dict[str, StageRef], watch: PoolWatch) -> bool:
+        """Order the stage of ``iteration`` from ``upstream``: True once the order completed
+        (rank 0 committed the stage), False once the group ended first or the order failed
+        (the group then ends: ``wait`` for it); raises ``PlacementError`` once a node was not
+        started by a worker within ``placement_wait_seconds`` (cancelling it)."""
+        order = self.order(STAGE, iteration, upstream)
+        checked_at = time.monotonic()
+        while True:
+            check = time.monotonic() - checked_at >= POLL_S
+            if check:
+                watch.check()
+                checked_at = time.monotonic()
+            self.ended.clear()
+            state = task_run_state(order, check)
+            if state is not None and state.is_final():
+                if state.is_completed():
+                    return True
+                break
+            for node in self.nodes:
+                if node.final is None:
+                    self.poll(node, check)
+            if any(node.final is not None for node in self.nodes):
+                break
+            waiting = [node for node in self.nodes if not node.started]
+            if waiting and time.monotonic() - self.submitted_at > self.wait_s:
+                self.cancel_orders("its rank group never started")
+                raise self.unserved()
+            self.ended.wait(timeout=max(0.0, checked_at + POLL_S - time.monotonic()))
+        if any(node.final is None and node.started for node in self.nodes):
+            # a failed order ended rank 0, and with it the group; should rank 0 still serve
+            # (its task run failed before the order reached it), this ends it
+            self.order(STOP, iteration, {})
+        return False
+
+    def live(self) -> bool:
+        """Whether every node's task run still runs (read from the server, now)."""
+        for node in self.nodes:
+            if node.final is None:
+                self.poll(node, check=True)
+        return all(node.final is None for node in self.nodes)
+
+    def stop(self, iteration: int) -> None:
+        """End the group (a stop order) and wait up to ``STOP_WAIT_S`` for its nodes' task
+        runs to end, so that the pool's workers are free for what comes next."""
+        self.order(STOP, iteration, {})
+        deadline = time.monotonic() + STOP_WAIT_S
+        while any(node.final is None for node in self.nodes) and time.monotonic() < deadline:
+            self.ended.clear()
+            self.live()
+            self.ended.wait(timeout=POLL_S)
+        if any(node.final is None for node in self.nodes):
+            stage_logger().warning(
+                "run %s: the rank group of stage %r (attempt %s) did not end within %g s of "
+                "its stop order; its nodes end on their own after %g s without orders",
+                self.run.run_id,
+                self.name,
+                self.rendezvous.attempt,
+                STOP_WAIT_S,
+                IDLE_S,
+            )
+        self.cancel_orders("its rank group ended")
+
+    def cancel_orders(self, why: str) -> None:
+        """Cancel the orders no rank took (their group ended), so that none waits forever."""
+        with get_client(sync_client=True) as client:
+            for order in self.sent:
+                state = client.read_task_run(order).state
+                if state is None or not state.is_final():
+                    client.set_task_run_state(order, Cancelled(message=why), force=True)
+
     def node_label(self, node_rank: int) -> str:
         ranks = ranks_of(node_rank, self.rendezvous.nproc_per_node)
         return (
-            f"node {node_rank} of {self.rendezvous.nnodes} ({ranks}) of stage {self.name!r} "
-            f"of iteration {self.iteration} (attempt {self.rendezvous.attempt})"
+            f"node {node_rank} of {self.rendezvous.nnodes} ({ranks}) of stage {self.name!r}'s "
+            f"rank group started at iteration {self.iteration} (attempt "
+            f"{self.rendezvous.attempt})"
         )
 
     def wait(self, watch: PoolWatch) -> None:
@@ -243,6 +335,51 @@ class Attempt:
         return found
 
 
+_groups: dict[tuple[RunRef, str | None, str], tuple[Attempt, int]] = {}
+"""The warm rank groups by run, flow run and stage, with the last iteration each served."""
+
+
+def warm_group(
+    config: Any, run: RunRef, iteration: int, name: str, pool: str, watch: PoolWatch
+) -> Attempt:
+    """This flow run's rank group of stage ``name`` if every node of it still runs, else a
+    new one (the old one's end is said: it stopped on its own, or lost a node, while the
+    flow ran other stages)."""
+    key = (run, current_flow_run(), name)
+    if key in _groups:
+        group, _ = _groups[key]
+        if group.live():
+            return group
+        del _groups[key]
+        group.wait(watch)
+        group.cancel_orders("its rank group ended")
+        stage_logger().warning(
+            "run %s: the rank group of stage %r (attempt %s) ended since its last order: %s; "
+            "starting a new one",
+            run.run_id,
+            name,
+            group.rendezvous.attempt,
+            "; ".join(end.message or f"node {end.node_rank} {end.kind}" for end in group.ends()),
+        )
+    group = Attempt(config, run, iteration, name, pool)
+    _groups[key] = (group, iteration)
+    return group
+
+
+def close_rank_groups(run: RunRef) -> None:
+    """Stop this flow run's rank groups of ``run`` (the flow run ends), waiting for their
+    nodes to end: the pool's workers are free for the next flow run."""
+    for key in [key for key in _groups if key[:2] == (run, current_flow_run())]:
+        group, iteration = _groups.pop(key)
+        group.stop(iteration)
+
+
+def shares_pool(config: Any, name: str, pool: str) -> bool:
+    """Whether another stage is placed on ``pool`` too: a warm group holds every worker it
+    runs on for the flow run, so there it ends after each order instead."""
+    return any(p == pool and stage != name for stage, p in config.cluster.placement.items())
+
+
 def run_placed_nodes(
     config: Any,
     run: RunRef,
@@ -258,28 +395,51 @@ def run_placed_nodes(
     watch = PoolWatch.of(pool)
     attempts = int(STAGE_TASK_OPTIONS["retries"]) + 1
     restartable: list[NodeEnd] = []
+    where = f"stage {name!r} of iteration {iteration} on pool {pool!r}"
+    key = (run, current_flow_run(), name)
     try:
         for number in range(1, attempts + 1):
-            attempt = Attempt(config, run, iteration, name, pool, upstream, inputs)
-            attempt.wait(watch)
-            ends = attempt.ends()
-            unstarted = attempt.unstarted(ends)
-            ends = [end for end in ends if end.node_rank not in unstarted]
-            where = f"stage {name!r} of iteration {iteration} on pool {pool!r}"
-            if not unstarted and all(end.kind == "finished" for end in ends):
+            group = warm_group(config, run, iteration, name, pool, watch)
+            # a group whose step raises stays registered: the flow run's end stops it
+            ordered = group.step(iteration, upstream, watch)
+            if ordered:
+                if shares_pool(config, name, pool):
+                    # the pool's other stages need its workers before the next iteration
+                    del _groups[key]
+                    group.stop(iteration)
+                else:
+                    _groups[key] = (group, iteration)  # kept warm for the next iteration
                 if (ref := stored_stage(storage, iteration, name, inputs)) is None:
-                    raise PlacementError(f"{where}: every node finished, rank 0 committed nothing")
+                    raise PlacementError(f"{where}: its order completed, rank 0 committed nothing")
                 return ref
-            restartable = [end for end in ends if end.restartable]
-            failed = [end for end in ends if end.kind == "failed"]
-            if failed and not restartable:
-                raise RanksFailed(f"{where}: " + "; ".join(end.message for end in failed))
-            if unstarted and not any(end.kind == "lost" for end in ends):
-                raise PlacementError(
-                    f"{where}: node(s) {unstarted} were not started by a worker of the pool "
-                    "(it serves fewer nodes than cluster.num_nodes at once): "
-                    + "; ".join(end.message for end in restartable or failed)
-                )
+            del _groups[key]
+            group.wait(watch)
+            group.cancel_orders("its rank group ended")
+            ends = group.ends()
+            unstarted = group.unstarted(ends)
+            ends = [end for end in ends if end.node_rank not in unstarted]
+            if not unstarted and all(end.kind == "finished" for end in ends):
+                # the group stopped on its own (no order for IDLE_S) as the order came
+                restartable = [
+                    NodeEnd(
+                        end.node_rank,
+                        end.kind,
+                        f"{group.node_label(end.node_rank)}: "
+                        "its rank group stopped before the order reached it",
+                    )
+                    for end in ends
+                ]
+            else:
+                restartable = [end for end in ends if end.restartable]
+                failed = [end for end in ends if end.kind == "failed"]
+                if failed and not restartable:
+                    raise RanksFailed(f"{where}: " + "; ".join(end.message for end in failed))
+                if unstarted and not any(end.kind == "lost" for end in ends):
+                    raise PlacementError(
+                        f"{where}: node(s) {unstarted} were not started by a worker of the pool "
+                        "(it serves fewer nodes than cluster.num_nodes at once): "
+                        + "; ".join(end.message for end in restartable or failed)
+                    )
             if number < attempts:
                 stage_logger().warning(
                     "run %s: stage %r of iteration %d, attempt %d of %d: %s; running it again "

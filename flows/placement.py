@@ -51,6 +51,7 @@ from prefect.task_runs import TaskRunWaiter
 from prefect.utilities.asyncutils import run_coro_as_sync
 
 from flows.heartbeat import Heartbeat, damage_reported
+from flows.lease import current_flow_run
 from flows.pool_tasks import chain_name, heartbeat_name, pool_tasks
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
@@ -273,7 +274,7 @@ class PlacedRun(Generic[R]):
 
     def submit(self) -> None:
         TaskRunWaiter.instance()  # listening before the run can end
-        self.task_run_id = apply_async(self.placed)
+        self.task_run_id = apply_async(self.placed.task, self.placed.parameters)
         TaskRunWaiter.add_done_callback(self.task_run_id, self.ended.set)
         self.heartbeat = Heartbeat(
             self.run, self.iteration, self.placed.heartbeat, str(self.task_run_id), self.wait_s
@@ -281,13 +282,7 @@ class PlacedRun(Generic[R]):
         self.progress_at = time.monotonic()  # when it last made progress (or was submitted)
 
     def state(self, check: bool) -> State | None:
-        """Its final state, as Prefect's event told it; with ``check``, else its state as
-        the server holds it (up to a second behind: prefect.toml batches task-run states)."""
-        final = run_coro_as_sync(TaskRunWaiter.wait_for_task_run(self.task_run_id, timeout=0))
-        if final is not None or not check:
-            return final
-        with get_client(sync_client=True) as client:
-            return client.read_task_run(self.task_run_id).state or Pending()
+        return task_run_state(self.task_run_id, check)
 
     def poll(self, watch: "PoolWatch", check: bool) -> R | None:
         """Its stored outputs once its task run completed, else None (still waiting); with
@@ -344,14 +339,25 @@ class PlacedRun(Generic[R]):
         self.submit()
 
 
-def apply_async(placed: PlacedTask[Any]) -> UUID:
-    """Submit ``placed``'s task run (Prefect's ``Task.apply_async``), creating it with this
+def task_run_state(task_run_id: UUID, check: bool) -> State | None:
+    """A waited-for task run's final state, as Prefect's event told it; with ``check``, else
+    its state as the server holds it (up to a second behind: prefect.toml batches task-run
+    states)."""
+    final = run_coro_as_sync(TaskRunWaiter.wait_for_task_run(task_run_id, timeout=0))
+    if final is not None or not check:
+        return final
+    with get_client(sync_client=True) as client:
+        return client.read_task_run(task_run_id).state or Pending()
+
+
+def apply_async(task: Task[..., Any], parameters: dict[str, Any]) -> UUID:
+    """Submit a task run of ``task`` (Prefect's ``Task.apply_async``), creating it with this
     process's submission client."""
 
     def submit() -> UUID:
         # In a copy of this thread's context only: the client is bound to the run-sync loop.
         AsyncClientContext.__var__.set(submission_client(get_current_settings().api.url))
-        return placed.task.apply_async(kwargs=placed.parameters).task_run_id
+        return task.apply_async(kwargs=parameters).task_run_id
 
     return contextvars.copy_context().run(submit)
 
@@ -401,10 +407,8 @@ class PoolWatch:
 
     @classmethod
     def of(cls, pool: str) -> "PoolWatch":
-        context = FlowRunContext.get()
-        flow_run = str(context.flow_run.id) if context is not None and context.flow_run else None
         with cls._lock:
-            return cls._watches.setdefault((pool, flow_run), cls(pool))
+            return cls._watches.setdefault((pool, current_flow_run()), cls(pool))
 
     def check(self) -> None:
         if time.monotonic() - self.asked_at < WORKERS_CHECK_S:

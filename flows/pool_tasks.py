@@ -1,6 +1,6 @@
 """The Prefect tasks a pool's stage workers serve: one stage of one iteration, one shard
-of a stage that fans out, or one node of a stage run across processes (its torchrun, which
-starts that node's ranks), run in a long-lived worker process that keeps the run's models
+of a stage that fans out, or one node of a stage run across processes (its torchrun, whose
+ranks stay up for the flow run's iterations: ``flows.rank_group``), run in a long-lived worker process that keeps the run's models
 and engine warm.
 
 A task worker takes the runs of the task keys it serves (``Task.task_key``): each pool's tasks
@@ -20,18 +20,18 @@ from functools import cache, partial
 from typing import Any, TypeVar
 
 from prefect import Task, task
-from prefect.context import FlowRunContext
 from prefect.task_engine import TaskRunTimeoutError
 from prefect.utilities.timeout import timeout
 
 from flows.heartbeat import stage_heartbeat
+from flows.lease import current_flow_run
 from flows.storage_block import load_storage_block
-from nemo_rl_core.distributed.node_launch import Rendezvous
+from nemo_rl_core.distributed.node_launch import Rendezvous, RendezvousNotes, launch_node
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import close_runtime, runtime_for
 from nemo_rl_core.pipeline.spec import shard_part, split_round
-from nemo_rl_core.storage.handles import RunRef
-from tasks.stage import STAGE_TASK_OPTIONS, launch_stage_node, stage, stage_shard
+from nemo_rl_core.storage.handles import RunRef, open_storage
+from tasks.stage import STAGE_TASK_OPTIONS, stage, stage_shard
 
 T = TypeVar("T")
 CHAIN_JOIN = "+"
@@ -70,8 +70,7 @@ _held: list[tuple[RunRef, str | None]] = []  # the run and flow run whose runtim
 def warm_runtime_for(run: RunRef) -> None:
     """Keep this process's runtime of ``run`` warm across the tasks of one flow run; a task
     of another run or flow run closes the held runtime first (one engine per worker)."""
-    context = FlowRunContext.get()
-    flow_run = str(context.flow_run.id) if context is not None and context.flow_run else None
+    flow_run = current_flow_run()
     if _held == [(run, flow_run)]:
         return
     for held_run, _ in _held:
@@ -174,27 +173,45 @@ def run_shard_here(
     )
 
 
+def rank_group_key(pool: str, attempt: str) -> str:
+    """The task key rank 0 of one warm rank group (one attempt of a stage across nodes of
+    ``pool``) serves, and the iteration flow submits its orders with:
+    ``stage-ranks@train-pool/<attempt>``."""
+    return f"stage-ranks@{pool}/{attempt}"
+
+
 def run_node_here(
     run: RunRef,
     iteration: int,
     name: str,
     node_rank: int,
     rendezvous: Rendezvous,
-    upstream: dict[str, StageRef],
+    orders: str,
     storage_block: str | None = None,
 ) -> None:
-    """Node ``node_rank`` of stage ``name`` run across processes: this machine's ranks of
-    ``rendezvous``, started here with torchrun, waited for (rank 0 commits the stage)."""
+    """Node ``node_rank`` of a warm rank group of stage ``name`` (started for ``iteration``):
+    this machine's ranks of ``rendezvous``, started here with torchrun, which serve the
+    stage's orders (task runs of key ``orders``, one per iteration) until told to stop
+    (``flows.rank_group``), or until the iteration flow run that ordered it has ended;
+    returns once they ended. No stage timeout here: the group
+    outlives one stage, and its rank 0 applies the timeout to each order."""
+    program = [
+        "-m",
+        "flows.rank_group",
+        f"--run-id={run.run_id}",
+        f"--storage-root={run.storage_root}",
+        f"--orders={orders}",
+    ]
+    if (flow_run := current_flow_run()) is not None:
+        program.append(f"--flow-run={flow_run}")
+    beat = node_heartbeat_name(name, node_rank, rendezvous.nnodes)
+    notes = RendezvousNotes(open_storage(run), iteration, name, rendezvous.attempt)
     run_here(
         run,
         iteration,
-        node_heartbeat_name(name, node_rank, rendezvous.nnodes),
+        beat,
         storage_block,
-        lambda: within_stage_timeout(
-            run,
-            name,
-            lambda: launch_stage_node(run, iteration, name, upstream, node_rank, rendezvous),
-        ),
+        lambda: launch_node(program, node_rank, rendezvous, notes),
     )
 
 
@@ -224,7 +241,8 @@ def pool_tasks(pool: str) -> PoolTasks:
     and ``stage-node@<pool>``. Named as the stages' local task runs are (``generate-it3``,
     ``generate+reward-it3``); a stage's options (retries of transient errors, no Prefect cache)
     as a local stage's, but a node is never retried alone: its attempt's other nodes are gone,
-    and the waiter runs the whole attempt again (``flows.placed_nodes``)."""
+    and the waiter runs the whole attempt again (``flows.placed_nodes``). A node task run is
+    named for the iteration its rank group started at (``train-node0-it0``)."""
     options = {**STAGE_TASK_OPTIONS, "task_run_name": "{name}-it{iteration}"}
     shard_options = {**options, "task_run_name": "{name}-shard{index}-it{iteration}"}
     node_options = {

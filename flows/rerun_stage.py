@@ -13,6 +13,7 @@ from prefect import flow
 
 from flows.labels import labelled_run
 from flows.lease import hold_lease
+from flows.placed_nodes import close_rank_groups
 from flows.placed_stage import run_placed_stage
 from flows.placement import check_placement
 from flows.run_setup import lease_owner
@@ -83,6 +84,7 @@ def rerun_stage(
             storage.mark_stale(iteration, [stage, *stale])
             return run_placed_stage(config, run, iteration, stage, upstream).to_dict()
         finally:
+            close_rank_groups(run)
             close_runtime(run)
 
 

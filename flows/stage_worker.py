@@ -26,9 +26,12 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import orjson
 import websockets.exceptions
+from prefect import Task
 from prefect.client.schemas.objects import TaskRun
 from prefect.client.subscriptions import Subscription
 from prefect.context import AsyncClientContext, SyncClientContext
@@ -36,7 +39,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import get_current_settings
 from prefect.task_worker import TaskWorker
 
-from flows.pool_tasks import PoolTasks, pool_tasks
+from flows.pool_tasks import pool_tasks
 from tasks.stage import STAGE_POOL_ENV, STAGE_WORKER_ENV
 
 log = logging.getLogger("nemo_rl_core.stage_worker")
@@ -64,13 +67,14 @@ class RunAtATimeSubscription(Subscription[TaskRun]):
 
 
 class StageTaskWorker(TaskWorker):
-    """A task worker of one pool's stage tasks that runs one task run at a time (see the
-    module docstring)."""
+    """A task worker of stage tasks (``label``: whose, for its log) that runs one task run at
+    a time (see the module docstring): a pool's stage worker, or rank 0 of a warm rank group
+    (``flows.rank_group``)."""
 
-    def __init__(self, tasks: PoolTasks) -> None:
-        super().__init__(*tasks.all, limit=1)
-        self.tasks = list(tasks.all)  # as given: no result cache, our task keys
-        self.pool = tasks.pool
+    def __init__(self, tasks: Sequence[Task[..., Any]], label: str) -> None:
+        super().__init__(*tasks, limit=1)
+        self.tasks = list(tasks)  # as given: no result cache, our task keys
+        self.label = label
 
     async def _subscribe_to_task_scheduling(self) -> None:
         subscription = RunAtATimeSubscription(
@@ -80,7 +84,7 @@ class StageTaskWorker(TaskWorker):
             client_id=self.client_id,
             base_url=get_current_settings().api.url,
         )
-        log.info("serving pool %r (task keys %s)", self.pool, sorted(self.task_keys))
+        log.info("serving %s (task keys %s)", self.label, sorted(self.task_keys))
         async for task_run in subscription:
             try:
                 if await self._still_wanted(task_run) and await self._acquire_token(task_run.id):
@@ -101,13 +105,19 @@ class StageTaskWorker(TaskWorker):
         return True
 
 
-async def serve(pool: str) -> None:
-    # Prefect's client contexts for the worker's life: its task engine (sync) and its reads
-    # of the task-scheduling block (async) take their clients from them (``get_client``)
-    # instead of opening one each per task run (~20-40 ms each, issue 30).
+@contextlib.asynccontextmanager
+async def worker_clients() -> AsyncIterator[None]:
+    """Prefect's client contexts for a task worker's life: its task engine (sync) and its
+    reads of the task-scheduling block (async) take their clients from them (``get_client``)
+    instead of opening one each per task run (~20-40 ms each, issue 30)."""
     with SyncClientContext():
         async with AsyncClientContext():
-            await StageTaskWorker(pool_tasks(pool)).astart()
+            yield
+
+
+async def serve(pool: str) -> None:
+    async with worker_clients():
+        await StageTaskWorker(pool_tasks(pool).all, f"pool {pool!r}").astart()
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """One rank of a stage run across processes: every rank runs this same program (SPMD).
 
-``python -m tasks.spmd_rank`` is what torchrun starts on every rank (through
-``tasks.stage.launch_stage_node``): it joins the world (gloo on CPU, nccl on GPU), reads the
+``python -m tasks.spmd_rank`` is what torchrun starts on every rank of one stage attempt on
+this machine (through ``tasks.stage.launch_stage_node``; a warm rank group across nodes runs
+``run_rank_stage`` once per order instead: ``flows.rank_group``): it joins the world (gloo on CPU, nccl on GPU), reads the
 stage's inputs from the run's storage and computes (the policy shards itself over the ranks:
 FSDP2/TP for the HF backend, TP/DP for Megatron; each data-parallel rank trains on its
 slice of the global batch); rank 0 writes the checkpoint, the outputs and the manifest
@@ -37,6 +38,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_rank_stage(run: RunRef, iteration: int, stage: str, upstream: dict[str, StageRef]) -> None:
+    """This rank's part of stage ``stage`` of ``iteration`` (every rank calls it, in step):
+    rank 0 commits it, unless the manifest holds it complete for the same inputs; returns
+    once every rank is done."""
+    runtime = runtime_for(run)
+    spec = runtime.pipeline.stage(stage)
+    inputs = stage_inputs(runtime, spec, iteration, upstream)
+    storage = open_storage(run)
+    StageFaults.asked(stage, iteration).in_rank_compute(storage, dist.get_rank())
+    done = from_writer(storage.completed_stage(iteration, stage, inputs) is not None)
+    if not done:
+        context = StageContext(runtime, iteration, upstream, stage)
+        if is_writer():
+            run_stage(run, iteration, stage, inputs, lambda: spec.compute(context))
+        else:
+            spec.compute(context)
+    dist.barrier()  # rank 0 committed: the stage is done on every rank
+
+
 @record
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
@@ -46,19 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         name: StageRef.from_dict(outputs)
         for name, outputs in json.loads(Path(args.upstream).read_text()).items()
     }
-    runtime = runtime_for(run)
-    spec = runtime.pipeline.stage(args.stage)
-    inputs = stage_inputs(runtime, spec, args.iteration, upstream)
-    storage = open_storage(run)
-    StageFaults.asked(args.stage, args.iteration).in_rank_compute(storage, dist.get_rank())
-    done = from_writer(storage.completed_stage(args.iteration, args.stage, inputs) is not None)
-    if not done:
-        context = StageContext(runtime, args.iteration, upstream, args.stage)
-        if is_writer():
-            run_stage(run, args.iteration, args.stage, inputs, lambda: spec.compute(context))
-        else:
-            spec.compute(context)
-    dist.barrier()  # rank 0 committed: the stage is done on every rank
+    run_rank_stage(run, args.iteration, args.stage, upstream)
     close_runtime(run)
     dist.destroy_process_group()
 

@@ -9,9 +9,9 @@ recomputed (a failed flow run, run again with the same run_id, continues at the 
 stage); otherwise the stage computes, writes each output atomically and records it.
 
 The training stage of a world above one rank runs SPMD instead (``spmd_stage``): every rank
-runs ``tasks.spmd_rank``, started per node by torchrun (``launch_stage_node``: what a worker
-of the stage's pool calls once per node, with the same ``Rendezvous`` on every node of an
-attempt); rank 0 commits the stage as ``run_stage`` does.
+runs ``tasks.spmd_rank``, started by torchrun on this machine (``launch_stage_node``); rank 0
+commits the stage as ``run_stage`` does. Placed on a pool across nodes, the ranks stay up
+for the flow run instead (``flows.rank_group``).
 """
 
 import json

@@ -11,19 +11,25 @@ Across 2 "nodes" x 1 rank (``cluster.num_nodes: 2``), each node started by its o
 worker of the train pool (two task-worker processes), joined by torchrun's c10d rendezvous on
 this machine (127.0.0.1), gloo:
 
-- loss, grad norm and the weights equal the one-process flow's within 1e-5, the checkpoint loads in
-  transformers;
+- one warm rank group serves both iterations (one torchrun per node for the whole flow run,
+  stopped at its end); loss, grad norm and the weights equal the one-process flow's within
+  1e-5, the checkpoint loads in transformers;
+- a group whose flow run died (its process killed, Prefect marks it Crashed) stops and
+  frees the pool's workers;
 - a rank killed in the middle of a step fails the attempt; the next attempt restarts every
   rank, and the run ends bit-identical to the undisturbed run (at its first step: one step
   killed and run again, against the undisturbed run's checkpoint of that step);
 - a pool that serves fewer nodes than asked is said before any work, and the stage fails
   naming the nodes and ranks that never started, or never joined the rendezvous.
 
-CPU-heavy: each attempt starts two torchruns (~30 s each on 2 cores), so the runs that
-only prove a rerun take one step.
+CPU-heavy: each attempt (rank group) starts two torchruns (~30 s each on 2 cores), so the
+runs that only prove a rerun take one step.
 """
 
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +39,8 @@ import torch
 from flow_testing import assert_bit_identical, checkpoint_dir, stages_of
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.settings import PREFECT_API_URL
+from prefect.states import Crashed
 from test_placement_flow import flow_run_of, logs_of, stage_workers
 from transformers import AutoModelForCausalLM
 
@@ -63,12 +71,14 @@ def run(root: Path, run_id: str, pool: str | None, *extra: str, steps: int = 2) 
     )
 
 
-def node_task_runs(run_id: str, pool: str, iteration: int) -> list:
-    """The node task runs of an iteration's train stage, once the server holds each one's
-    final state: the flow learns a run's end from Prefect's event, and the server records
-    the state from that event a moment later, which can be after the flow run's end."""
+def task_runs_of(run_id: str, key: str, iteration: int | None = None, within_s: float = 30) -> list:
+    """The task runs of the run's flow run whose task key starts with ``key`` (of
+    ``iteration``: named ``...-it<iteration>``), once the server holds each one's final
+    state (within ``within_s``): the flow learns a run's end from Prefect's event, and the
+    server records the state from that event a moment later, which can be after the flow
+    run's end."""
     flow_run = flow_run_of(f"sft-{run_id}")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + within_s
     with get_client(sync_client=True) as client:
         while True:
             task_runs = [
@@ -76,12 +86,18 @@ def node_task_runs(run_id: str, pool: str, iteration: int) -> list:
                 for t in client.read_task_runs(
                     flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id]))
                 )
-                if t.task_key == f"stage-node@{pool}" and t.name.endswith(f"-it{iteration}")
+                if t.task_key.startswith(key)
+                and (iteration is None or t.name.endswith(f"-it{iteration}"))
             ]
             if all(t.state is not None and t.state.is_final() for t in task_runs):
                 return task_runs
             assert time.monotonic() < deadline, [(t.name, t.state) for t in task_runs]
             time.sleep(0.2)
+
+
+def node_task_runs(run_id: str, pool: str, iteration: int, within_s: float = 30) -> list:
+    """The node task runs that started the train stage's rank groups at ``iteration``."""
+    return task_runs_of(run_id, f"stage-node@{pool}", iteration, within_s)
 
 
 @pytest.fixture(scope="module")
@@ -146,13 +162,20 @@ def test_two_nodes_each_started_by_a_worker_train_as_one_process(
         assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
         assert got["global_valid_toks"] == expected["global_valid_toks"]
         assert (train["ran_on"]["ranks"], train["ran_on"]["pool"]) == (2, POOL)
-        workers = set()
-        for node in (0, 1):
-            beat = storage.read_stage_run(iteration, f"train.node-{node}-of-2")
-            assert beat is not None and beat.ran_on.pool == POOL
-            workers.add(beat.ran_on.worker)
-        assert workers == {f"{POOL}-0", f"{POOL}-1"}, "one node per worker"
-        assert len(node_task_runs("nodes", POOL, iteration)) == 2, "one attempt, not killed"
+    # one warm rank group for the whole run: one torchrun per node, started at iteration 0
+    # and stopped when the flow run ended (its node task runs completed: the workers are
+    # free again), which took the order of each iteration
+    nodes = node_task_runs("nodes", POOL, 0)
+    assert len(nodes) == 2 and all(t.state.is_completed() for t in nodes), nodes
+    assert node_task_runs("nodes", POOL, 1) == [], "iteration 1 started no torchrun"
+    orders = sorted(t.name for t in task_runs_of("nodes", f"stage-ranks@{POOL}/"))
+    assert orders == ["train-stage-it0", "train-stage-it1", "train-stop-it1"], orders
+    workers = set()
+    for node in (0, 1):
+        beat = storage.read_stage_run(0, f"train.node-{node}-of-2")
+        assert beat is not None and beat.ran_on.pool == POOL
+        workers.add(beat.ran_on.worker)
+    assert workers == {f"{POOL}-0", f"{POOL}-1"}, "one node per worker"
     # the rendezvous was on this machine's loopback: node 0 published its host name
     assert socket.gethostbyname(socket.gethostname()) == "127.0.0.1"
     # written by rank 0 in the layout one process writes: transformers loads it, and its
@@ -162,6 +185,64 @@ def test_two_nodes_each_started_by_a_worker_train_as_one_process(
     assert got.keys() == one.keys()
     for name, expected in one.items():
         torch.testing.assert_close(got[name], expected, atol=1e-5, rtol=0)
+
+
+def test_a_group_whose_flow_run_died_stops_and_frees_the_workers(tmp_path: Path, pool: str) -> None:
+    """The flow's process is SIGKILLed once iteration 0's train stage committed: no stop order
+    comes. Once Prefect holds its flow run Crashed (what a work pool's worker does for a
+    flow run whose process died), rank 0 stops the group: its node task runs complete and
+    the pool's workers are free (the next test's runs need both)."""
+    storage = open_storage(RunRef(str(tmp_path), "orphan"))
+    storage.write_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1, {"pid": None})
+    placed = [*TWO_NODES, f"++cluster.placement.train={pool}"]
+    command = [sys.executable, "-m", "flows", "sft", "--config", str(CONFIG)]
+    command += ["--run-id", "orphan", "--storage-root", str(tmp_path)]
+    command += [*OVERRIDES, "sft.max_num_steps=50", *placed]
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    with (tmp_path / "flow.log").open("w") as log:
+        flow = subprocess.Popen(
+            command, cwd=CONFIG.parents[2], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while not (tmp_path / "runs" / "orphan" / "checkpoints" / "step_000001").exists():
+            assert flow.poll() is None, (tmp_path / "flow.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "iteration 0 never committed"
+            time.sleep(0.2)
+    finally:
+        flow.kill()
+        flow.wait(60)
+    flow_run = flow_run_of("sft-orphan")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(
+            flow_run.id, Crashed(message="its process was killed"), force=True
+        )
+    nodes = node_task_runs("orphan", pool, 0, within_s=120)
+    assert len(nodes) == 2 and all(t.state.is_completed() for t in nodes), nodes
+    assert stages_of(tmp_path, "orphan", 0)["train"]["ran_on"]["ranks"] == 2
+
+
+def test_a_group_on_a_pool_shared_with_another_stage_ends_after_each_step(
+    tmp_path: Path, two_nodes: Path, pool: str
+) -> None:
+    """The batch stage is placed on the train stage's pool too: a group kept warm would hold
+    both workers, and iteration 1's batch stage would wait for one until it failed. The group
+    ends after each step instead; the run is the two-node run, bit for bit."""
+    storage = open_storage(RunRef(str(tmp_path), "shared"))
+    storage.write_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1, {"pid": None})
+    run(
+        tmp_path,
+        "shared",
+        pool,
+        f"++cluster.placement.batch={pool}",
+        "++cluster.placement_wait_seconds=120",
+    )
+    for iteration in (0, 1):
+        assert len(node_task_runs("shared", pool, iteration)) == 2, iteration
+        assert stages_of(tmp_path, "shared", iteration)["batch"]["ran_on"]["pool"] == pool
+    assert_bit_identical(
+        checkpoint_dir(tmp_path, "shared", 2), checkpoint_dir(two_nodes, "nodes", 2)
+    )
 
 
 def test_a_killed_rank_reruns_every_rank_bit_identical(
@@ -179,8 +260,8 @@ def test_a_killed_rank_reruns_every_rank_bit_identical(
     fired = storage.read_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1)
     assert fired is not None and fired["pid"] is not None, fired
     attempts = node_task_runs("killed", pool, 0)
-    assert len(attempts) == 4, "two attempts of two nodes"
-    assert sum(t.state.is_completed() for t in attempts) == 2
+    assert len(attempts) == 4, "two attempts (rank groups) of two nodes"
+    assert sum(t.state.is_completed() for t in attempts) == 2, "the second, stopped at the end"
     logs = logs_of(flow_run_of("sft-killed").id)
     again = [line for line in logs if "running it again with every rank restarted" in line]
     assert len(again) == 1 and "rank 1 was killed by SIGKILL" in again[0], logs
