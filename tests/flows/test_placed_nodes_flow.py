@@ -2,10 +2,11 @@
 (made once, ``single``):
 
 - with ``cluster.gpus_per_node: 2`` on a CPU machine the train stage runs as 2 ranks of this
-  machine (torchrun --standalone, gloo), every other stage in the flow's process; with
-  ``dtensor_cfg.tensor_parallel_size: 2`` (DTensor TP, mesh dp=1 x tp=2) the step equals the
-  one-process flow's within 1e-5, also when a rank is lost (one step: the second, from a
-  checkpoint the ranks wrote, is the two-node run's, data parallel with FSDP2).
+  machine (one torchrun --standalone, gloo, launched by the flow's process), every other
+  stage in the flow's process; with ``dtensor_cfg.tensor_parallel_size: 2`` (DTensor TP,
+  mesh dp=1 x tp=2) each step equals the one-process flow's within 1e-5, also when a rank is
+  lost: the stage runs again on a new group, every rank restarted, which then serves the
+  next iteration with its weights still loaded.
 
 Across 2 "nodes" x 1 rank (``cluster.num_nodes: 2``), each node started by its own stage
 worker of the train pool (two task-worker processes), joined by torchrun's c10d rendezvous on
@@ -132,22 +133,39 @@ def test_train_stage_on_two_local_ranks(
     single: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Tensor parallel over the two ranks; rank 1 is killed in the middle of iteration 0's
-    step: the stage task's retry starts every rank again and the run goes on."""
+    step: the stage runs again with every rank restarted (a new rank group), and that group
+    serves iteration 1 too, launched once for both."""
     monkeypatch.setenv(FAULT_ENV, f"train@0:{KILL_RANK1}")
     tp2 = "policy.dtensor_cfg.tensor_parallel_size=2"
-    run(tmp_path, "ranks", None, "cluster.gpus_per_node=2", tp2, steps=1)
-    expected = stages_of(single, "single", 0)["train"]["metrics"]
-    train = stages_of(tmp_path, "ranks", 0)["train"]
-    assert train["ran_on"]["ranks"] == 2
+    run(tmp_path, "ranks", None, "cluster.gpus_per_node=2", tp2)
     assert "ranks" not in stages_of(single, "single", 0)["train"]["ran_on"]
-    got = train["metrics"]
-    assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
-    assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
-    assert (tmp_path / "runs" / "ranks" / "checkpoints" / "step_000001" / "COMMITTED").exists()
+    rank0 = set()
+    for iteration in (0, 1):
+        expected = stages_of(single, "single", iteration)["train"]["metrics"]
+        train = stages_of(tmp_path, "ranks", iteration)["train"]
+        assert train["ran_on"]["ranks"] == 2
+        got = train["metrics"]
+        assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
+        rank0.add(train["ran_on"]["pid"])
+    assert len(rank0) == 1, f"one rank 0 process trained both iterations: {rank0}"
+    assert (tmp_path / "runs" / "ranks" / "checkpoints" / "step_000002" / "COMMITTED").exists()
     fired = open_storage(RunRef(str(tmp_path), "ranks")).read_rendezvous_note(
         0, "train", FAULT_NOTES, KILL_RANK1
     )
-    assert fired is not None, "rank 1 was killed once, and the retry trained"
+    assert fired is not None and fired["pid"] is not None, "rank 1 was killed once"
+    # the killed group's order failed; the next group took iteration 0's order again, then
+    # iteration 1's, and stopped at the flow run's end
+    orders = task_runs_of("ranks", "stage-ranks/")
+    assert sorted((t.name, t.state.is_completed()) for t in orders) == [
+        ("train-stage-it0", False),
+        ("train-stage-it0", True),
+        ("train-stage-it1", True),
+        ("train-stop-it1", True),
+    ], [(t.name, t.state) for t in orders]
+    logs = logs_of(flow_run_of("sft-ranks").id)
+    again = [line for line in logs if "running it again with every rank restarted" in line]
+    assert len(again) == 1 and "rank 1 was killed by SIGKILL" in again[0], logs
 
 
 def test_two_nodes_each_started_by_a_worker_train_as_one_process(
