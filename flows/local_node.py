@@ -32,7 +32,9 @@ class LocalNode:
         ended: threading.Event,
     ) -> None:
         with get_client(sync_client=True) as client:
-            api_url = str(client.api_url)  # a server's, or the ephemeral one's this process runs
+            # a server's, or the ephemeral one's this process runs; as PREFECT_API_URL is
+            # written (no trailing slash: the task worker's subscription URL appends to it)
+            api_url = str(client.api_url).rstrip("/")
         self.final: State | None = None
         self.ended = ended
         self.thread = threading.Thread(

@@ -154,15 +154,13 @@ def test_train_stage_on_two_local_ranks(
         0, "train", FAULT_NOTES, KILL_RANK1
     )
     assert fired is not None and fired["pid"] is not None, "rank 1 was killed once"
-    # the killed group's order failed; the next group took iteration 0's order again, then
+    # the killed group's order failed (and a stop order sent in case its rank 0 still
+    # served was cancelled, unserved); the next group took iteration 0's order again, then
     # iteration 1's, and stopped at the flow run's end
     orders = task_runs_of("ranks", "stage-ranks/")
-    assert sorted((t.name, t.state.is_completed()) for t in orders) == [
-        ("train-stage-it0", False),
-        ("train-stage-it0", True),
-        ("train-stage-it1", True),
-        ("train-stop-it1", True),
-    ], [(t.name, t.state) for t in orders]
+    done = sorted(t.name for t in orders if t.state.is_completed())
+    assert done == ["train-stage-it0", "train-stage-it1", "train-stop-it1"], orders
+    assert "train-stage-it0" in [t.name for t in orders if not t.state.is_completed()], orders
     logs = logs_of(flow_run_of("sft-ranks").id)
     again = [line for line in logs if "running it again with every rank restarted" in line]
     assert len(again) == 1 and "rank 1 was killed by SIGKILL" in again[0], logs
