@@ -7,7 +7,7 @@ process (``flows.local_node``). The group stays up for the flow run's iterations
 stage from the group's rank 0 as one task run, rank 0 hands the order to every rank and
 commits the stage; the ranks keep the weights loaded in between. The flow run stops its
 groups when it ends (``close_rank_groups``). A group holds its pool's workers while it is up:
-where other stages are placed on the same pool, it ends after each order (``shares_pool``).
+where other stages are placed on the same pool, it ends after each order (``shares_devices``), as it does for one machine's ranks on GPUs.
 
 An attempt is one group: one ``Rendezvous`` (a fresh ``--rdzv-id``) and its ``num_nodes``
 task runs (or its local launch). An iteration orders its stage from the flow run's group if every node of it
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import torch
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled
@@ -411,9 +412,14 @@ def close_rank_groups(run: RunRef) -> None:
         group.stop(iteration)
 
 
-def shares_pool(config: Any, name: str, pool: str | None) -> bool:
-    """Whether another stage is placed on ``pool`` too: a warm group holds every worker it
-    runs on for the flow run, so there it ends after each order instead."""
+def shares_devices(config: Any, name: str, pool: str | None) -> bool:
+    """Whether other stages need what a warm group holds while it is up: the workers of its
+    pool (another stage is placed there too), or, for ranks of the flow's own machine
+    (``pool`` None), its GPUs, where the flow's generation engine and inference stages run
+    beside ranks that keep the model and optimizer resident. There the group ends after each
+    order instead, freeing them (as NeMo RL's colocated workers offload between steps)."""
+    if pool is None:
+        return torch.cuda.is_available()
     return any(p == pool and stage != name for stage, p in config.cluster.placement.items())
 
 
@@ -440,8 +446,8 @@ def run_placed_nodes(
             # a group whose step raises stays registered: the flow run's end stops it
             ordered = group.step(iteration, upstream, watch)
             if ordered:
-                if shares_pool(config, name, pool):
-                    # the pool's other stages need its workers before the next iteration
+                if shares_devices(config, name, pool):
+                    # other stages need its workers or GPUs before the next iteration
                     del _groups[key]
                     group.stop(iteration)
                 else:

@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -45,6 +46,7 @@ from prefect.states import Crashed
 from test_placement_flow import flow_run_of, logs_of, stage_workers
 from transformers import AutoModelForCausalLM
 
+from flows.placed_nodes import shares_devices
 from flows.placement import PlacementError
 from flows.sft import sft
 from nemo_rl_core.storage.handles import RunRef, open_storage
@@ -318,3 +320,18 @@ def test_a_pool_short_of_nodes_is_said_and_fails_naming_the_missing_ranks(
                 "++cluster.rendezvous_timeout_seconds=15",
             )
     assert "train" not in stages_of(tmp_path, "wait", 0)
+
+
+def test_a_group_ends_after_each_step_where_others_need_its_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On one machine's GPUs the flow's generation needs them between steps; on a pool, the
+    other stages placed there need its workers."""
+    config = SimpleNamespace(cluster=SimpleNamespace(placement={"train": POOL}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not shares_devices(config, "train", None)
+    assert not shares_devices(config, "train", POOL)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert shares_devices(config, "train", None)
+    config.cluster.placement["batch"] = POOL
+    assert shares_devices(config, "train", POOL)
