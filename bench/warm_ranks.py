@@ -1,7 +1,10 @@
 """The SFT train stage across 2 "nodes" x 1 rank (two stage workers of one pool, c10d on
-127.0.0.1, gloo), a warm rank group (this checkout) against one torchrun launch and model
-load per iteration (``--before``: a checkout of the code before warm ranks, e.g.
-``git archive 8f9662b | tar -x -C /tmp/before``), side by side on one Prefect server.
+127.0.0.1, gloo), or (``--layout local``) on 2 ranks of this machine launched by the flow
+(``cluster.gpus_per_node=2``, not placed), a warm rank group (this checkout) against one
+torchrun launch and model load per iteration (``--before``: a checkout of the code before
+warm ranks of that layout, e.g. ``git archive 8f9662b | tar -x -C /tmp/before`` for nodes,
+``git archive 1474e1d | tar -x -C /tmp/before-local`` for local), side by side on one
+Prefect server.
 
 Columns: seconds per iteration (median over rounds of each run's median), the train stage's
 own seconds (its manifest ``seconds``: the step and the checkpoint commit, median), the flow
@@ -9,15 +12,17 @@ run's wall time, and each run's iteration gaps.
 
 Both variants run the same command (``python -m flows sft`` of ``sft_tiny.yaml`` with
 ``cluster.num_nodes=2``, ``cluster.placement.train`` on a pool of two fresh stage workers of
-their own checkout), in turn, for ``--rounds`` rounds. Seconds per iteration = from one
+their own checkout; local: ``cluster.gpus_per_node=2``, nothing placed), in turn, for ``--rounds`` rounds. Seconds per iteration = from one
 iteration's train commit to the next's, read from the manifests (iteration 0 pays the first
 launch on both sides and is left out); the flow run's wall time is shown too.
 
 Run:   .venv/bin/python bench/warm_ranks.py --before /tmp/before          (4 steps, 1 round)
+       .venv/bin/python bench/warm_ranks.py --before /tmp/before-local --layout local
 Smoke: .venv/bin/python bench/warm_ranks.py --before /tmp/before --smoke  (not recorded)
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -37,9 +42,11 @@ OVERRIDES = [
     "sft.val_at_start=false",
     "policy.train_global_batch_size=8",
     "policy.train_micro_batch_size=4",
-    "cluster.num_nodes=2",
-    "cluster.gpus_per_node=1",
 ]
+LAYOUTS = {  # the cluster of each layout
+    "nodes": ["cluster.num_nodes=2", "cluster.gpus_per_node=1"],
+    "local": ["cluster.num_nodes=1", "cluster.gpus_per_node=2"],
+}
 
 
 @contextmanager
@@ -71,8 +78,11 @@ def pool_of_two(repo: Path, pool: str, logs: Path, api_url: str) -> Iterator[Non
             proc.wait(60)
 
 
-def measure(repo: Path, steps: int, root: Path, logs: Path, api_url: str) -> dict[str, float]:
-    """One two-node SFT run of ``repo``'s code: its seconds per iteration and wall time."""
+def measure(
+    repo: Path, layout: str, steps: int, root: Path, logs: Path, api_url: str
+) -> dict[str, float]:
+    """One SFT run of ``repo``'s code on ``layout``'s ranks: its seconds per iteration and
+    wall time."""
     from nemo_rl_core.storage.handles import RunRef, open_storage
 
     pool = f"bench-{uuid.uuid4().hex[:6]}"
@@ -89,11 +99,14 @@ def measure(repo: Path, steps: int, root: Path, logs: Path, api_url: str) -> dic
         "--storage-root",
         str(root),
         *OVERRIDES,
+        *LAYOUTS[layout],
         f"sft.max_num_steps={steps}",
-        f"++cluster.placement.train={pool}",
     ]
+    placed = layout == "nodes"
+    if placed:
+        command.append(f"++cluster.placement.train={pool}")
     env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONDONTWRITEBYTECODE": "1"}
-    with pool_of_two(repo, pool, logs, api_url):
+    with pool_of_two(repo, pool, logs, api_url) if placed else contextlib.nullcontext():
         started = time.perf_counter()
         with (logs / f"{run_id}.log").open("w") as log:
             subprocess.run(
@@ -117,6 +130,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=True, help="a checkout of the code before")
     parser.add_argument("--steps", type=int, default=None, help="default 4 (smoke 2)")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="nodes")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     steps = args.steps or (2 if args.smoke else 4)
@@ -132,7 +146,7 @@ def main() -> None:
             api_url = str(PREFECT_API_URL.value())
             for _ in range(args.rounds):
                 for name, repo in variants.items():
-                    got = measure(repo, steps, Path(scratch) / "runs", logs, api_url)
+                    got = measure(repo, args.layout, steps, Path(scratch) / "runs", logs, api_url)
                     print(f"{name}: {got}", flush=True)
                     results[name].append(got)
     lines = [f"{'variant':<26} {'s/iteration':>12} {'train s':>8} {'flow wall s':>12}  gaps (s)"]
@@ -146,13 +160,17 @@ def main() -> None:
     print(table)
     before = statistics.median(r["per_iteration"] for r in results["one launch per iteration"])
     after = statistics.median(r["per_iteration"] for r in results["warm rank group"])
+    where = {
+        "nodes": "2 nodes x 1 rank (two stage workers, gloo on 127.0.0.1)",
+        "local": "2 ranks of this machine launched by the flow (gloo)",
+    }[args.layout]
     reading = (
-        f"{steps} SFT steps of sft_tiny on 2 nodes x 1 rank (two stage workers, gloo on "
-        f"127.0.0.1), {args.rounds} round(s): an iteration after the first takes "
+        f"{steps} SFT steps of sft_tiny on {where}, {args.rounds} round(s): an iteration after the first takes "
         f"{before:.2f} s with a torchrun launch and model load per iteration, {after:.2f} s "
         f"with the warm rank group ({before / after:.1f}x)."
     )
-    record("Warm rank group: two-node SFT seconds per iteration", table, reading, args.smoke)
+    title = {"nodes": "two-node", "local": "one-machine two-rank"}[args.layout]
+    record(f"Warm rank group: {title} SFT seconds per iteration", table, reading, args.smoke)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
-"""A placed stage run across processes (the training stage of ``cluster.num_nodes x
-gpus_per_node`` ranks, with ``cluster.placement.train``): a warm rank group, one node task
-run per node on the stage's pool, each a stage worker's torchrun of that node's ranks,
-joined by torchrun's c10d rendezvous (``nemo_rl_core.distributed.node_launch``). The group
-stays up for the flow run's iterations (``flows.rank_group``): each iteration orders the
+"""A stage run across processes (the training stage of ``cluster.num_nodes x
+gpus_per_node`` ranks) as a warm rank group: placed on a pool (``cluster.placement.train``),
+one node task run per node on the stage's pool, each a stage worker's torchrun of that
+node's ranks, joined by torchrun's c10d rendezvous (``nemo_rl_core.distributed.node_launch``);
+not placed (one node), this machine's ranks, one torchrun launched from the flow's own
+process (``flows.local_node``). The group stays up for the flow run's iterations (``flows.rank_group``): each iteration orders the
 stage from the group's rank 0 as one task run, rank 0 hands the order to every rank and
 commits the stage; the ranks keep the weights loaded in between. The flow run stops its
 groups when it ends (``close_rank_groups``). A group holds its pool's workers while it is up:
-where other stages are placed on the same pool, it ends after each order (``shares_pool``).
+where other stages are placed on the same pool, it ends after each order (``shares_devices``), as it does for one machine's ranks on GPUs.
 
 An attempt is one group: one ``Rendezvous`` (a fresh ``--rdzv-id``) and its ``num_nodes``
-task runs. An iteration orders its stage from the flow run's group if every node of it
+task runs (or its local launch). An iteration orders its stage from the flow run's group if every node of it
 still runs, else from a new one; a node is never run again alone (its peers are gone):
 
 - the order completed: the stage's committed outputs, and the group waits for the next;
@@ -31,12 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import torch
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled
 from prefect.task_runs import TaskRunWaiter
 
 from flows.lease import current_flow_run
+from flows.local_node import LocalNode
 from flows.placement import (
     POLL_S,
     START_WORKER,
@@ -52,7 +55,12 @@ from flows.placement import (
     stored_stage,
     task_run_state,
 )
-from flows.pool_tasks import node_heartbeat_name, pool_tasks, rank_group_key
+from flows.pool_tasks import (
+    node_heartbeat_name,
+    pool_tasks,
+    rank_group_key,
+    rank_group_program,
+)
 from flows.rank_group import IDLE_S, STAGE, STOP, rank_group_task
 from nemo_rl_core.config.cluster import TRAIN_STAGE
 from nemo_rl_core.distributed.node_launch import (
@@ -64,6 +72,7 @@ from nemo_rl_core.distributed.node_launch import (
 from nemo_rl_core.distributed.virtual_cluster import training_world
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.storage.handles import RunRef, open_storage
+from nemo_rl_core.utils.config import ConfigError
 from tasks.stage import STAGE_TASK_OPTIONS, stage_logger
 
 STOP_WAIT_S = 120.0  # how long a flow run's end waits for a stopped group's nodes to end
@@ -104,12 +113,18 @@ def warn_if_pool_is_short(config: Any) -> None:
         )
 
 
+def on_pool(pool: str | None) -> str:
+    """Where a group's nodes run, as messages say it."""
+    return f"on pool {pool!r}" if pool is not None else "on this machine's ranks"
+
+
 @dataclass
 class NodeRun:
-    """One node's task run of an attempt, and what the waiter saw of it."""
+    """One node of an attempt (its task run on the pool, or its launch from this process),
+    and what the waiter saw of it."""
 
     node_rank: int
-    placed: PlacedRun
+    placed: PlacedRun | LocalNode
     started: bool = False  # a worker took it (it ran, or runs)
     final: State | None = None
     lost: str | None = None  # why the waiter declared it lost (its heartbeat stopped)
@@ -117,9 +132,12 @@ class NodeRun:
 
 class Attempt:
     """One attempt of the stage, a warm rank group: its rendezvous, one task run per node on
-    the pool, and the orders sent to its rank 0 (``flows.rank_group``)."""
+    the pool (``pool`` None: its one node launched from this process), and the orders sent
+    to its rank 0 (``flows.rank_group``)."""
 
-    def __init__(self, config: Any, run: RunRef, iteration: int, name: str, pool: str) -> None:
+    def __init__(
+        self, config: Any, run: RunRef, iteration: int, name: str, pool: str | None
+    ) -> None:
         self.run, self.iteration, self.name, self.pool = run, iteration, name, pool
         attempt = f"{run.run_id}-it{iteration}-{name}-{uuid.uuid4().hex[:12]}"
         self.rendezvous = Rendezvous.for_cluster(config, attempt)
@@ -128,29 +146,42 @@ class Attempt:
         self.sent: list[UUID] = []  # the orders' task runs
         self.wait_s = float(config.cluster.placement_wait_seconds)
         self.ended = threading.Event()
-        given = {"run": run, "iteration": iteration, "name": name, "orders": self.orders}
-        task = pool_tasks(pool).node
-        self.nodes: list[NodeRun] = []
-        for node_rank in range(self.rendezvous.nnodes):
-            placed: PlacedTask[None] = PlacedTask(
-                task,
-                {
-                    **given,
-                    "node_rank": node_rank,
-                    "rendezvous": self.rendezvous,
-                    "storage_block": flow_run_block(),
-                },
-                node_heartbeat_name(name, node_rank, self.rendezvous.nnodes),
-                self.node_label(node_rank),
-                lambda: None,  # a node commits nothing itself: its group's orders do
-            )
-            self.nodes.append(
-                NodeRun(
-                    node_rank,
-                    PlacedRun(placed, run, iteration, pool, self.wait_s, self.ended),
-                )
-            )
+        if pool is None:
+            self.nodes = [self.local_node()]
+        else:
+            self.nodes = [self.pool_node(pool, node) for node in range(self.rendezvous.nnodes)]
         self.submitted_at = time.monotonic()
+
+    def local_node(self) -> NodeRun:
+        """The group's one node, this machine's ranks, launched from this process."""
+        if self.rendezvous.nnodes > 1:
+            raise ConfigError(
+                f"cluster.num_nodes={self.rendezvous.nnodes}: stage {self.name!r} spans "
+                f"{self.rendezvous.nnodes} machines, and runs here only on this one: place it "
+                f"on a pool (cluster.placement.{self.name}) whose workers each launch one node"
+            )
+        program = rank_group_program(self.run, self.orders)
+        return NodeRun(0, LocalNode(program, self.rendezvous, self.notes, self.ended), True)
+
+    def pool_node(self, pool: str, node_rank: int) -> NodeRun:
+        """Node ``node_rank``'s task run on ``pool``, submitted now."""
+        placed: PlacedTask[None] = PlacedTask(
+            pool_tasks(pool).node,
+            {
+                "run": self.run,
+                "iteration": self.iteration,
+                "name": self.name,
+                "orders": self.orders,
+                "node_rank": node_rank,
+                "rendezvous": self.rendezvous,
+                "storage_block": flow_run_block(),
+            },
+            node_heartbeat_name(self.name, node_rank, self.rendezvous.nnodes),
+            self.node_label(node_rank),
+            lambda: None,  # a node commits nothing itself: its group's orders do
+        )
+        run = PlacedRun(placed, self.run, self.iteration, pool, self.wait_s, self.ended)
+        return NodeRun(node_rank, run)
 
     def order(self, kind: str, iteration: int, upstream: dict[str, StageRef]) -> UUID:
         """Send the group an order (``flows.rank_group``: STAGE or STOP); its task run."""
@@ -167,7 +198,7 @@ class Attempt:
         self.sent.append(order)
         return order
 
-    def step(self, iteration: int, upstream: dict[str, StageRef], watch: PoolWatch) -> bool:
+    def step(self, iteration: int, upstream: dict[str, StageRef], watch: PoolWatch | None) -> bool:
         """Order the stage of ``iteration`` from ``upstream``: True once the order completed
         (rank 0 committed the stage), False once the group ended first or the order failed
         (the group then ends: ``wait`` for it); raises ``PlacementError`` once a node was not
@@ -177,7 +208,8 @@ class Attempt:
         while True:
             check = time.monotonic() - checked_at >= POLL_S
             if check:
-                watch.check()
+                if watch is not None:
+                    watch.check()
                 checked_at = time.monotonic()
             self.ended.clear()
             state = task_run_state(order, check)
@@ -245,14 +277,15 @@ class Attempt:
             f"{self.rendezvous.attempt})"
         )
 
-    def wait(self, watch: PoolWatch) -> None:
+    def wait(self, watch: PoolWatch | None) -> None:
         """Until every node's task run ended; raises ``PlacementError`` once a node was
         not started by a worker within ``placement_wait_seconds`` (cancelling it)."""
         checked_at = time.monotonic()
         while any(node.final is None for node in self.nodes):
             check = time.monotonic() - checked_at >= POLL_S
             if check:
-                watch.check()
+                if watch is not None:
+                    watch.check()
                 checked_at = time.monotonic()
             self.ended.clear()
             for node in self.nodes:
@@ -273,7 +306,7 @@ class Attempt:
         if state.is_final():
             node.final, node.started = state, True
             return
-        if state.is_running():
+        if state.is_running() and isinstance(node.placed, PlacedRun):
             node.started = True
             silent = node.placed.heartbeat.silent_for()
             if silent is not None:
@@ -285,20 +318,25 @@ class Attempt:
     def cancel_unstarted(self, why: str) -> None:
         """Cancel the nodes no worker started yet (a worker then skips them; one that took
         it already finds the attempt ended and joins nothing)."""
-        waiting = [node for node in self.nodes if node.final is None and not node.started]
+        waiting = [
+            (node, node.placed)
+            for node in self.nodes
+            if node.final is None and not node.started and isinstance(node.placed, PlacedRun)
+        ]
         if not waiting:
             return
         with get_client(sync_client=True) as client:
-            for node in waiting:
+            for node, placed in waiting:
                 node.final = Cancelled(message=why)
-                client.set_task_run_state(node.placed.task_run_id, node.final, force=True)
+                client.set_task_run_state(placed.task_run_id, node.final, force=True)
 
     def unserved(self) -> PlacementError:
+        assert self.pool is not None, "a group's local node is started as it is made"
         missing = [node.node_rank for node in self.nodes if not node.started]
         with get_client(sync_client=True) as client:
             workers = live_workers(client, self.pool)
         message = (
-            f"stage {self.name!r} of iteration {self.iteration} on pool {self.pool!r}: "
+            f"stage {self.name!r} of iteration {self.iteration} {on_pool(self.pool)}: "
             f"no stage worker of the pool started node(s) {missing} ("
             + ", ".join(ranks_of(node, self.rendezvous.nproc_per_node) for node in missing)
             + f" of world size {self.rendezvous.world_size}) within "
@@ -340,7 +378,7 @@ _groups: dict[tuple[RunRef, str | None, str], tuple[Attempt, int]] = {}
 
 
 def warm_group(
-    config: Any, run: RunRef, iteration: int, name: str, pool: str, watch: PoolWatch
+    config: Any, run: RunRef, iteration: int, name: str, pool: str | None, watch: PoolWatch | None
 ) -> Attempt:
     """This flow run's rank group of stage ``name`` if every node of it still runs, else a
     new one (the old one's end is said: it stopped on its own, or lost a node, while the
@@ -374,9 +412,14 @@ def close_rank_groups(run: RunRef) -> None:
         group.stop(iteration)
 
 
-def shares_pool(config: Any, name: str, pool: str) -> bool:
-    """Whether another stage is placed on ``pool`` too: a warm group holds every worker it
-    runs on for the flow run, so there it ends after each order instead."""
+def shares_devices(config: Any, name: str, pool: str | None) -> bool:
+    """Whether other stages need what a warm group holds while it is up: the workers of its
+    pool (another stage is placed there too), or, for ranks of the flow's own machine
+    (``pool`` None), its GPUs, where the flow's generation engine and inference stages run
+    beside ranks that keep the model and optimizer resident. There the group ends after each
+    order instead, freeing them (as NeMo RL's colocated workers offload between steps)."""
+    if pool is None:
+        return torch.cuda.is_available()
     return any(p == pool and stage != name for stage, p in config.cluster.placement.items())
 
 
@@ -385,17 +428,17 @@ def run_placed_nodes(
     run: RunRef,
     iteration: int,
     name: str,
-    pool: str,
+    pool: str | None,
     upstream: dict[str, StageRef],
     inputs: dict[str, str],
 ) -> StageRef:
-    """Stage ``name`` across ``cluster.num_nodes`` nodes of ``pool`` (see the module
-    docstring); its committed outputs."""
+    """Stage ``name`` across ``cluster.num_nodes`` nodes of ``pool``, or this machine's ranks
+    (``pool`` None; see the module docstring); its committed outputs."""
     storage = open_storage(run)
-    watch = PoolWatch.of(pool)
+    watch = PoolWatch.of(pool) if pool is not None else None
     attempts = int(STAGE_TASK_OPTIONS["retries"]) + 1
     restartable: list[NodeEnd] = []
-    where = f"stage {name!r} of iteration {iteration} on pool {pool!r}"
+    where = f"stage {name!r} of iteration {iteration} {on_pool(pool)}"
     key = (run, current_flow_run(), name)
     try:
         for number in range(1, attempts + 1):
@@ -403,8 +446,8 @@ def run_placed_nodes(
             # a group whose step raises stays registered: the flow run's end stops it
             ordered = group.step(iteration, upstream, watch)
             if ordered:
-                if shares_pool(config, name, pool):
-                    # the pool's other stages need its workers before the next iteration
+                if shares_devices(config, name, pool):
+                    # other stages need its workers or GPUs before the next iteration
                     del _groups[key]
                     group.stop(iteration)
                 else:
@@ -452,9 +495,10 @@ def run_placed_nodes(
                     "; ".join(end.message for end in restartable),
                 )
     finally:
-        watch.settle()
+        if watch is not None:
+            watch.settle()
     raise PlacementError(
-        f"stage {name!r} of iteration {iteration} on pool {pool!r}: {attempts} attempts lost "
+        f"{where}: {attempts} attempts lost "
         "a rank or node, or did not all meet; the last: "
         + "; ".join(end.message for end in restartable)
     )

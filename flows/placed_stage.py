@@ -1,6 +1,7 @@
 """A stage where ``cluster.placement`` puts it: task runs of its pool's stage workers (its
 shards first where it fans out, one task run per node where it trains across machines), or
-task runs in this process. The dispatch sits above both kinds of placed job
+task runs in this process (the training stage of several ranks: a warm rank group of this
+machine's ranks, ``flows.placed_nodes``). The dispatch sits above both kinds of placed job
 (``flows.placement``, ``flows.placed_nodes``), which it chooses between."""
 
 from functools import partial
@@ -22,7 +23,7 @@ from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import shard_part, split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.stage import run_stage_tasks, stage_inputs
+from tasks.stage import run_stage_tasks, stage_inputs, stage_logger
 
 
 def run_placed_stage(
@@ -31,11 +32,13 @@ def run_placed_stage(
     """Stage ``name`` where ``cluster.placement`` puts it: task runs of its pool's stage
     workers (its shards first, where it fans out), or task runs in this process."""
     pool = placed_pool(config, name)
-    if pool is None:
-        return run_stage_tasks(config, run, iteration, name, upstream)
     runtime = runtime_for(run)
     storage = open_storage(run)
     spec = runtime.pipeline.stage(name)
+    if pool is None:
+        if runs_across_ranks(config, spec.commits):
+            return run_local_ranks(config, run, iteration, name, upstream)
+        return run_stage_tasks(config, run, iteration, name, upstream)
     tasks = pool_tasks(pool)
     given = {"run": run, "iteration": iteration, "name": name, "storage_block": flow_run_block()}
     count = config.orchestration.fan_out.get(split_round(name)[0], 1)
@@ -75,3 +78,22 @@ def run_placed_stage(
     )
     [ref] = run_job(config, run, iteration, pool, [merged])
     return ref
+
+
+def run_local_ranks(
+    config: Any, run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]
+) -> StageRef:
+    """The training stage on this machine's ``cluster.gpus_per_node`` ranks: ordered from
+    the flow run's warm rank group, started by this process once for the flow run; skipped
+    where the manifest holds it complete for the same inputs."""
+    runtime = runtime_for(run)
+    inputs = stage_inputs(runtime, runtime.pipeline.stage(name), iteration, upstream)
+    if (entry := open_storage(run).completed_stage(iteration, name, inputs)) is not None:
+        stage_logger().info(
+            "run %s iteration %d stage %s: complete with these inputs, skipped",
+            run.run_id,
+            iteration,
+            name,
+        )
+        return StageRef(entry.outputs)
+    return run_placed_nodes(config, run, iteration, name, None, upstream, inputs)

@@ -173,11 +173,26 @@ def run_shard_here(
     )
 
 
-def rank_group_key(pool: str, attempt: str) -> str:
+def rank_group_key(pool: str | None, attempt: str) -> str:
     """The task key rank 0 of one warm rank group (one attempt of a stage across nodes of
-    ``pool``) serves, and the iteration flow submits its orders with:
-    ``stage-ranks@train-pool/<attempt>``."""
-    return f"stage-ranks@{pool}/{attempt}"
+    ``pool``, or across this machine's ranks: ``pool`` None) serves, and the iteration flow
+    submits its orders with: ``stage-ranks@train-pool/<attempt>``, ``stage-ranks/<attempt>``."""
+    return f"stage-ranks@{pool}/{attempt}" if pool is not None else f"stage-ranks/{attempt}"
+
+
+def rank_group_program(run: RunRef, orders: str) -> list[str]:
+    """What torchrun starts on every rank of a warm rank group of ``run`` serving the task
+    key ``orders`` (``python``'s arguments), naming the flow run that orders it."""
+    program = [
+        "-m",
+        "flows.rank_group",
+        f"--run-id={run.run_id}",
+        f"--storage-root={run.storage_root}",
+        f"--orders={orders}",
+    ]
+    if (flow_run := current_flow_run()) is not None:
+        program.append(f"--flow-run={flow_run}")
+    return program
 
 
 def run_node_here(
@@ -195,15 +210,7 @@ def run_node_here(
     (``flows.rank_group``), or until the iteration flow run that ordered it has ended;
     returns once they ended. No stage timeout here: the group
     outlives one stage, and its rank 0 applies the timeout to each order."""
-    program = [
-        "-m",
-        "flows.rank_group",
-        f"--run-id={run.run_id}",
-        f"--storage-root={run.storage_root}",
-        f"--orders={orders}",
-    ]
-    if (flow_run := current_flow_run()) is not None:
-        program.append(f"--flow-run={flow_run}")
+    program = rank_group_program(run, orders)
     beat = node_heartbeat_name(name, node_rank, rendezvous.nnodes)
     notes = RendezvousNotes(open_storage(run), iteration, name, rendezvous.attempt)
     run_here(

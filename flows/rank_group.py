@@ -1,9 +1,10 @@
 """A warm rank group: one torchrun per node whose ranks stay up for every iteration of one
-flow run's stage across nodes (``flows.placed_nodes``), so that an iteration pays its step,
+flow run's stage across processes (``flows.placed_nodes``), so that an iteration pays its step,
 not a torchrun launch and a model load on every rank.
 
 ``python -m flows.rank_group`` is what torchrun starts on every rank of a group (the node
-task a pool's stage worker runs: ``flows.pool_tasks.run_node_here``). Each rank joins the
+task a pool's stage worker runs: ``flows.pool_tasks.run_node_here``; for this machine's
+ranks, the flow's own process: ``flows.local_node``). Each rank joins the
 world (``init_rank``) and opens the run's runtime; then
 
 - rank 0 is a Prefect task worker (``StageTaskWorker``) of the group's own task key
@@ -139,7 +140,7 @@ def order_ranks(
     if _server is None or _server.run != run:
         raise RuntimeError(
             f"an order to a rank group of run {run.run_id} runs in that group's rank 0 only "
-            "(python -m flows.rank_group, started by the run's node tasks)"
+            "(python -m flows.rank_group, started by the run's node tasks or its flow)"
         )
     _server.carry_out(Order(kind, iteration, name, upstream))
 

@@ -8,10 +8,10 @@ holds a complete entry for the same inputs, its stored outputs are returned and 
 recomputed (a failed flow run, run again with the same run_id, continues at the failed
 stage); otherwise the stage computes, writes each output atomically and records it.
 
-The training stage of a world above one rank runs SPMD instead (``spmd_stage``): every rank
-runs ``tasks.spmd_rank``, started by torchrun on this machine (``launch_stage_node``); rank 0
-commits the stage as ``run_stage`` does. Placed on a pool across nodes, the ranks stay up
-for the flow run instead (``flows.rank_group``).
+The training stage of a world above one rank runs SPMD instead, on ranks that stay up for
+the flow run (``flows.rank_group``, ordered by ``flows.placed_nodes``); rank 0 commits the
+stage as ``run_stage`` does. ``launch_stage_node`` starts one node's ranks for one stage
+attempt only (``tasks.spmd_rank``).
 """
 
 import json
@@ -20,7 +20,6 @@ import os
 import socket
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -34,7 +33,6 @@ from prefect.futures import wait
 from prefect.task_engine import TaskRunTimeoutError
 
 from nemo_rl_core.distributed.node_launch import Rendezvous, RendezvousNotes, launch_node
-from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks
 from nemo_rl_core.distributed.world import is_distributed
 from nemo_rl_core.pipeline.context import BATCH, StageContext, StageRef, StageResult
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
@@ -43,7 +41,6 @@ from nemo_rl_core.storage.handles import RunRef, open_storage
 from nemo_rl_core.storage.manifest import RanOn
 from nemo_rl_core.storage.outage import StorageUnreachableError
 from nemo_rl_core.storage.run_storage import IntegrityError, StorageError
-from nemo_rl_core.utils.config import ConfigError
 from tasks.faults import StageFaults
 
 T = TypeVar("T")
@@ -263,30 +260,6 @@ def launch_stage_node(
         launch_node(program, node_rank, rendezvous, notes, log_path=log_path)
 
 
-@task(name="stage", task_run_name="{name}-it{iteration}", **STAGE_TASK_OPTIONS)
-def spmd_stage(run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]) -> StageRef:
-    """Stage ``name`` on this machine's ``cluster.gpus_per_node`` ranks (torchrun
-    ``--standalone``). A lost rank fails the attempt; Prefect's retry starts a new one,
-    which restarts every rank."""
-    runtime = runtime_for(run)
-    inputs = stage_inputs(runtime, runtime.pipeline.stage(name), iteration, upstream)
-    storage = open_storage(run)
-    if (entry := storage.completed_stage(iteration, name, inputs)) is None:
-        attempt = f"{run.run_id}-it{iteration}-{name}-{uuid.uuid4().hex[:12]}"
-        rendezvous = Rendezvous.for_cluster(runtime.config, attempt)
-        if rendezvous.nnodes > 1:
-            raise ConfigError(
-                f"cluster.num_nodes={rendezvous.nnodes}: stage {name!r} spans "
-                f"{rendezvous.nnodes} machines, and runs here only on this one: place it on a "
-                f"pool (cluster.placement.{name}) whose workers each launch one node"
-            )
-        launch_stage_node(run, iteration, name, upstream, 0, rendezvous)
-        entry = storage.read_manifest(iteration).complete(name)
-        if entry is None:
-            raise RuntimeError(f"stage {name!r}: its ranks ended without committing it")
-    return StageRef(entry.outputs)
-
-
 def shards_in(upstream: Mapping[str, StageRef]) -> list[str]:
     return [name for name in upstream if name.startswith(SHARD_PREFIX)]
 
@@ -304,10 +277,8 @@ def run_stage_tasks(
 ) -> StageRef:
     """Stage ``name`` as task runs: where ``orchestration.fan_out`` splits it, its shards
     first, concurrently (all of them finish, or fail, before the merge; a run continued
-    after a failed shard computes that shard alone), then the stage that merges them. The
-    training stage of a world above one rank runs on this machine's ranks (``spmd_stage``)."""
-    if runs_across_ranks(config, runtime_for(run).pipeline.stage(name).commits):
-        return stage_task_for(config, name, spmd_stage)(run, iteration, name, upstream)
+    after a failed shard computes that shard alone), then the stage that merges them. (The
+    training stage of a world above one rank runs on ranks: ``flows.placed_stage``.)"""
     count = config.orchestration.fan_out.get(split_round(name)[0], 1)
     if count > 1:
         shard_task = stage_task_for(config, name, stage_shard)

@@ -2,10 +2,11 @@
 (made once, ``single``):
 
 - with ``cluster.gpus_per_node: 2`` on a CPU machine the train stage runs as 2 ranks of this
-  machine (torchrun --standalone, gloo), every other stage in the flow's process; with
-  ``dtensor_cfg.tensor_parallel_size: 2`` (DTensor TP, mesh dp=1 x tp=2) the step equals the
-  one-process flow's within 1e-5, also when a rank is lost (one step: the second, from a
-  checkpoint the ranks wrote, is the two-node run's, data parallel with FSDP2).
+  machine (one torchrun --standalone, gloo, launched by the flow's process), every other
+  stage in the flow's process; with ``dtensor_cfg.tensor_parallel_size: 2`` (DTensor TP,
+  mesh dp=1 x tp=2) each step equals the one-process flow's within 1e-5, also when a rank is
+  lost: the stage runs again on a new group, every rank restarted, which then serves the
+  next iteration with its weights still loaded.
 
 Across 2 "nodes" x 1 rank (``cluster.num_nodes: 2``), each node started by its own stage
 worker of the train pool (two task-worker processes), joined by torchrun's c10d rendezvous on
@@ -33,6 +34,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -44,6 +46,7 @@ from prefect.states import Crashed
 from test_placement_flow import flow_run_of, logs_of, stage_workers
 from transformers import AutoModelForCausalLM
 
+from flows.placed_nodes import shares_devices
 from flows.placement import PlacementError
 from flows.sft import sft
 from nemo_rl_core.storage.handles import RunRef, open_storage
@@ -132,22 +135,37 @@ def test_train_stage_on_two_local_ranks(
     single: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Tensor parallel over the two ranks; rank 1 is killed in the middle of iteration 0's
-    step: the stage task's retry starts every rank again and the run goes on."""
+    step: the stage runs again with every rank restarted (a new rank group), and that group
+    serves iteration 1 too, launched once for both."""
     monkeypatch.setenv(FAULT_ENV, f"train@0:{KILL_RANK1}")
     tp2 = "policy.dtensor_cfg.tensor_parallel_size=2"
-    run(tmp_path, "ranks", None, "cluster.gpus_per_node=2", tp2, steps=1)
-    expected = stages_of(single, "single", 0)["train"]["metrics"]
-    train = stages_of(tmp_path, "ranks", 0)["train"]
-    assert train["ran_on"]["ranks"] == 2
+    run(tmp_path, "ranks", None, "cluster.gpus_per_node=2", tp2)
     assert "ranks" not in stages_of(single, "single", 0)["train"]["ran_on"]
-    got = train["metrics"]
-    assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
-    assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
-    assert (tmp_path / "runs" / "ranks" / "checkpoints" / "step_000001" / "COMMITTED").exists()
+    rank0 = set()
+    for iteration in (0, 1):
+        expected = stages_of(single, "single", iteration)["train"]["metrics"]
+        train = stages_of(tmp_path, "ranks", iteration)["train"]
+        assert train["ran_on"]["ranks"] == 2
+        got = train["metrics"]
+        assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5)
+        rank0.add(train["ran_on"]["pid"])
+    assert len(rank0) == 1, f"one rank 0 process trained both iterations: {rank0}"
+    assert (tmp_path / "runs" / "ranks" / "checkpoints" / "step_000002" / "COMMITTED").exists()
     fired = open_storage(RunRef(str(tmp_path), "ranks")).read_rendezvous_note(
         0, "train", FAULT_NOTES, KILL_RANK1
     )
-    assert fired is not None, "rank 1 was killed once, and the retry trained"
+    assert fired is not None and fired["pid"] is not None, "rank 1 was killed once"
+    # the killed group's order failed (and a stop order sent in case its rank 0 still
+    # served was cancelled, unserved); the next group took iteration 0's order again, then
+    # iteration 1's, and stopped at the flow run's end
+    orders = task_runs_of("ranks", "stage-ranks/")
+    done = sorted(t.name for t in orders if t.state.is_completed())
+    assert done == ["train-stage-it0", "train-stage-it1", "train-stop-it1"], orders
+    assert "train-stage-it0" in [t.name for t in orders if not t.state.is_completed()], orders
+    logs = logs_of(flow_run_of("sft-ranks").id)
+    again = [line for line in logs if "running it again with every rank restarted" in line]
+    assert len(again) == 1 and "rank 1 was killed by SIGKILL" in again[0], logs
 
 
 def test_two_nodes_each_started_by_a_worker_train_as_one_process(
@@ -302,3 +320,18 @@ def test_a_pool_short_of_nodes_is_said_and_fails_naming_the_missing_ranks(
                 "++cluster.rendezvous_timeout_seconds=15",
             )
     assert "train" not in stages_of(tmp_path, "wait", 0)
+
+
+def test_a_group_ends_after_each_step_where_others_need_its_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On one machine's GPUs the flow's generation needs them between steps; on a pool, the
+    other stages placed there need its workers."""
+    config = SimpleNamespace(cluster=SimpleNamespace(placement={"train": POOL}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not shares_devices(config, "train", None)
+    assert not shares_devices(config, "train", POOL)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert shares_devices(config, "train", None)
+    config.cluster.placement["batch"] = POOL
+    assert shares_devices(config, "train", POOL)
