@@ -198,6 +198,16 @@ class Attempt:
         self.sent.append(order)
         return order
 
+    @staticmethod
+    def tick(watch: PoolWatch | None, checked_at: float) -> tuple[bool, float]:
+        """Whether this pass of a wait reads the server (once a ``POLL_S``, asking the pool
+        whether it has a live worker too), and when it last did."""
+        if time.monotonic() - checked_at < POLL_S:
+            return False, checked_at
+        if watch is not None:
+            watch.check()
+        return True, time.monotonic()
+
     def step(self, iteration: int, upstream: dict[str, StageRef], watch: PoolWatch | None) -> bool:
         """Order the stage of ``iteration`` from ``upstream``: True once the order completed
         (rank 0 committed the stage), False once the group ended first or the order failed
@@ -206,11 +216,7 @@ class Attempt:
         order = self.order(STAGE, iteration, upstream)
         checked_at = time.monotonic()
         while True:
-            check = time.monotonic() - checked_at >= POLL_S
-            if check:
-                if watch is not None:
-                    watch.check()
-                checked_at = time.monotonic()
+            check, checked_at = self.tick(watch, checked_at)
             self.ended.clear()
             state = task_run_state(order, check)
             if state is not None and state.is_final():
@@ -282,11 +288,7 @@ class Attempt:
         not started by a worker within ``placement_wait_seconds`` (cancelling it)."""
         checked_at = time.monotonic()
         while any(node.final is None for node in self.nodes):
-            check = time.monotonic() - checked_at >= POLL_S
-            if check:
-                if watch is not None:
-                    watch.check()
-                checked_at = time.monotonic()
+            check, checked_at = self.tick(watch, checked_at)
             self.ended.clear()
             for node in self.nodes:
                 if node.final is None:
