@@ -1,13 +1,18 @@
 """prefect.yaml against the declarations: every declared algorithm is deployed, no
 deployment runs a flow that no declaration knows, every entrypoint loads as Prefect loads it,
-and each deployment's example config validates as its algorithm's config."""
+and each deployment's example config validates as its algorithm's config.
 
-import json
-import subprocess
+The entrypoints load in this process, as Prefect's loader runs them (each script executed as
+a module of its own): the flows they import are this process's already. A cold process that
+loads ``flows/grpo.py:grpo`` first is the stack's worker's (tests/stack, tests/reliability).
+"""
+
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+from prefect.flows import load_flow_from_entrypoint
 
 from nemo_rl_core.pipeline.algorithm_configs import ALGORITHM_CONFIGS
 from nemo_rl_core.utils.config import load_config_file
@@ -15,23 +20,33 @@ from nemo_rl_core.utils.config import load_config_file
 REPO = Path(__file__).resolve().parents[2]
 # The project's flows that are not an algorithm's: they act on the runs of any.
 OTHER_FLOWS = {"chain", "rerun-stage", "verify-run", "stage"}
-LOAD_FLOWS = (
-    "import json, yaml\n"
-    "from prefect.flows import load_flow_from_entrypoint\n"
-    "spec = yaml.safe_load(open('prefect.yaml'))\n"
-    "print(json.dumps([\n"
-    "    load_flow_from_entrypoint(d['entrypoint'], use_placeholder_flow=False).name\n"
-    "    for d in spec['deployments']]))\n"
-)
 
 
-def test_prefect_yaml_deploys_every_declared_algorithm_and_no_unknown_one() -> None:
+def entrypoint_flows(entrypoints: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the flow each entrypoint loads, loaded from the repository root as a
+    deployment's working directory has it. Prefect's loader leaves each script's module in
+    ``sys.modules`` and its folder first on ``sys.path``: both are undone after, so that the
+    rest of this process imports as before (the modules the scripts imported stay)."""
+    monkeypatch.chdir(REPO)
+    path, modules = list(sys.path), set(sys.modules)
+    scripts = {str(REPO / entrypoint.rsplit(":", 1)[0]) for entrypoint in entrypoints}
+    try:
+        return [
+            load_flow_from_entrypoint(entrypoint, use_placeholder_flow=False).name
+            for entrypoint in entrypoints
+        ]
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            if getattr(sys.modules[name], "__file__", None) in scripts:
+                del sys.modules[name]
+
+
+def test_prefect_yaml_deploys_every_declared_algorithm_and_no_unknown_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
-    done = subprocess.run(
-        [sys.executable, "-c", LOAD_FLOWS], cwd=REPO, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr
-    flows = json.loads(done.stdout.splitlines()[-1])
+    flows = entrypoint_flows([d["entrypoint"] for d in deployments], monkeypatch)
     algorithms = set(ALGORITHM_CONFIGS)
     missing = algorithms - set(flows)
     assert not missing, f"declared algorithms without a deployment: {sorted(missing)}"
