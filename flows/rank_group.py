@@ -11,15 +11,15 @@ world (``init_rank``) and opens the run's runtime; then
   (``rank_group_key``): the iteration flow orders each iteration's stage as one task run of
   that key (``Task.apply_async``), and the group's end with one more;
 - rank 0's task run hands its order to every rank (``broadcast_object_list`` on a gloo group
-  whose timeout covers the wait between orders), every rank runs the stage as a one-shot
-  rank does (``tasks.spmd_rank.run_rank_stage``: rank 0 commits it, under the stage's
+  whose timeout covers the wait between orders), every rank runs its part of the stage
+  (``tasks.spmd_rank.run_rank_stage``: rank 0 commits it, under the stage's
   ``orchestration.stage_timeout_seconds``), and the task run completes once all are done;
 - the weights stay loaded between orders: the runtime knows which step it holds
   (``RunRuntime.policy_for_update``), as the one-process flow's does.
 
 An order that raises on a rank ends that rank, and through the collectives its peers wait in,
 every rank: the group is gone, the order's task run failed, and the flow starts a new group
-(a new attempt) or fails as a one-shot launch would. A flow run that died without stopping
+(a new attempt) or fails the stage. A flow run that died without stopping
 its group leaves it idle: rank 0 stops it once Prefect holds that flow run ended (asked
 every ``FLOW_RUN_CHECK_S``: a work pool's worker marks a flow run whose process died
 ``Crashed``), or once no order came for ``IDLE_S``, freeing its stage workers.

@@ -6,7 +6,10 @@
   stage in the flow's process; with ``dtensor_cfg.tensor_parallel_size: 2`` (DTensor TP,
   mesh dp=1 x tp=2) each step equals the one-process flow's within 1e-5, also when a rank is
   lost: the stage runs again on a new group, every rank restarted, which then serves the
-  next iteration with its weights still loaded.
+  next iteration with its weights still loaded;
+- with the Megatron backend the two ranks train data parallel (dp=2), each step equal to the
+  one-process DTensor flow's within 1e-5; rank 0 gathers both ranks' optimizer state into
+  the checkpoint.
 
 Across 2 "nodes" x 1 rank (``cluster.num_nodes: 2``), each node started by its own stage
 worker of the train pool (two task-worker processes), joined by torchrun's c10d rendezvous on
@@ -166,6 +169,36 @@ def test_train_stage_on_two_local_ranks(
     logs = logs_of(flow_run_of("sft-ranks").id)
     again = [line for line in logs if "running it again with every rank restarted" in line]
     assert len(again) == 1 and "rank 1 was killed by SIGKILL" in again[0], logs
+
+
+@pytest.mark.megatron
+def test_megatron_on_two_local_ranks(single: Path, tmp_path: Path) -> None:
+    """One process of either backend takes the same first step (fp32, AdamW at the DTensor
+    run's constant LR; their grad norms differ by ~2e-6 here); the group's ranks keep
+    Megatron's model and optimizer for the second, whose grad norm the two backends' first
+    updates, a rounding apart, move by ~4e-5."""
+    megatron = (
+        "policy.megatron_cfg.enabled=true",
+        "policy.dtensor_cfg.enabled=false",
+        "policy.megatron_cfg.optimizer.lr=0.001",
+        "policy.megatron_cfg.scheduler.lr_warmup_iters=0",
+    )
+    run(tmp_path, "megatron", None, "cluster.gpus_per_node=2", *megatron)
+    rank0 = set()
+    for iteration in (0, 1):
+        expected = stages_of(single, "single", iteration)["train"]["metrics"]
+        train = stages_of(tmp_path, "megatron", iteration)["train"]
+        got = train["metrics"]
+        assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5 * 10**iteration)
+        assert got["global_valid_toks"] == expected["global_valid_toks"]
+        assert train["ran_on"]["ranks"] == 2
+        rank0.add(train["ran_on"]["pid"])
+    assert len(rank0) == 1, f"one rank group trained both iterations: {rank0}"
+    checkpoint = checkpoint_dir(tmp_path, "megatron", 2)
+    AutoModelForCausalLM.from_pretrained(checkpoint)
+    optimizer_files = sorted(p.name for p in (checkpoint / "optimizer").iterdir())
+    assert optimizer_files == ["optim_tp0_dp0.pt", "optim_tp0_dp1.pt"]  # both ranks', by rank 0
 
 
 def test_two_nodes_each_started_by_a_worker_train_as_one_process(
