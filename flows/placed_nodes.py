@@ -51,6 +51,7 @@ from flows.placement import (
     flow_run_block,
     live_workers,
     mark_task_run_crashed,
+    on_pool,
     placed_pool,
     stored_stage,
     task_run_state,
@@ -111,11 +112,6 @@ def warn_if_pool_is_short(config: Any) -> None:
             config.cluster.placement_wait_seconds,
             START_WORKER.format(pool=pool),
         )
-
-
-def on_pool(pool: str | None) -> str:
-    """Where a group's nodes run, as messages say it."""
-    return f"on pool {pool!r}" if pool is not None else "on this machine's ranks"
 
 
 @dataclass
