@@ -62,7 +62,7 @@ from flows.pool_tasks import (
     rank_group_key,
     rank_group_program,
 )
-from flows.rank_group import IDLE_S, STAGE, STOP, rank_group_task
+from flows.rank_group import STAGE, STOP, idle_seconds, rank_group_task
 from nemo_rl_core.config.cluster import TRAIN_STAGE
 from nemo_rl_core.distributed.node_launch import (
     NodeEnd,
@@ -141,6 +141,7 @@ class Attempt:
         self.orders = rank_group_key(pool, attempt)
         self.sent: list[UUID] = []  # the orders' task runs
         self.wait_s = float(config.cluster.placement_wait_seconds)
+        self.idle_s = idle_seconds()  # its ranks stop on their own after this without orders
         self.ended = threading.Event()
         if pool is None:
             self.nodes = [self.local_node()]
@@ -156,7 +157,7 @@ class Attempt:
                 f"{self.rendezvous.nnodes} machines, and runs here only on this one: place it "
                 f"on a pool (cluster.placement.{self.name}) whose workers each launch one node"
             )
-        program = rank_group_program(self.run, self.orders)
+        program = rank_group_program(self.run, self.orders, self.idle_s)
         return NodeRun(0, LocalNode(program, self.rendezvous, self.notes, self.ended), True)
 
     def pool_node(self, pool: str, node_rank: int) -> NodeRun:
@@ -168,6 +169,7 @@ class Attempt:
                 "iteration": self.iteration,
                 "name": self.name,
                 "orders": self.orders,
+                "idle_s": self.idle_s,
                 "node_rank": node_rank,
                 "rendezvous": self.rendezvous,
                 "storage_block": flow_run_block(),
@@ -259,7 +261,7 @@ class Attempt:
                 self.name,
                 self.rendezvous.attempt,
                 STOP_WAIT_S,
-                IDLE_S,
+                self.idle_s,
             )
         self.cancel_orders("its rank group ended")
 
@@ -460,7 +462,7 @@ def run_placed_nodes(
             unstarted = group.unstarted(ends)
             ends = [end for end in ends if end.node_rank not in unstarted]
             if not unstarted and all(end.kind == "finished" for end in ends):
-                # the group stopped on its own (no order for IDLE_S) as the order came
+                # the group stopped on its own (no order for its idle_s) as the order came
                 restartable = [
                     NodeEnd(
                         end.node_rank,

@@ -22,13 +22,17 @@ every rank: the group is gone, the order's task run failed, and the flow starts 
 (a new attempt) or fails the stage. A flow run that died without stopping
 its group leaves it idle: rank 0 stops it once Prefect holds that flow run ended (asked
 every ``FLOW_RUN_CHECK_S``: a work pool's worker marks a flow run whose process died
-``Crashed``), or once no order came for ``IDLE_S``, freeing its stage workers.
+``Crashed``), or once no order came for its idle time, freeing its stage workers. The idle
+time is the flow's (``idle_seconds``: ``NEMO_RL_CORE_RANK_GROUP_IDLE_S`` in its environment,
+1800 s by default), handed to the ranks as it starts them (``--idle-s``).
 """
 
 import argparse
 import asyncio
 import contextlib
 import logging
+import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -51,14 +55,31 @@ from nemo_rl_core.storage.handles import RunRef
 from tasks.spmd_rank import COLLECTIVE_TIMEOUT_S, run_rank_stage
 from tasks.stage import STAGE_TASK_OPTIONS
 
-IDLE_S = 1800.0
-"""How long a group waits for its next order before it stops on its own."""
+IDLE_ENV = "NEMO_RL_CORE_RANK_GROUP_IDLE_S"
+DEFAULT_IDLE_S = 1800.0
 FLOW_RUN_CHECK_S = 5.0  # how often an idle group asks whether its flow run has ended
 ORDERS_MARGIN_S = 120.0  # the other ranks wait this much longer for an order than rank 0
 POLL_S = 0.2
 STAGE, STOP = "stage", "stop"  # what an order asks: run the stage, or end the group
 
 log = logging.getLogger("nemo_rl_core.rank_group")
+
+
+def idle_seconds() -> float:
+    """How long a group waits for its next order before it stops on its own:
+    ``NEMO_RL_CORE_RANK_GROUP_IDLE_S`` in the environment of the flow that starts it, or
+    ``DEFAULT_IDLE_S``."""
+    value = os.environ.get(IDLE_ENV, str(DEFAULT_IDLE_S))
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(
+            f"{IDLE_ENV}={value!r}: the seconds a rank group waits for its next order before "
+            f"it stops, a number above 0 (default {DEFAULT_IDLE_S:g})"
+        )
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -205,6 +226,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--storage-root", required=True)
     parser.add_argument("--orders", required=True, help="the task key rank 0 serves")
     parser.add_argument("--flow-run", default=None, help="the flow run that ordered it")
+    parser.add_argument(
+        "--idle-s", type=float, required=True, help="stop after this long without an order"
+    )
     return parser
 
 
@@ -212,11 +236,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     init_rank(COLLECTIVE_TIMEOUT_S)
-    orders = dist.new_group(backend="gloo", timeout=timedelta(seconds=IDLE_S + ORDERS_MARGIN_S))
+    orders_timeout = timedelta(seconds=args.idle_s + ORDERS_MARGIN_S)
+    orders = dist.new_group(backend="gloo", timeout=orders_timeout)
     run = RunRef(args.storage_root, args.run_id)
     runtime_for(run)
     if dist.get_rank() == 0:
-        asyncio.run(serve_orders(OrderServer(run, orders, IDLE_S), args.orders, args.flow_run))
+        server = OrderServer(run, orders, args.idle_s)
+        asyncio.run(serve_orders(server, args.orders, args.flow_run))
     else:
         follow_orders(run, orders)
     close_runtime(run)

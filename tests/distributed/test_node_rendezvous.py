@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.pool_tasks import rank_group_key, rank_group_program
+from flows.rank_group import idle_seconds
 from nemo_rl_core.distributed.node_launch import (
     Rendezvous,
     RendezvousIncomplete,
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.distributed]
 
 def launch_alone(run: RunRef, node_rank: int, plan: Rendezvous) -> None:
     """Node ``node_rank`` of ``plan``, a group's node as a pool's worker launches it."""
-    program = rank_group_program(run, rank_group_key("pool", plan.attempt))
+    program = rank_group_program(run, rank_group_key("pool", plan.attempt), idle_seconds())
     notes = RendezvousNotes(open_storage(run), 0, "train", plan.attempt)
     launch_node(program, node_rank, plan, notes)
 

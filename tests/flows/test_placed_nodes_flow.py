@@ -19,7 +19,8 @@ this machine (127.0.0.1), gloo:
   stopped at its end); loss, grad norm and the weights equal the one-process flow's within
   1e-5, the checkpoint loads in transformers;
 - a group whose flow run died (its process killed, Prefect marks it Crashed) stops and
-  frees the pool's workers;
+  frees the pool's workers; so does one that no order reached for its idle time, and the
+  flow's next order starts a fresh group;
 - a rank killed in the middle of a step fails the attempt; the next attempt restarts every
   rank, and the run ends bit-identical to the undisturbed run (at its first step: one step
   killed and run again, against the undisturbed run's checkpoint of that step);
@@ -51,6 +52,7 @@ from transformers import AutoModelForCausalLM
 
 from flows.placed_nodes import shares_devices
 from flows.placement import PlacementError
+from flows.rank_group import IDLE_ENV, idle_seconds
 from flows.sft import sft
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from tasks.faults import FAULT_ENV, FAULT_NOTES
@@ -273,6 +275,37 @@ def test_a_group_whose_flow_run_died_stops_and_frees_the_workers(tmp_path: Path,
     assert stages_of(tmp_path, "orphan", 0)["train"]["ran_on"]["ranks"] == 2
 
 
+def test_a_group_no_order_reaches_stops_and_the_next_order_starts_a_fresh_one(
+    tmp_path: Path, two_nodes: Path, pool: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flow's groups stop after 10 s without an order, and iteration 1's batch stage
+    stalls 13 s: iteration 0's group stops by itself in between (no stop order reached it),
+    its node task runs complete, and both workers of the pool take the fresh group that
+    iteration 1's order starts. The run is the two-node run, bit for bit."""
+    monkeypatch.setenv(IDLE_ENV, "10")
+    monkeypatch.setenv(FAULT_ENV, "batch@1:stall13")
+    storage = open_storage(RunRef(str(tmp_path), "idle"))
+    storage.write_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1, {"pid": None})
+    run(tmp_path, "idle", pool)
+    first, fresh = node_task_runs("idle", pool, 0), node_task_runs("idle", pool, 1)
+    assert len(first) == 2 and all(t.state.is_completed() for t in first), first
+    assert len(fresh) == 2 and all(t.state.is_completed() for t in fresh), fresh
+    first_orders = task_runs_of("idle", f"stage-ranks@{POOL}/idle-it0-")
+    done = [t.name for t in first_orders if t.state.is_completed()]
+    assert done == ["train-stage-it0"], first_orders  # no stop order: it stopped by itself
+    workers = set()
+    for node in (0, 1):
+        beat = storage.read_stage_run(1, f"train.node-{node}-of-2")
+        assert beat is not None
+        workers.add(beat.ran_on.worker)
+    assert workers == {f"{POOL}-0", f"{POOL}-1"}, "both workers were free for the fresh group"
+    # said by the flow: found ended before the order, or as the order came
+    said = ("ended since its last order", "its rank group stopped before the order reached it")
+    logs = logs_of(flow_run_of("sft-idle").id)
+    assert any(why in line for line in logs for why in said), logs
+    assert_bit_identical(checkpoint_dir(tmp_path, "idle", 2), checkpoint_dir(two_nodes, "nodes", 2))
+
+
 def test_a_group_on_a_pool_shared_with_another_stage_ends_after_each_step(
     tmp_path: Path, two_nodes: Path, pool: str
 ) -> None:
@@ -368,3 +401,14 @@ def test_a_group_ends_after_each_step_where_others_need_its_devices(
     assert shares_devices(config, "train", None)
     config.cluster.placement["batch"] = POOL
     assert shares_devices(config, "train", POOL)
+
+
+def test_the_idle_time_is_the_flows_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(IDLE_ENV, raising=False)
+    assert idle_seconds() == 1800
+    monkeypatch.setenv(IDLE_ENV, "90")
+    assert idle_seconds() == 90
+    for wrong in ("0", "-5", "soon", "inf"):
+        monkeypatch.setenv(IDLE_ENV, wrong)
+        with pytest.raises(ValueError, match=f"{IDLE_ENV}='{wrong}': the seconds a rank group"):
+            idle_seconds()
