@@ -194,19 +194,39 @@ def calibration_run(n: int, iterations: int, smoke: bool, ranks: int, root: Path
     )
 
 
-def rank_group_costs(one: CalibrationRun, ranks: CalibrationRun) -> tuple[float, float, float]:
-    """A warm rank group's seconds per order, to start and to stop: the train stage on ranks
-    less in one process at the same size (the later iterations; the first, less a step; the
-    flow's teardown)."""
+@dataclass(frozen=True)
+class RankGroupCosts:
+    """A warm rank group's seconds per order, to start and to stop, and the runs they came
+    from (``measured``, as the output says it)."""
+
+    step_s: float
+    start_s: float
+    stop_s: float
+    measured: str
+
+
+def rank_group_costs(one: CalibrationRun, ranks: CalibrationRun, n: int) -> RankGroupCosts:
+    """What the run on ranks adds to the run in one process, both at ``n`` sequences: the
+    train stage in the later iterations (a step), in the first (a start, less a step), and
+    the flow's teardown (a stop)."""
     step = max(0.0, ranks.stages[TRAIN] - one.stages[TRAIN])
-    start = max(0.0, ranks.first_train_s - one.first_train_s - step)
-    stop = max(0.0, ranks.teardown_s - one.teardown_s)
-    return step, start, stop
+    measured = (
+        f"{n} sequences, train on {SPMD_RANKS} ranks (one process): a step "
+        f"{ranks.stages[TRAIN]:.2f} s ({one.stages[TRAIN]:.2f}), the first "
+        f"{ranks.first_train_s:.2f} s ({one.first_train_s:.2f}), the flow's teardown "
+        f"{ranks.teardown_s:.2f} s ({one.teardown_s:.2f})"
+    )
+    return RankGroupCosts(
+        step,
+        max(0.0, ranks.first_train_s - one.first_train_s - step),
+        max(0.0, ranks.teardown_s - one.teardown_s),
+        measured,
+    )
 
 
 def calibrate(
     sizes: tuple[int, int], iterations: int, smoke: bool, measure_ranks: bool
-) -> tuple[dict[str, StageFit], float, tuple[float, float, float] | None]:
+) -> tuple[dict[str, StageFit], float, RankGroupCosts | None]:
     """Stage fits from flow runs at both sizes, this disk's bandwidth, and (``measure_ranks``)
     the rank group's costs from a run on ranks at the small size, right after its run in one
     process (side by side)."""
@@ -225,14 +245,8 @@ def calibrate(
         if measure_ranks and group is None:
             with tempfile.TemporaryDirectory() as tmp:
                 ranks = calibration_run(n, iterations, smoke, SPMD_RANKS, Path(tmp))
-            group = rank_group_costs(one, ranks)
-            print(
-                f"{n} sequences, train on {SPMD_RANKS} ranks: {ranks.stages[TRAIN]:.2f} s a "
-                f"step (one process {one.stages[TRAIN]:.2f}), first {ranks.first_train_s:.2f} s "
-                f"({one.first_train_s:.2f}), teardown {ranks.teardown_s:.2f} s "
-                f"({one.teardown_s:.2f})",
-                flush=True,
-            )
+            group = rank_group_costs(one, ranks, n)
+            print(group.measured, flush=True)
     fits = {}
     for stage, (small, large) in seconds.items():
         fixed, per_sequence = fit_line(sizes, (small, large))
@@ -291,7 +305,11 @@ def floor_line(
 
 
 def format_model(
-    fits: dict[str, StageFit], n: int, bandwidth: float, costs: SpreadCosts
+    fits: dict[str, StageFit],
+    n: int,
+    bandwidth: float,
+    costs: SpreadCosts,
+    group: RankGroupCosts,
 ) -> tuple[str, str]:
     """The fitted stages and spreading costs, the predicted tables of both device modes,
     where scaling stops."""
@@ -304,8 +322,12 @@ def format_model(
     lines.append(
         f"spreading: a placed shard {costs.placed_s:.2f} s (bench/placement.py); a warm rank "
         f"group {costs.spmd_step_s:.2f} s a step and {costs.spmd_launch_s:.2f} s a launch "
-        f"(start and stop; measured here); data-parallel efficiency {costs.efficiency:.0%} "
+        f"(start and stop); data-parallel efficiency {costs.efficiency:.0%} "
         "(assumed)"
+    )
+    lines.append(
+        f"{group.measured}: step {group.step_s:.2f} s, start {group.start_s:.2f} s, stop "
+        f"{group.stop_s:.2f} s"
     )
     lines.append(
         f"train ranks dedicated: +{costs.train_ranks_s(False):.2f} s/iteration (the launch "
@@ -382,17 +404,17 @@ def main() -> None:
     fits, disk, group = calibrate(
         tuple(args.sizes), args.calibration_iterations, args.smoke, measure_ranks
     )
-    step, start, stop = group or (0.0, 0.0, 0.0)
-    if group is not None:
-        print(f"rank group: step {step:.2f} s, start {start:.2f} s, stop {stop:.2f} s")
+    if group is None:  # both given
+        given = "rank group as given (--spmd-step-s, --spmd-launch-s as its start)"
+        group = RankGroupCosts(args.spmd_step_s, args.spmd_launch_s, 0.0, given)
     costs = SpreadCosts(
         args.placed_stage_s,
-        step if args.spmd_step_s is None else args.spmd_step_s,
-        start + stop if args.spmd_launch_s is None else args.spmd_launch_s,
+        group.step_s if args.spmd_step_s is None else args.spmd_step_s,
+        group.start_s + group.stop_s if args.spmd_launch_s is None else args.spmd_launch_s,
         args.efficiency,
         args.iterations,
     )
-    table, reading = format_model(fits, args.predict_at, args.bandwidth_mb_s or disk, costs)
+    table, reading = format_model(fits, args.predict_at, args.bandwidth_mb_s or disk, costs, group)
     print(table)
     record(
         "Scale model: seconds per iteration vs fan-out and training ranks (issue 30)",

@@ -66,8 +66,9 @@ def test_break_even_is_where_the_saving_covers_the_cost() -> None:
 def test_a_rank_group_costs_what_the_run_on_ranks_adds_to_one_process() -> None:
     one = CalibrationRun({"train": 1.0}, first_train_s=1.5, teardown_s=2.0)
     ranks = CalibrationRun({"train": 1.4}, first_train_s=12.0, teardown_s=5.0)
-    step, start, stop = rank_group_costs(one, ranks)
-    assert step == pytest.approx(0.4)  # a later iteration's order, reads and commit
-    assert start == pytest.approx(12.0 - 1.5 - 0.4)  # the first iteration, less a step
-    assert stop == pytest.approx(3.0)  # the flow's teardown
-    assert rank_group_costs(ranks, one) == (0.0, 0.0, 0.0)  # never negative
+    group = rank_group_costs(one, ranks, 32)
+    assert group.step_s == pytest.approx(0.4)  # a later iteration's order, reads and commit
+    assert group.start_s == pytest.approx(12.0 - 1.5 - 0.4)  # the first iteration, less a step
+    assert group.stop_s == pytest.approx(3.0)  # the flow's teardown
+    backwards = rank_group_costs(ranks, one, 32)  # never negative
+    assert (backwards.step_s, backwards.start_s, backwards.stop_s) == (0.0, 0.0, 0.0)
