@@ -26,12 +26,14 @@ as measured:
   flow's teardown on ranks less in one process), measured here on ``SPMD_RANKS`` gloo
   ranks, and divides ``b_train * n`` by ``G * efficiency`` (efficiency is an assumption: 2
   gloo ranks on 2 shared CPU cores cannot measure it). Where the launch falls depends on
-  the devices, as ``flows.placed_nodes.shares_devices`` decides: on devices of its own
+  the devices, as ``flows.placed_nodes.between_orders`` decides: on devices of its own
   (*dedicated*: a pool no other stage is placed on, or this machine's CPU ranks) the group
   stays up for the flow run and the launch is paid once per ``--iterations``; where it
-  shares them (*colocated*: another stage on its pool, or this machine's ranks on CUDA,
-  beside the flow's generation engine) the group ends after each order and every
-  iteration pays a launch. Both are predicted.
+  shares them (*colocated*: another stage on its pool, or this machine's Megatron ranks on
+  CUDA, beside the flow's generation engine) the group ends after each order and every
+  iteration pays a launch. Both are predicted. (This machine's HF ranks on CUDA stay up and
+  offload to host memory between orders: a host-device copy each way that no GPU here can
+  measure.)
 
 Whatever does not shrink is the floor: fixed costs, the unsplit CPU stages (prompts,
 reward, advantage), the storage handoff, the fan-out and rank-group costs; and the run lease

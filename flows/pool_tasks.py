@@ -180,10 +180,13 @@ def rank_group_key(pool: str | None, attempt: str) -> str:
     return f"stage-ranks@{pool}/{attempt}" if pool is not None else f"stage-ranks/{attempt}"
 
 
-def rank_group_program(run: RunRef, orders: str, idle_s: float) -> list[str]:
+def rank_group_program(
+    run: RunRef, orders: str, idle_s: float, release_devices: bool = False
+) -> list[str]:
     """What torchrun starts on every rank of a warm rank group of ``run`` serving the task
     key ``orders`` (``python``'s arguments), stopping after ``idle_s`` without an order,
-    naming the flow run that orders it."""
+    naming the flow run that orders it; with ``release_devices`` its ranks move their models
+    to host memory after each order (``flows.placed_nodes.between_orders``)."""
     program = [
         "-m",
         "flows.rank_group",
@@ -192,6 +195,8 @@ def rank_group_program(run: RunRef, orders: str, idle_s: float) -> list[str]:
         f"--orders={orders}",
         f"--idle-s={idle_s}",
     ]
+    if release_devices:
+        program.append("--release-devices")
     if (flow_run := current_flow_run()) is not None:
         program.append(f"--flow-run={flow_run}")
     return program

@@ -15,7 +15,8 @@ world (``init_rank``) and opens the run's runtime; then
   (``tasks.spmd_rank.run_rank_stage``: rank 0 commits it, under the stage's
   ``orchestration.stage_timeout_seconds``), and the task run completes once all are done;
 - the weights stay loaded between orders: the runtime knows which step it holds
-  (``RunRuntime.policy_for_update``), as the one-process flow's does.
+  (``RunRuntime.policy_for_update``), as the one-process flow's does; ranks on GPUs the
+  flow's own stages share (``--release-devices``) keep them in host memory in between.
 
 An order that raises on a rank ends that rank, and through the collectives its peers wait in,
 every rank: the group is gone, the order's task run failed, and the flow starts a new group
@@ -105,8 +106,11 @@ class OrderServer:
     and stops the group when told to, when an order fails, or (``stop_unless_busy``) when
     none came for ``idle_s`` or its flow run ended."""
 
-    def __init__(self, run: RunRef, orders: dist.ProcessGroup, idle_s: float) -> None:
+    def __init__(
+        self, run: RunRef, orders: dist.ProcessGroup, idle_s: float, release_devices: bool
+    ) -> None:
         self.run, self.orders, self.idle_s = run, orders, idle_s
+        self.release_devices = release_devices
         self.lock = threading.Lock()  # one order on the wire at a time
         self.done = threading.Event()
         self.failure: BaseException | None = None
@@ -128,7 +132,7 @@ class OrderServer:
                 within_stage_timeout(
                     self.run,
                     order.name,
-                    lambda: run_rank_stage(self.run, order.iteration, order.name, order.upstream),
+                    lambda: run_order(self.run, order, self.release_devices),
                 )
             except BaseException as err:
                 self.failure = err  # ends rank 0, once its task run has said so
@@ -214,10 +218,18 @@ async def serve_orders(server: OrderServer, key: str, flow_run: str | None) -> N
         raise server.failure
 
 
-def follow_orders(run: RunRef, orders: dist.ProcessGroup) -> None:
+def run_order(run: RunRef, order: Order, release_devices: bool) -> None:
+    """This rank's part of a STAGE order; with ``release_devices`` its models then leave
+    the GPU for host memory until the next order (``flows.placed_nodes.between_orders``)."""
+    run_rank_stage(run, order.iteration, order.name, order.upstream)
+    if release_devices:
+        runtime_for(run).release_devices()
+
+
+def follow_orders(run: RunRef, orders: dist.ProcessGroup, release_devices: bool) -> None:
     """Every rank but 0: carry out rank 0's orders until it says stop."""
     while (order := exchange(None, orders)).kind != STOP:
-        run_rank_stage(run, order.iteration, order.name, order.upstream)
+        run_order(run, order, release_devices)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -228,6 +240,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--flow-run", default=None, help="the flow run that ordered it")
     parser.add_argument(
         "--idle-s", type=float, required=True, help="stop after this long without an order"
+    )
+    parser.add_argument(
+        "--release-devices",
+        action="store_true",
+        help="move the models to host memory after each order (ranks on GPUs the flow shares)",
     )
     return parser
 
@@ -241,10 +258,10 @@ def main(argv: list[str] | None = None) -> None:
     run = RunRef(args.storage_root, args.run_id)
     runtime_for(run)
     if dist.get_rank() == 0:
-        server = OrderServer(run, orders, args.idle_s)
+        server = OrderServer(run, orders, args.idle_s, args.release_devices)
         asyncio.run(serve_orders(server, args.orders, args.flow_run))
     else:
-        follow_orders(run, orders)
+        follow_orders(run, orders, args.release_devices)
     close_runtime(run)
     dist.destroy_process_group()
 

@@ -50,7 +50,7 @@ from prefect.states import Crashed
 from test_placement_flow import flow_run_of, logs_of, stage_workers
 from transformers import AutoModelForCausalLM
 
-from flows.placed_nodes import shares_devices
+from flows.placed_nodes import END, KEEP, RELEASE, between_orders
 from flows.placement import PlacementError
 from flows.rank_group import IDLE_ENV, idle_seconds
 from flows.sft import sft
@@ -388,19 +388,24 @@ def test_a_pool_short_of_nodes_is_said_and_fails_naming_the_missing_ranks(
     assert "train" not in stages_of(tmp_path, "wait", 0)
 
 
-def test_a_group_ends_after_each_step_where_others_need_its_devices(
+def test_what_a_group_holds_between_orders_follows_who_else_needs_its_devices(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On one machine's GPUs the flow's generation needs them between steps; on a pool, the
-    other stages placed there need its workers."""
-    config = SimpleNamespace(cluster=SimpleNamespace(placement={"train": POOL}))
+    """On a pool, the other stages placed there need its workers: it ends. On one machine's
+    GPUs the flow's generation needs them between steps: HF ranks offload to host memory,
+    Megatron's end. On CPUs, or on a pool of its own, it keeps everything."""
+    hf = SimpleNamespace(training_backend="hf")
+    config = SimpleNamespace(cluster=SimpleNamespace(placement={"train": POOL}), policy=hf)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert not shares_devices(config, "train", None)
-    assert not shares_devices(config, "train", POOL)
+    assert between_orders(config, "train", None) == KEEP
+    assert between_orders(config, "train", POOL) == KEEP
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert shares_devices(config, "train", None)
+    assert between_orders(config, "train", None) == RELEASE
+    assert between_orders(config, "train", POOL) == KEEP
+    config.value = SimpleNamespace(training_backend="megatron")
+    assert between_orders(config, "train", None) == END
     config.cluster.placement["batch"] = POOL
-    assert shares_devices(config, "train", POOL)
+    assert between_orders(config, "train", POOL) == END
 
 
 def test_the_idle_time_is_the_flows_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
