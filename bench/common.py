@@ -131,11 +131,11 @@ def flow_iteration_times(manifests: "list[Manifest]") -> list[dict]:
     timings = []
     for previous, manifest in zip(manifests, manifests[1:], strict=False):
         stages = manifest.stages
-        last = _committed_at(previous.stages["checkpoint"])
-        end = _committed_at(stages["checkpoint"])
+        last = committed_at(previous.stages["checkpoint"])
+        end = committed_at(stages["checkpoint"])
         timing = {"total": end - last, "start": last, "end": end}
         for stage in every_iteration_stages():
-            committed = _committed_at(stages[stage])
+            committed = committed_at(stages[stage])
             timing[stage] = committed - last
             timing[f"{stage}_compute"] = stages[stage].metrics["seconds"]
             last = committed
@@ -155,7 +155,7 @@ def flow_curves(manifests: "list[Manifest]") -> dict[str, list[float]]:
     }
 
 
-def _committed_at(entry: "StageEntry") -> float:
+def committed_at(entry: "StageEntry") -> float:
     return entry.finished_at.timestamp()
 
 
@@ -232,16 +232,26 @@ def plain_loop(
     return timings, rewards
 
 
-def flow_run(
+def grpo_manifests(
     config_path: str, overrides: list[str], iterations: int, storage_root: str
-) -> tuple[list[dict], dict[str, list[float]]]:
-    """Per-iteration stage seconds (after the first) and ``flow_curves`` of the GRPO flow,
-    run in this process (Prefect's ephemeral API) on ``storage_root``."""
+) -> "tuple[list[Manifest], float]":
+    """The GRPO flow run in this process (Prefect's ephemeral API) on ``storage_root``: its
+    iterations' manifests, and when the flow returned (``time.time()``: after its teardown,
+    which stops its rank groups)."""
     from flows.grpo import grpo
     from nemo_rl_core.storage.run_storage import RunStorage
 
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     grpo(config_path=config_path, overrides=overrides, run_id=run_id, storage_root=storage_root)
+    returned_at = time.time()
     storage = RunStorage(storage_root, run_id)
-    manifests = [storage.read_manifest(i) for i in range(iterations)]
+    return [storage.read_manifest(i) for i in range(iterations)], returned_at
+
+
+def flow_run(
+    config_path: str, overrides: list[str], iterations: int, storage_root: str
+) -> tuple[list[dict], dict[str, list[float]]]:
+    """Per-iteration stage seconds (after the first) and ``flow_curves`` of the GRPO flow,
+    run in this process (Prefect's ephemeral API) on ``storage_root``."""
+    manifests, _ = grpo_manifests(config_path, overrides, iterations, storage_root)
     return flow_iteration_times(manifests), flow_curves(manifests)

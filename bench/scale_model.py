@@ -16,14 +16,27 @@ as measured:
   measured by ``bench/placement.py``, see ``PLACED_STAGE_S``) plus the merge (a second
   ``a``), and divides ``b * n`` by ``g``.
 - **SPMD training** (``cluster.num_nodes x gpus_per_node`` = G ranks, issue 30 item 3):
-  the train stage starts its ranks with torchrun every iteration; each loads the model and
-  optimizer from the last checkpoint, trains on its slice, and rank 0 gathers and commits.
-  It costs ``launch`` per iteration (measured here: the train stage with 2 ranks against
-  one process, at the small size) and divides ``b_train * n`` by ``G * efficiency``
-  (efficiency is an assumption: 2 gloo ranks on 2 shared CPU cores cannot measure it).
+  the train stage runs on a warm rank group (``flows/rank_group.py``): torchrun starts the
+  ranks once, each loads the model and optimizer, and every iteration orders the stage from
+  rank 0, which hands the order to every rank; each reads its inputs, trains on its slice,
+  and rank 0 gathers and commits. It costs ``step`` per iteration (the order, the ranks'
+  reads, the gather and commit: the train stage on ranks less in one process, at the same
+  size, in the iterations after the first) and ``launch`` (starting the group: the first
+  iteration's train stage on ranks less in one process, less a step; and stopping it: the
+  flow's teardown on ranks less in one process), measured here on ``SPMD_RANKS`` gloo
+  ranks, and divides ``b_train * n`` by ``G * efficiency`` (efficiency is an assumption: 2
+  gloo ranks on 2 shared CPU cores cannot measure it). Where the launch falls depends on
+  the devices, as ``flows.placed_nodes.between_orders`` decides: on devices of its own
+  (*dedicated*: a pool no other stage is placed on, or this machine's CPU ranks) the group
+  stays up for the flow run and the launch is paid once per ``--iterations``; where it
+  shares them (*colocated*: another stage on its pool, or this machine's Megatron ranks on
+  CUDA, beside the flow's generation engine) the group ends after each order and every
+  iteration pays a launch. Both are predicted. (This machine's HF ranks on CUDA stay up and
+  offload to host memory between orders: a host-device copy each way that no GPU here can
+  measure.)
 
 Whatever does not shrink is the floor: fixed costs, the unsplit CPU stages (prompts,
-reward, advantage), the storage handoff, the fan-out and launch costs; and the run lease
+reward, advantage), the storage handoff, the fan-out and rank-group costs; and the run lease
 allows one iteration of an experiment at a time (synchronous GRPO), so the floor bounds
 throughput until generation overlaps training (asynchronous GRPO).
 
@@ -42,8 +55,10 @@ from common import (
     SMOKE_OVERRIDES,
     TINY_CONFIG,
     batch_overrides,
+    committed_at,
     every_iteration_stages,
-    flow_run,
+    flow_iteration_times,
+    grpo_manifests,
     machine_line,
     median,
     record,
@@ -52,7 +67,8 @@ from common import (
 GENERATIONS = 4
 FANNED_OUT = ("generate", "logprob")  # split over g stage workers (orchestration.fan_out)
 TRAIN = "train"  # split over G ranks (cluster.num_nodes x gpus_per_node)
-SPMD_RANKS = 2  # what this machine can run to measure a launch: one rank per core
+SPMD_RANKS = 2  # what this machine can run to measure a rank group: one rank per core
+FLOW_RUN_ITERATIONS = 100  # a dedicated rank group's launch is paid once per flow run
 
 PLACED_STAGE_S = 0.28
 """Fixed seconds a stage pays on a warm stage worker of a pool: a placed task run's cost
@@ -71,12 +87,32 @@ class StageFit:
 
 @dataclass(frozen=True)
 class SpreadCosts:
-    """What spreading costs per iteration, measured: a fanned-out stage's placement, a
-    train stage's torchrun launch across ranks."""
+    """What spreading costs, measured: a fanned-out stage's placement; a train stage's warm
+    rank group, per order and per launch (starting and stopping it)."""
 
     placed_s: float
+    spmd_step_s: float
     spmd_launch_s: float
     efficiency: float  # data-parallel, of the train ranks' compute (assumed)
+    iterations: int = FLOW_RUN_ITERATIONS  # of a flow run, over which one launch is spread
+
+    def train_ranks_s(self, colocated: bool) -> float:
+        """Seconds per iteration a train stage on ranks adds to its own fixed cost: its
+        group's step, and a launch every iteration where the ranks share their devices
+        (``colocated``: the group ends after each order), else one per flow run."""
+        launches = 1.0 if colocated else 1.0 / self.iterations
+        return self.spmd_step_s + self.spmd_launch_s * launches
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    """One calibration flow run: each stage's median wall seconds in the iterations after the
+    first, the train stage's wall seconds in the first (where a rank group starts), and the
+    seconds from the last commit to the flow's return (its teardown: where the group stops)."""
+
+    stages: dict[str, float]
+    first_train_s: float
+    teardown_s: float
 
 
 def fit_line(sizes: tuple[int, int], seconds: tuple[float, float]) -> tuple[float, float]:
@@ -111,10 +147,11 @@ def predict(
     ranks: int,
     bandwidth_mb_s: float,
     costs: SpreadCosts,
+    colocated: bool = False,
 ) -> float:
     """Seconds per iteration of ``n`` sequences with generate and logprob fanned out over
-    ``workers`` stage workers and train on ``ranks`` ranks, each stage's batch handed over
-    through storage."""
+    ``workers`` stage workers and train on ``ranks`` ranks (``colocated``: sharing their
+    devices with other stages), each stage's batch handed over through storage."""
     total = 0.0
     for stage, fit in fits.items():
         compute = fit.per_sequence_s * n
@@ -124,7 +161,7 @@ def predict(
             fixed += costs.placed_s + fit.fixed_s  # the shards' placement, then the merge
         elif stage == TRAIN and ranks > 1:
             compute /= ranks * costs.efficiency
-            fixed += costs.spmd_launch_s
+            fixed += costs.train_ranks_s(colocated)
         handoff = fit.bytes_per_sequence * n / (bandwidth_mb_s * 1e6)
         total += fixed + compute + handoff
     return total
@@ -137,55 +174,147 @@ def break_even(fit: StageFit, split: int, cost_s: float, efficiency: float = 1.0
     return cost_s / saved_per_sequence if saved_per_sequence > 0 else float("inf")
 
 
-def spmd_launch_seconds(size: int, iterations: int, smoke: bool, one_process: float) -> float:
-    """The train stage's seconds on ``SPMD_RANKS`` ranks (torchrun, gloo) less its seconds
-    in one process at the same size: what a launch across ranks adds per iteration."""
-    with tempfile.TemporaryDirectory() as tmp:
-        generations = min(GENERATIONS, size)
-        overrides = batch_overrides(size // generations, generations, iterations)
+def calibration_run(n: int, iterations: int, smoke: bool, ranks: int, root: Path) -> CalibrationRun:
+    """A GRPO flow run of ``n`` sequences per iteration on ``root``, training on ``ranks``
+    ranks (more than one: a warm rank group of this machine's ranks, gloo)."""
+    generations = min(GENERATIONS, n)
+    overrides = batch_overrides(n // generations, generations, iterations)
+    if ranks > 1:
         # each rank's share of the global batch holds whole micro batches
-        micro = min(8, max(1, size // SPMD_RANKS))
-        overrides += [
-            f"cluster.gpus_per_node={SPMD_RANKS}",
-            f"policy.train_micro_batch_size={micro}",
-        ]
-        overrides += SMOKE_OVERRIDES if smoke else []
-        timings, _ = flow_run(TINY_CONFIG, overrides, iterations, f"file://{tmp}")
-    ranks = median([t[TRAIN] for t in timings])
-    print(f"{size} sequences, train on {SPMD_RANKS} ranks: {ranks:.2f} s", flush=True)
-    return max(0.0, ranks - one_process)
+        micro = min(8, max(1, n // ranks))
+        overrides += [f"cluster.gpus_per_node={ranks}", f"policy.train_micro_batch_size={micro}"]
+    overrides += SMOKE_OVERRIDES if smoke else []
+    manifests, returned_at = grpo_manifests(TINY_CONFIG, overrides, iterations, f"file://{root}")
+    timings = flow_iteration_times(manifests)
+    stages = every_iteration_stages()
+    first = manifests[0].stages
+    before_train = stages[stages.index(TRAIN) - 1]
+    return CalibrationRun(
+        {stage: median([t[stage] for t in timings]) for stage in stages},
+        committed_at(first[TRAIN]) - committed_at(first[before_train]),
+        returned_at - committed_at(manifests[-1].stages["checkpoint"]),
+    )
+
+
+@dataclass(frozen=True)
+class RankGroupCosts:
+    """A warm rank group's seconds per order, to start and to stop, and the runs they came
+    from (``measured``, as the output says it)."""
+
+    step_s: float
+    start_s: float
+    stop_s: float
+    measured: str
+
+
+def rank_group_costs(one: CalibrationRun, ranks: CalibrationRun, n: int) -> RankGroupCosts:
+    """What the run on ranks adds to the run in one process, both at ``n`` sequences: the
+    train stage in the later iterations (a step), in the first (a start, less a step), and
+    the flow's teardown (a stop)."""
+    step = max(0.0, ranks.stages[TRAIN] - one.stages[TRAIN])
+    measured = (
+        f"{n} sequences, train on {SPMD_RANKS} ranks (one process): a step "
+        f"{ranks.stages[TRAIN]:.2f} s ({one.stages[TRAIN]:.2f}), the first "
+        f"{ranks.first_train_s:.2f} s ({one.first_train_s:.2f}), the flow's teardown "
+        f"{ranks.teardown_s:.2f} s ({one.teardown_s:.2f})"
+    )
+    return RankGroupCosts(
+        step,
+        max(0.0, ranks.first_train_s - one.first_train_s - step),
+        max(0.0, ranks.teardown_s - one.teardown_s),
+        measured,
+    )
 
 
 def calibrate(
-    sizes: tuple[int, int], iterations: int, smoke: bool
-) -> tuple[dict[str, StageFit], float, float]:
-    """Stage fits from flow runs at both sizes, this disk's bandwidth, and the train
-    stage's seconds at the small size."""
+    sizes: tuple[int, int], iterations: int, smoke: bool, measure_ranks: bool
+) -> tuple[dict[str, StageFit], float, RankGroupCosts | None]:
+    """Stage fits from flow runs at both sizes, this disk's bandwidth, and (``measure_ranks``)
+    the rank group's costs from a run on ranks at the small size, right after its run in one
+    process (side by side)."""
     seconds: dict[str, list[float]] = {stage: [] for stage in every_iteration_stages()}
     written: dict[str, int] = {}
     bandwidth = 0.0
-    generations = min(GENERATIONS, *sizes)
+    group = None
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp:
-            overrides = batch_overrides(n // generations, generations, iterations)
-            overrides += SMOKE_OVERRIDES if smoke else []
-            timings, _ = flow_run(TINY_CONFIG, overrides, iterations, f"file://{tmp}")
-            for stage in seconds:
-                seconds[stage].append(median([t[stage] for t in timings]))
+            one = calibration_run(n, iterations, smoke, 1, Path(tmp))
             written = stage_bytes(Path(tmp))
             bandwidth = disk_bandwidth_mb_s(Path(tmp))
-        print(f"{n} sequences: {sum(s[-1] for s in seconds.values()):.2f} s/iteration", flush=True)
+        for stage in seconds:
+            seconds[stage].append(one.stages[stage])
+        print(f"{n} sequences: {sum(one.stages.values()):.2f} s/iteration", flush=True)
+        if measure_ranks and group is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                ranks = calibration_run(n, iterations, smoke, SPMD_RANKS, Path(tmp))
+            group = rank_group_costs(one, ranks, n)
+            print(group.measured, flush=True)
     fits = {}
     for stage, (small, large) in seconds.items():
         fixed, per_sequence = fit_line(sizes, (small, large))
         fits[stage] = StageFit(fixed, per_sequence, written.get(stage, 0) / sizes[1])
-    return fits, bandwidth, seconds[TRAIN][0]
+    return fits, bandwidth, group
+
+
+MODES = {False: "dedicated", True: "colocated"}  # the train ranks' devices, shared or not
+
+
+def prediction_table(
+    fits: dict[str, StageFit], n: int, bandwidth: float, costs: SpreadCosts, colocated: bool
+) -> list[str]:
+    """Predicted seconds per iteration, fan-out by training ranks, for one device mode."""
+    rank_counts, worker_counts = (1, 2, 4, 8), (1, 2, 4, 8, 16)
+    lines = [f"{'fan-out':>12}" + "".join(f"{f'{r} ranks':>10}" for r in rank_counts)]
+    for workers in worker_counts:
+        cells = "".join(
+            f"{predict(fits, n, workers, r, bandwidth, costs, colocated):>10.2f}"
+            for r in rank_counts
+        )
+        lines.append(f"{workers:>12}{cells}")
+    best = min(
+        (predict(fits, n, w, r, bandwidth, costs, colocated), w, r)
+        for w in worker_counts
+        for r in rank_counts
+    )
+    lines.append(f"best: {best[0]:.2f} s (fan-out {best[1]}, {best[2]} ranks)")
+    return lines
+
+
+def floor_line(
+    fits: dict[str, StageFit], n: int, bandwidth: float, costs: SpreadCosts, colocated: bool
+) -> str:
+    """The floor of one device mode: workers and ranks without limit, each lever used only
+    where it pays, and what it is made of."""
+    unbounded = 10**9
+    one = predict(fits, n, 1, 1, bandwidth, costs)
+    floor, workers, ranks = min(
+        (predict(fits, n, w, r, bandwidth, costs, colocated), w, r)
+        for w in (1, unbounded)
+        for r in (1, unbounded)
+    )
+    handoff = sum(f.bytes_per_sequence for f in fits.values()) * n / (bandwidth * 1e6)
+    fixed = sum(f.fixed_s for f in fits.values())
+    spread = sum(costs.placed_s + fits[s].fixed_s for s in FANNED_OUT) * (workers > 1)
+    spread += costs.train_ranks_s(colocated) * (ranks > 1)
+    rest = floor - fixed - handoff - spread
+    used = [name for name, on in (("fan-out", workers > 1), ("ranks", ranks > 1)) if on]
+    return (
+        f"{MODES[colocated]} floor (unbounded workers, ranks where they pay; using "
+        f"{' and '.join(used) or 'neither'}): {floor:.2f} s = fixed {fixed:.2f} + spreading "
+        f"{spread:.2f} + stages' compute left {rest:.2f} + storage handoff {handoff:.3f}; "
+        f"best speedup {one / floor:.1f}x"
+    )
 
 
 def format_model(
-    fits: dict[str, StageFit], n: int, bandwidth: float, costs: SpreadCosts
+    fits: dict[str, StageFit],
+    n: int,
+    bandwidth: float,
+    costs: SpreadCosts,
+    group: RankGroupCosts,
 ) -> tuple[str, str]:
-    """The fitted stages and spreading costs, the predicted table, where scaling stops."""
+    """The fitted stages and spreading costs, the predicted tables of both device modes,
+    where scaling stops."""
     lines = [f"{'stage':>10}{'fixed s':>10}{'ms/seq':>9}{'KB/seq':>9}"]
     for stage, fit in fits.items():
         lines.append(
@@ -193,44 +322,29 @@ def format_model(
             f"{fit.bytes_per_sequence / 1e3:>9.2f}"
         )
     lines.append(
-        f"spreading: a placed shard {costs.placed_s:.2f} s (bench/placement.py), a "
-        f"train launch on ranks {costs.spmd_launch_s:.2f} s (measured here), data-parallel "
-        f"efficiency {costs.efficiency:.0%} (assumed)"
-    )
-    rank_counts, worker_counts = (1, 2, 4, 8), (1, 2, 4, 8, 16)
-    lines += ["", f"predicted s/iteration at {n} sequences, storage {bandwidth:.0f} MB/s:"]
-    lines.append(f"{'fan-out':>12}" + "".join(f"{f'{r} ranks':>10}" for r in rank_counts))
-    for workers in worker_counts:
-        cells = "".join(
-            f"{predict(fits, n, workers, r, bandwidth, costs):>10.2f}" for r in rank_counts
-        )
-        lines.append(f"{workers:>12}{cells}")
-    one = predict(fits, n, 1, 1, bandwidth, costs)
-    best = min(
-        (predict(fits, n, w, r, bandwidth, costs), w, r) for w in worker_counts for r in rank_counts
-    )
-    unbounded = 10**9
-    # the floor: workers and ranks without limit, each lever used only where it pays
-    floor, workers, ranks = min(
-        (predict(fits, n, w, r, bandwidth, costs), w, r)
-        for w in (1, unbounded)
-        for r in (1, unbounded)
-    )
-    handoff = sum(f.bytes_per_sequence for f in fits.values()) * n / (bandwidth * 1e6)
-    fixed = sum(f.fixed_s for f in fits.values())
-    spread = sum(costs.placed_s + fits[s].fixed_s for s in FANNED_OUT) * (workers > 1)
-    spread += costs.spmd_launch_s * (ranks > 1)
-    rest = floor - fixed - handoff - spread
-    used = [name for name, on in (("fan-out", workers > 1), ("ranks", ranks > 1)) if on]
-    lines.append(
-        f"best in the table: {best[0]:.2f} s (fan-out {best[1]}, {best[2]} ranks) of "
-        f"{one:.2f} s unspread"
+        f"spreading: a placed shard {costs.placed_s:.2f} s (bench/placement.py); a warm rank "
+        f"group {costs.spmd_step_s:.2f} s a step and {costs.spmd_launch_s:.2f} s a launch "
+        f"(start and stop); data-parallel efficiency {costs.efficiency:.0%} "
+        "(assumed)"
     )
     lines.append(
-        f"floor (unbounded workers, ranks where they pay; using {' and '.join(used) or 'neither'}"
-        f"): {floor:.2f} s = fixed {fixed:.2f} + spreading {spread:.2f} + stages' compute "
-        f"left {rest:.2f} + storage handoff {handoff:.3f}; best speedup {one / floor:.1f}x"
+        f"{group.measured}: step {group.step_s:.2f} s, start {group.start_s:.2f} s, stop "
+        f"{group.stop_s:.2f} s"
     )
+    lines.append(
+        f"train ranks dedicated: +{costs.train_ranks_s(False):.2f} s/iteration (the launch "
+        f"once per {costs.iterations}-iteration flow run); colocated: "
+        f"+{costs.train_ranks_s(True):.2f} s/iteration (a launch every iteration)"
+    )
+    for colocated, mode in MODES.items():
+        lines += [
+            "",
+            f"predicted s/iteration at {n} sequences, storage {bandwidth:.0f} MB/s, "
+            f"train ranks {mode}:",
+        ]
+        lines += prediction_table(fits, n, bandwidth, costs, colocated)
+    lines += ["", f"unspread: {predict(fits, n, 1, 1, bandwidth, costs):.2f} s"]
+    lines += [floor_line(fits, n, bandwidth, costs, colocated) for colocated in MODES]
     for stage in FANNED_OUT:
         cost = costs.placed_s + fits[stage].fixed_s
         lines.append(
@@ -238,19 +352,22 @@ def format_model(
             f"{break_even(fits[stage], 2, cost):.0f} / {break_even(fits[stage], 16, cost):.0f} "
             "sequences per iteration"
         )
-    lines.append(
-        f"train on 2 / 8 ranks pays from "
-        f"{break_even(fits[TRAIN], 2, costs.spmd_launch_s, costs.efficiency):.0f} / "
-        f"{break_even(fits[TRAIN], 8, costs.spmd_launch_s, costs.efficiency):.0f} "
-        "sequences per iteration"
-    )
+    for colocated, mode in MODES.items():
+        cost = costs.train_ranks_s(colocated)
+        lines.append(
+            f"{mode}: train on 2 / 8 ranks pays from "
+            f"{break_even(fits[TRAIN], 2, cost, costs.efficiency):.0f} / "
+            f"{break_even(fits[TRAIN], 8, cost, costs.efficiency):.0f} sequences per iteration"
+        )
     reading = (
         "Stages fitted from flow runs at two sizes (`a + b*n`); a fanned-out stage pays a "
-        "placed shard's fixed cost and a merge, a train stage on ranks pays a torchrun "
-        "launch per iteration (both measured, sources in `bench/scale_model.py`). Absolute "
-        "seconds are this CPU's tiny model; what carries over is where each lever starts "
-        "to pay (the break-even sizes scale with a stage's seconds per sequence, so a "
-        "larger model reaches them at fewer sequences) and the floor."
+        "placed shard's fixed cost and a merge; a train stage on ranks pays its warm rank "
+        "group's step every iteration and a launch (start and stop) once per flow run on "
+        "dedicated devices, every iteration where the ranks share devices with other stages "
+        "(all measured, sources in `bench/scale_model.py`). Absolute seconds are this CPU's "
+        "tiny model; what carries over is where each lever starts to pay (the break-even "
+        "sizes scale with a stage's seconds per sequence, so a larger model reaches them at "
+        "fewer sequences) and the floor."
     )
     return "\n".join(lines), reading
 
@@ -258,31 +375,48 @@ def format_model(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--smoke", action="store_true", help="2 and 4 sequences, HF generation, ranks launched once"
+        "--smoke", action="store_true", help="2 and 4 sequences, HF generation, 2 iterations"
     )
     parser.add_argument("--sizes", nargs=2, type=int, default=[32, 128])
-    parser.add_argument("--iterations", type=int, default=3, help="per size; first is warm-up")
+    parser.add_argument(
+        "--calibration-iterations", type=int, default=3, help="per run; the first is warm-up"
+    )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=FLOW_RUN_ITERATIONS,
+        help="of the predicted flow run: a dedicated rank group's launch is spread over them",
+    )
     parser.add_argument("--predict-at", type=int, default=512, help="sequences per iteration")
     parser.add_argument("--bandwidth-mb-s", type=float, help="default: this disk, measured")
     parser.add_argument("--efficiency", type=float, default=0.85, help="data-parallel")
     parser.add_argument(
         "--placed-stage-s", type=float, default=PLACED_STAGE_S, help="a placed shard's cost"
     )
+    measured = f"default: measured on {SPMD_RANKS} ranks here (both given: no run on ranks)"
+    parser.add_argument("--spmd-step-s", type=float, help=f"a rank group's step; {measured}")
     parser.add_argument(
-        "--spmd-launch-s", type=float, help=f"default: measured on {SPMD_RANKS} ranks here"
+        "--spmd-launch-s", type=float, help=f"a rank group's start and stop; {measured}"
     )
     args = parser.parse_args()
     if args.smoke:
-        args.sizes, args.iterations = [2, 4], 2
+        args.sizes, args.calibration_iterations = [2, 4], 2
     print(machine_line(), flush=True)
-    fits, disk, small_train = calibrate(tuple(args.sizes), args.iterations, args.smoke)
-    launch = args.spmd_launch_s
-    if launch is None:
-        # the smoke launches its ranks once: each launch is ~10 s of start-up on 2 cores
-        iterations = 1 if args.smoke else args.iterations
-        launch = spmd_launch_seconds(args.sizes[0], iterations, args.smoke, small_train)
-    costs = SpreadCosts(args.placed_stage_s, launch, args.efficiency)
-    table, reading = format_model(fits, args.predict_at, args.bandwidth_mb_s or disk, costs)
+    measure_ranks = args.spmd_step_s is None or args.spmd_launch_s is None
+    fits, disk, group = calibrate(
+        tuple(args.sizes), args.calibration_iterations, args.smoke, measure_ranks
+    )
+    if group is None:  # both given
+        given = "rank group as given (--spmd-step-s, --spmd-launch-s as its start)"
+        group = RankGroupCosts(args.spmd_step_s, args.spmd_launch_s, 0.0, given)
+    costs = SpreadCosts(
+        args.placed_stage_s,
+        group.step_s if args.spmd_step_s is None else args.spmd_step_s,
+        group.start_s + group.stop_s if args.spmd_launch_s is None else args.spmd_launch_s,
+        args.efficiency,
+        args.iterations,
+    )
+    table, reading = format_model(fits, args.predict_at, args.bandwidth_mb_s or disk, costs, group)
     print(table)
     record(
         "Scale model: seconds per iteration vs fan-out and training ranks (issue 30)",

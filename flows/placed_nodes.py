@@ -7,7 +7,9 @@ process (``flows.local_node``). The group stays up for the flow run's iterations
 stage from the group's rank 0 as one task run, rank 0 hands the order to every rank and
 commits the stage; the ranks keep the weights loaded in between. The flow run stops its
 groups when it ends (``close_rank_groups``). A group holds its pool's workers while it is up:
-where other stages are placed on the same pool, it ends after each order (``shares_devices``), as it does for one machine's ranks on GPUs.
+where other stages are placed on the same pool, it ends after each order; one machine's ranks
+on GPUs the flow shares move their models to host memory between orders instead
+(``between_orders``).
 
 An attempt is one group: one ``Rendezvous`` (a fresh ``--rdzv-id``) and its ``num_nodes``
 task runs (or its local launch). An iteration orders its stage from the flow run's group if every node of it
@@ -51,6 +53,7 @@ from flows.placement import (
     flow_run_block,
     live_workers,
     mark_task_run_crashed,
+    on_pool,
     placed_pool,
     stored_stage,
     task_run_state,
@@ -61,7 +64,7 @@ from flows.pool_tasks import (
     rank_group_key,
     rank_group_program,
 )
-from flows.rank_group import IDLE_S, STAGE, STOP, rank_group_task
+from flows.rank_group import STAGE, STOP, idle_seconds, rank_group_task
 from nemo_rl_core.config.cluster import TRAIN_STAGE
 from nemo_rl_core.distributed.node_launch import (
     NodeEnd,
@@ -113,11 +116,6 @@ def warn_if_pool_is_short(config: Any) -> None:
         )
 
 
-def on_pool(pool: str | None) -> str:
-    """Where a group's nodes run, as messages say it."""
-    return f"on pool {pool!r}" if pool is not None else "on this machine's ranks"
-
-
 @dataclass
 class NodeRun:
     """One node of an attempt (its task run on the pool, or its launch from this process),
@@ -145,6 +143,8 @@ class Attempt:
         self.orders = rank_group_key(pool, attempt)
         self.sent: list[UUID] = []  # the orders' task runs
         self.wait_s = float(config.cluster.placement_wait_seconds)
+        self.idle_s = idle_seconds()  # its ranks stop on their own after this without orders
+        self.between_orders = between_orders(config, name, pool)
         self.ended = threading.Event()
         if pool is None:
             self.nodes = [self.local_node()]
@@ -160,7 +160,8 @@ class Attempt:
                 f"{self.rendezvous.nnodes} machines, and runs here only on this one: place it "
                 f"on a pool (cluster.placement.{self.name}) whose workers each launch one node"
             )
-        program = rank_group_program(self.run, self.orders)
+        release = self.between_orders == RELEASE
+        program = rank_group_program(self.run, self.orders, self.idle_s, release)
         return NodeRun(0, LocalNode(program, self.rendezvous, self.notes, self.ended), True)
 
     def pool_node(self, pool: str, node_rank: int) -> NodeRun:
@@ -172,6 +173,7 @@ class Attempt:
                 "iteration": self.iteration,
                 "name": self.name,
                 "orders": self.orders,
+                "idle_s": self.idle_s,
                 "node_rank": node_rank,
                 "rendezvous": self.rendezvous,
                 "storage_block": flow_run_block(),
@@ -263,7 +265,7 @@ class Attempt:
                 self.name,
                 self.rendezvous.attempt,
                 STOP_WAIT_S,
-                IDLE_S,
+                self.idle_s,
             )
         self.cancel_orders("its rank group ended")
 
@@ -414,15 +416,29 @@ def close_rank_groups(run: RunRef) -> None:
         group.stop(iteration)
 
 
-def shares_devices(config: Any, name: str, pool: str | None) -> bool:
-    """Whether other stages need what a warm group holds while it is up: the workers of its
-    pool (another stage is placed there too), or, for ranks of the flow's own machine
-    (``pool`` None), its GPUs, where the flow's generation engine and inference stages run
-    beside ranks that keep the model and optimizer resident. There the group ends after each
-    order instead, freeing them (as NeMo RL's colocated workers offload between steps)."""
-    if pool is None:
-        return torch.cuda.is_available()
-    return any(p == pool and stage != name for stage, p in config.cluster.placement.items())
+KEEP, RELEASE, END = "keep", "release", "end"
+
+
+def between_orders(config: Any, name: str, pool: str | None) -> str:
+    """What a warm group of stage ``name`` does with what it holds between orders:
+
+    - ``END``: the group ends after each order, where other stages need what it holds: the
+      workers of its pool (another stage is placed there too), or, for one machine's ranks
+      on GPUs that the flow's generation and inference stages share, a backend that cannot
+      offload (Megatron's ranks here);
+    - ``RELEASE``: one machine's ranks on GPUs, HF backend: they stay up and move their
+      weights and optimizer state to host memory after each order
+      (``RunRuntime.release_devices``), as NeMo RL's colocated workers do between steps;
+    - ``KEEP``: the group keeps everything resident (devices of its own, or only CPUs).
+    """
+    if pool is not None:
+        shared = any(p == pool and stage != name for stage, p in config.cluster.placement.items())
+        return END if shared else KEEP
+    if not torch.cuda.is_available():
+        return KEEP
+    trained = [config.policy, getattr(config, "value", None)]
+    offloads = all(model.training_backend == "hf" for model in trained if model is not None)
+    return RELEASE if offloads else END
 
 
 def run_placed_nodes(
@@ -448,7 +464,7 @@ def run_placed_nodes(
             # a group whose step raises stays registered: the flow run's end stops it
             ordered = group.step(iteration, upstream, watch)
             if ordered:
-                if shares_devices(config, name, pool):
+                if between_orders(config, name, pool) == END:
                     # other stages need its workers or GPUs before the next iteration
                     del _groups[key]
                     group.stop(iteration)
@@ -464,7 +480,7 @@ def run_placed_nodes(
             unstarted = group.unstarted(ends)
             ends = [end for end in ends if end.node_rank not in unstarted]
             if not unstarted and all(end.kind == "finished" for end in ends):
-                # the group stopped on its own (no order for IDLE_S) as the order came
+                # the group stopped on its own (no order for its idle_s) as the order came
                 restartable = [
                     NodeEnd(
                         end.node_rank,

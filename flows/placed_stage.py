@@ -23,26 +23,27 @@ from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import runtime_for
 from nemo_rl_core.pipeline.spec import shard_part, split_round
 from nemo_rl_core.storage.handles import RunRef, open_storage
-from tasks.stage import run_stage_tasks, stage_inputs, stage_logger
+from tasks.stage import run_stage_tasks, stage_inputs
 
 
 def run_placed_stage(
     config: Any, run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]
 ) -> StageRef:
     """Stage ``name`` where ``cluster.placement`` puts it: task runs of its pool's stage
-    workers (its shards first, where it fans out), or task runs in this process."""
+    workers (its shards first, where it fans out), the training stage on this machine's
+    ranks (a warm rank group this process starts once for the flow run), or task runs in
+    this process. A placed stage (or one on ranks) is skipped where the manifest holds it
+    complete for the same inputs."""
     pool = placed_pool(config, name)
     runtime = runtime_for(run)
-    storage = open_storage(run)
     spec = runtime.pipeline.stage(name)
-    if pool is None:
-        if runs_across_ranks(config, spec.commits):
-            return run_local_ranks(config, run, iteration, name, upstream)
+    across_ranks = runs_across_ranks(config, spec.commits)
+    if pool is None and not across_ranks:
         return run_stage_tasks(config, run, iteration, name, upstream)
-    tasks = pool_tasks(pool)
+    storage = open_storage(run)
     given = {"run": run, "iteration": iteration, "name": name, "storage_block": flow_run_block()}
     count = config.orchestration.fan_out.get(split_round(name)[0], 1)
-    if count > 1:
+    if pool is not None and count > 1:  # (a stage across ranks never fans out)
         inputs = stage_inputs(runtime, spec, iteration, upstream)
         shards: dict[str, StageRef] = {}
         missing: dict[str, PlacedTask[StageRef]] = {}
@@ -54,7 +55,7 @@ def run_placed_stage(
                 shards[part] = StageRef(entry.outputs)
                 continue
             missing[part] = PlacedTask(
-                tasks.shard,
+                pool_tasks(pool).shard,
                 {**given, "index": index, "count": count, "upstream": upstream},
                 heartbeat_name(name, index, count),
                 label,
@@ -67,10 +68,11 @@ def run_placed_stage(
     if (entry := storage.completed_stage(iteration, name, inputs)) is not None:
         skipped(run, label, pool)
         return StageRef(entry.outputs)
-    if runs_across_ranks(config, spec.commits):
+    if across_ranks:
         return run_placed_nodes(config, run, iteration, name, pool, upstream, inputs)
+    assert pool is not None, "a one-process stage comes this far only placed on a pool"
     merged = PlacedTask(
-        tasks.stage,
+        pool_tasks(pool).stage,
         {**given, "upstream": upstream},
         heartbeat_name(name),
         label,
@@ -78,22 +80,3 @@ def run_placed_stage(
     )
     [ref] = run_job(config, run, iteration, pool, [merged])
     return ref
-
-
-def run_local_ranks(
-    config: Any, run: RunRef, iteration: int, name: str, upstream: dict[str, StageRef]
-) -> StageRef:
-    """The training stage on this machine's ``cluster.gpus_per_node`` ranks: ordered from
-    the flow run's warm rank group, started by this process once for the flow run; skipped
-    where the manifest holds it complete for the same inputs."""
-    runtime = runtime_for(run)
-    inputs = stage_inputs(runtime, runtime.pipeline.stage(name), iteration, upstream)
-    if (entry := open_storage(run).completed_stage(iteration, name, inputs)) is not None:
-        stage_logger().info(
-            "run %s iteration %d stage %s: complete with these inputs, skipped",
-            run.run_id,
-            iteration,
-            name,
-        )
-        return StageRef(entry.outputs)
-    return run_placed_nodes(config, run, iteration, name, None, upstream, inputs)

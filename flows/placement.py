@@ -182,9 +182,18 @@ def stored_chain(
     return refs
 
 
-def skipped(run: RunRef, label: str, pool: str) -> None:
+def on_pool(pool: str | None) -> str:
+    """Where a placed job runs, as messages say it (``pool`` None: the training stage on
+    this machine's ranks)."""
+    return f"on pool {pool!r}" if pool is not None else "on this machine's ranks"
+
+
+def skipped(run: RunRef, label: str, pool: str | None) -> None:
     stage_logger().info(
-        "run %s: %s is complete with these inputs, skipped (placed on %s)", run.run_id, label, pool
+        "run %s: %s is complete with these inputs, skipped (placed %s)",
+        run.run_id,
+        label,
+        on_pool(pool),
     )
 
 

@@ -180,16 +180,23 @@ def rank_group_key(pool: str | None, attempt: str) -> str:
     return f"stage-ranks@{pool}/{attempt}" if pool is not None else f"stage-ranks/{attempt}"
 
 
-def rank_group_program(run: RunRef, orders: str) -> list[str]:
+def rank_group_program(
+    run: RunRef, orders: str, idle_s: float, release_devices: bool = False
+) -> list[str]:
     """What torchrun starts on every rank of a warm rank group of ``run`` serving the task
-    key ``orders`` (``python``'s arguments), naming the flow run that orders it."""
+    key ``orders`` (``python``'s arguments), stopping after ``idle_s`` without an order,
+    naming the flow run that orders it; with ``release_devices`` its ranks move their models
+    to host memory after each order (``flows.placed_nodes.between_orders``)."""
     program = [
         "-m",
         "flows.rank_group",
         f"--run-id={run.run_id}",
         f"--storage-root={run.storage_root}",
         f"--orders={orders}",
+        f"--idle-s={idle_s}",
     ]
+    if release_devices:
+        program.append("--release-devices")
     if (flow_run := current_flow_run()) is not None:
         program.append(f"--flow-run={flow_run}")
     return program
@@ -202,15 +209,16 @@ def run_node_here(
     node_rank: int,
     rendezvous: Rendezvous,
     orders: str,
+    idle_s: float,
     storage_block: str | None = None,
 ) -> None:
     """Node ``node_rank`` of a warm rank group of stage ``name`` (started for ``iteration``):
     this machine's ranks of ``rendezvous``, started here with torchrun, which serve the
     stage's orders (task runs of key ``orders``, one per iteration) until told to stop
-    (``flows.rank_group``), or until the iteration flow run that ordered it has ended;
-    returns once they ended. No stage timeout here: the group
+    (``flows.rank_group``), until none came for ``idle_s``, or until the iteration flow run
+    that ordered it has ended; returns once they ended. No stage timeout here: the group
     outlives one stage, and its rank 0 applies the timeout to each order."""
-    program = rank_group_program(run, orders)
+    program = rank_group_program(run, orders, idle_s)
     beat = node_heartbeat_name(name, node_rank, rendezvous.nnodes)
     notes = RendezvousNotes(open_storage(run), iteration, name, rendezvous.attempt)
     run_here(

@@ -11,24 +11,29 @@ world (``init_rank``) and opens the run's runtime; then
   (``rank_group_key``): the iteration flow orders each iteration's stage as one task run of
   that key (``Task.apply_async``), and the group's end with one more;
 - rank 0's task run hands its order to every rank (``broadcast_object_list`` on a gloo group
-  whose timeout covers the wait between orders), every rank runs the stage as a one-shot
-  rank does (``tasks.spmd_rank.run_rank_stage``: rank 0 commits it, under the stage's
+  whose timeout covers the wait between orders), every rank runs its part of the stage
+  (``tasks.spmd_rank.run_rank_stage``: rank 0 commits it, under the stage's
   ``orchestration.stage_timeout_seconds``), and the task run completes once all are done;
 - the weights stay loaded between orders: the runtime knows which step it holds
-  (``RunRuntime.policy_for_update``), as the one-process flow's does.
+  (``RunRuntime.policy_for_update``), as the one-process flow's does; ranks on GPUs the
+  flow's own stages share (``--release-devices``) keep them in host memory in between.
 
 An order that raises on a rank ends that rank, and through the collectives its peers wait in,
 every rank: the group is gone, the order's task run failed, and the flow starts a new group
-(a new attempt) or fails as a one-shot launch would. A flow run that died without stopping
+(a new attempt) or fails the stage. A flow run that died without stopping
 its group leaves it idle: rank 0 stops it once Prefect holds that flow run ended (asked
 every ``FLOW_RUN_CHECK_S``: a work pool's worker marks a flow run whose process died
-``Crashed``), or once no order came for ``IDLE_S``, freeing its stage workers.
+``Crashed``), or once no order came for its idle time, freeing its stage workers. The idle
+time is the flow's (``idle_seconds``: ``NEMO_RL_CORE_RANK_GROUP_IDLE_S`` in its environment,
+1800 s by default), handed to the ranks as it starts them (``--idle-s``).
 """
 
 import argparse
 import asyncio
 import contextlib
 import logging
+import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -51,14 +56,31 @@ from nemo_rl_core.storage.handles import RunRef
 from tasks.spmd_rank import COLLECTIVE_TIMEOUT_S, run_rank_stage
 from tasks.stage import STAGE_TASK_OPTIONS
 
-IDLE_S = 1800.0
-"""How long a group waits for its next order before it stops on its own."""
+IDLE_ENV = "NEMO_RL_CORE_RANK_GROUP_IDLE_S"
+DEFAULT_IDLE_S = 1800.0
 FLOW_RUN_CHECK_S = 5.0  # how often an idle group asks whether its flow run has ended
 ORDERS_MARGIN_S = 120.0  # the other ranks wait this much longer for an order than rank 0
 POLL_S = 0.2
 STAGE, STOP = "stage", "stop"  # what an order asks: run the stage, or end the group
 
 log = logging.getLogger("nemo_rl_core.rank_group")
+
+
+def idle_seconds() -> float:
+    """How long a group waits for its next order before it stops on its own:
+    ``NEMO_RL_CORE_RANK_GROUP_IDLE_S`` in the environment of the flow that starts it, or
+    ``DEFAULT_IDLE_S``."""
+    value = os.environ.get(IDLE_ENV, str(DEFAULT_IDLE_S))
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(
+            f"{IDLE_ENV}={value!r}: the seconds a rank group waits for its next order before "
+            f"it stops, a number above 0 (default {DEFAULT_IDLE_S:g})"
+        )
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -84,8 +106,11 @@ class OrderServer:
     and stops the group when told to, when an order fails, or (``stop_unless_busy``) when
     none came for ``idle_s`` or its flow run ended."""
 
-    def __init__(self, run: RunRef, orders: dist.ProcessGroup, idle_s: float) -> None:
+    def __init__(
+        self, run: RunRef, orders: dist.ProcessGroup, idle_s: float, release_devices: bool
+    ) -> None:
         self.run, self.orders, self.idle_s = run, orders, idle_s
+        self.release_devices = release_devices
         self.lock = threading.Lock()  # one order on the wire at a time
         self.done = threading.Event()
         self.failure: BaseException | None = None
@@ -107,7 +132,7 @@ class OrderServer:
                 within_stage_timeout(
                     self.run,
                     order.name,
-                    lambda: run_rank_stage(self.run, order.iteration, order.name, order.upstream),
+                    lambda: run_order(self.run, order, self.release_devices),
                 )
             except BaseException as err:
                 self.failure = err  # ends rank 0, once its task run has said so
@@ -193,10 +218,18 @@ async def serve_orders(server: OrderServer, key: str, flow_run: str | None) -> N
         raise server.failure
 
 
-def follow_orders(run: RunRef, orders: dist.ProcessGroup) -> None:
+def run_order(run: RunRef, order: Order, release_devices: bool) -> None:
+    """This rank's part of a STAGE order; with ``release_devices`` its models then leave
+    the GPU for host memory until the next order (``flows.placed_nodes.between_orders``)."""
+    run_rank_stage(run, order.iteration, order.name, order.upstream)
+    if release_devices:
+        runtime_for(run).release_devices()
+
+
+def follow_orders(run: RunRef, orders: dist.ProcessGroup, release_devices: bool) -> None:
     """Every rank but 0: carry out rank 0's orders until it says stop."""
     while (order := exchange(None, orders)).kind != STOP:
-        run_rank_stage(run, order.iteration, order.name, order.upstream)
+        run_order(run, order, release_devices)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -205,6 +238,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--storage-root", required=True)
     parser.add_argument("--orders", required=True, help="the task key rank 0 serves")
     parser.add_argument("--flow-run", default=None, help="the flow run that ordered it")
+    parser.add_argument(
+        "--idle-s", type=float, required=True, help="stop after this long without an order"
+    )
+    parser.add_argument(
+        "--release-devices",
+        action="store_true",
+        help="move the models to host memory after each order (ranks on GPUs the flow shares)",
+    )
     return parser
 
 
@@ -212,13 +253,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     init_rank(COLLECTIVE_TIMEOUT_S)
-    orders = dist.new_group(backend="gloo", timeout=timedelta(seconds=IDLE_S + ORDERS_MARGIN_S))
+    orders_timeout = timedelta(seconds=args.idle_s + ORDERS_MARGIN_S)
+    orders = dist.new_group(backend="gloo", timeout=orders_timeout)
     run = RunRef(args.storage_root, args.run_id)
     runtime_for(run)
     if dist.get_rank() == 0:
-        asyncio.run(serve_orders(OrderServer(run, orders, IDLE_S), args.orders, args.flow_run))
+        server = OrderServer(run, orders, args.idle_s, args.release_devices)
+        asyncio.run(serve_orders(server, args.orders, args.flow_run))
     else:
-        follow_orders(run, orders)
+        follow_orders(run, orders, args.release_devices)
     close_runtime(run)
     dist.destroy_process_group()
 

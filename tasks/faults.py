@@ -5,7 +5,7 @@ round ``reward.2`` and a shard ``reward/shard-0-of-2`` are stages of their own h
 fault at one of the three points of ``run_stage``:
 
 - before compute: ``raise`` (the default) fails the stage; ``stall`` hangs in its work for
-  ``STALL_SECONDS``, as a stuck backend does;
+  ``STALL_SECONDS``, as a stuck backend does, ``stall<s>`` for s seconds, as a slow one does;
 - in compute, on one rank of a stage run across processes: ``kill-rank<r>`` has rank r
   SIGKILL itself in its first backward pass, while its peers wait for it in the step's
   collectives (once per run: a rendezvous note on storage says it fired);
@@ -35,8 +35,8 @@ from nemo_rl_core.storage.run_storage import ObjectRef, RunStorage
 
 FAULT_ENV = "NEMO_RL_CORE_FAULT"
 STALL_SECONDS = 600.0  # a stalled stage outlasts any timeout a test sets
-MODES = ("raise", "stall", "kill", "damage", "kill-rank<r>")
-_MODE_RE = re.compile(r"raise|stall|kill|damage|kill-rank\d+")
+MODES = ("raise", "stall", "stall<s>", "kill", "damage", "kill-rank<r>")
+_MODE_RE = re.compile(r"raise|stall\d*|kill|damage|kill-rank\d+")
 FAULT_NOTES = "injected-faults"  # the rendezvous notes of rank kills that fired
 
 
@@ -68,8 +68,9 @@ class StageFaults:
             raise InjectedFault(
                 f"fault injected into stage {self.label!r} of iteration {self.iteration}"
             )
-        if "stall" in self.modes:  # short sleeps: a timeout raised here lands between them
-            stall_until = time.monotonic() + STALL_SECONDS
+        stalls = [mode.removeprefix("stall") for mode in self.modes if mode.startswith("stall")]
+        if stalls:  # short sleeps: a timeout raised here lands between them
+            stall_until = time.monotonic() + max(float(s or STALL_SECONDS) for s in stalls)
             while time.monotonic() < stall_until:
                 time.sleep(0.05)
 

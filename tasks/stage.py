@@ -10,18 +10,14 @@ stage); otherwise the stage computes, writes each output atomically and records 
 
 The training stage of a world above one rank runs SPMD instead, on ranks that stay up for
 the flow run (``flows.rank_group``, ordered by ``flows.placed_nodes``); rank 0 commits the
-stage as ``run_stage`` does. ``launch_stage_node`` starts one node's ranks for one stage
-attempt only (``tasks.spmd_rank``).
+stage as ``run_stage`` does (``tasks.spmd_rank.run_rank_stage``, on every rank).
 """
 
-import json
 import logging
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import torch
@@ -32,7 +28,6 @@ from prefect.exceptions import MissingContextError
 from prefect.futures import wait
 from prefect.task_engine import TaskRunTimeoutError
 
-from nemo_rl_core.distributed.node_launch import Rendezvous, RendezvousNotes, launch_node
 from nemo_rl_core.distributed.world import is_distributed
 from nemo_rl_core.pipeline.context import BATCH, StageContext, StageRef, StageResult
 from nemo_rl_core.pipeline.runtime import RunRuntime, runtime_for
@@ -102,7 +97,7 @@ def where_this_runs() -> RanOn:
         worker=os.environ.get(STAGE_WORKER_ENV, os.environ.get("PREFECT__WORKER_NAME")),
         host=socket.gethostname(),
         flow_run=str(flow_run.id) if flow_run is not None else None,
-        # rank 0 of a stage run across processes (tasks.spmd_rank)
+        # rank 0 of a stage run across processes (tasks.spmd_rank.run_rank_stage)
         ranks=torch.distributed.get_world_size() if is_distributed() else None,
         pid=os.getpid(),
         task_run=str(task_context.task_run.id) if task_context is not None else None,
@@ -225,39 +220,6 @@ def stage_shard(
         lambda: StageResult({BATCH: shard(context, index, count)}),
         part=shard_part(index, count),
     )
-
-
-# ---- a stage across processes: its ranks run tasks.spmd_rank ----------------------------
-
-
-def launch_stage_node(
-    run: RunRef,
-    iteration: int,
-    stage: str,
-    upstream: Mapping[str, StageRef],
-    node_rank: int,
-    rendezvous: Rendezvous,
-    log_path: Path | None = None,
-) -> None:
-    """Node ``node_rank``'s ranks of stage ``stage`` of ``iteration``, from ``upstream``'s
-    stored outputs; returns once they finished (rank 0 committed the stage), raises
-    ``RanksLost``/``RanksFailed``/``RendezvousIncomplete`` naming the ranks otherwise."""
-    with tempfile.TemporaryDirectory(prefix="spmd-stage-") as scratch:
-        upstream_file = Path(scratch) / "upstream.json"
-        upstream_file.write_text(
-            json.dumps({name: ref.to_dict() for name, ref in upstream.items()})
-        )
-        program = [
-            "-m",
-            "tasks.spmd_rank",
-            f"--run-id={run.run_id}",
-            f"--storage-root={run.storage_root}",
-            f"--iteration={iteration}",
-            f"--stage={stage}",
-            f"--upstream={upstream_file}",
-        ]
-        notes = RendezvousNotes(open_storage(run), iteration, stage, rendezvous.attempt)
-        launch_node(program, node_rank, rendezvous, notes, log_path=log_path)
 
 
 def shards_in(upstream: Mapping[str, StageRef]) -> list[str]:

@@ -4,8 +4,8 @@
 ``gpus_per_node`` ranks on each of ``num_nodes`` machines, one GPU each where there is
 CUDA. On a machine without CUDA a rank is a CPU process: ``gpus_per_node`` then counts
 processes per node (0 or 1: one process, the default), at most one per core. Above one
-rank the training stage runs SPMD under torchrun (``tasks.spmd_rank``); every other stage
-stays one process. Several nodes need the training stage placed on a pool
+rank the training stage runs SPMD under torchrun, on ranks that stay up for the flow run
+(``flows.rank_group``); every other stage stays one process. Several nodes need the training stage placed on a pool
 (``placement: {train: <pool>}``), whose workers each launch one node's ranks.
 
 Keys of ours: ``placement`` puts stages on pools of stage workers (a placed stage runs as a

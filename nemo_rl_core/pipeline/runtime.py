@@ -36,7 +36,8 @@ from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy import make_policy
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.hf_loading import load_tokenizer
-from nemo_rl_core.models.policy.interfaces import PolicyInterface
+from nemo_rl_core.models.policy.hf_trainer import HFTrainable
+from nemo_rl_core.models.policy.interfaces import ColocatablePolicyInterface, PolicyInterface
 from nemo_rl_core.models.value import make_value_model
 from nemo_rl_core.models.value.interfaces import ValueInterface
 from nemo_rl_core.pipeline.registry import pipeline_for_config
@@ -333,6 +334,9 @@ class RunRuntime:
         when it holds that step, unless rollouts run beside training (async GRPO), where the
         policy may be changing under the refit: then the committed checkpoint."""
         with self._generation_lock:
+            colocated = self._colocated_policy()
+            if colocated is not None:
+                colocated.offload_before_refit()
             started = time.perf_counter()
             if self._generation is None:
                 settings = configure_generation_config(
@@ -368,8 +372,35 @@ class RunRuntime:
                     origin,
                     time.perf_counter() - started,
                 )
+            if colocated is not None:
+                colocated.offload_after_refit()
             self._generation_step = step
             yield self._generation
+
+    def release_devices(self) -> None:
+        """The warm trained models' weights and optimizer state into host memory, their GPUs
+        free for other processes until the next pass brings them back (a training rank on
+        the flow's own machine, between orders: ``flows.rank_group``). Megatron's ranks do
+        not offload here."""
+        for model in (self._policy, self._value):
+            if isinstance(model, HFTrainable):
+                model.offload(weights=True)
+
+    def _colocated_policy(self) -> ColocatablePolicyInterface | None:
+        """The warm policy when it gives the GPU to the generation engine between steps
+        (``policy.generation.colocated.enabled``), as NeMo RL's colocated refit does: its
+        optimizer state leaves before the refit, its weights after it, and the next logprob
+        or training pass brings them back. Never while rollouts run beside training (async
+        GRPO), which NeMo RL does not colocate either."""
+        policy, generation = self._policy, self.config.policy.generation
+        if (
+            isinstance(policy, ColocatablePolicyInterface)
+            and generation is not None
+            and generation.colocated.enabled
+            and self.pipeline.ahead_depth(self.config) == 0
+        ):
+            return policy
+        return None
 
     # ---- data and environments -------------------------------------------------------
 

@@ -6,7 +6,10 @@
   stage in the flow's process; with ``dtensor_cfg.tensor_parallel_size: 2`` (DTensor TP,
   mesh dp=1 x tp=2) each step equals the one-process flow's within 1e-5, also when a rank is
   lost: the stage runs again on a new group, every rank restarted, which then serves the
-  next iteration with its weights still loaded.
+  next iteration with its weights still loaded;
+- with the Megatron backend the two ranks train data parallel (dp=2), each step equal to the
+  one-process DTensor flow's within 1e-5; rank 0 gathers both ranks' optimizer state into
+  the checkpoint.
 
 Across 2 "nodes" x 1 rank (``cluster.num_nodes: 2``), each node started by its own stage
 worker of the train pool (two task-worker processes), joined by torchrun's c10d rendezvous on
@@ -16,7 +19,8 @@ this machine (127.0.0.1), gloo:
   stopped at its end); loss, grad norm and the weights equal the one-process flow's within
   1e-5, the checkpoint loads in transformers;
 - a group whose flow run died (its process killed, Prefect marks it Crashed) stops and
-  frees the pool's workers;
+  frees the pool's workers; so does one that no order reached for its idle time, and the
+  flow's next order starts a fresh group;
 - a rank killed in the middle of a step fails the attempt; the next attempt restarts every
   rank, and the run ends bit-identical to the undisturbed run (at its first step: one step
   killed and run again, against the undisturbed run's checkpoint of that step);
@@ -46,8 +50,9 @@ from prefect.states import Crashed
 from test_placement_flow import flow_run_of, logs_of, stage_workers
 from transformers import AutoModelForCausalLM
 
-from flows.placed_nodes import shares_devices
+from flows.placed_nodes import END, KEEP, RELEASE, between_orders
 from flows.placement import PlacementError
+from flows.rank_group import IDLE_ENV, idle_seconds
 from flows.sft import sft
 from nemo_rl_core.storage.handles import RunRef, open_storage
 from tasks.faults import FAULT_ENV, FAULT_NOTES
@@ -168,6 +173,36 @@ def test_train_stage_on_two_local_ranks(
     assert len(again) == 1 and "rank 1 was killed by SIGKILL" in again[0], logs
 
 
+@pytest.mark.megatron
+def test_megatron_on_two_local_ranks(single: Path, tmp_path: Path) -> None:
+    """One process of either backend takes the same first step (fp32, AdamW at the DTensor
+    run's constant LR; their grad norms differ by ~2e-6 here); the group's ranks keep
+    Megatron's model and optimizer for the second, whose grad norm the two backends' first
+    updates, a rounding apart, move by ~4e-5."""
+    megatron = (
+        "policy.megatron_cfg.enabled=true",
+        "policy.dtensor_cfg.enabled=false",
+        "policy.megatron_cfg.optimizer.lr=0.001",
+        "policy.megatron_cfg.scheduler.lr_warmup_iters=0",
+    )
+    run(tmp_path, "megatron", None, "cluster.gpus_per_node=2", *megatron)
+    rank0 = set()
+    for iteration in (0, 1):
+        expected = stages_of(single, "single", iteration)["train"]["metrics"]
+        train = stages_of(tmp_path, "megatron", iteration)["train"]
+        got = train["metrics"]
+        assert got["loss"] == pytest.approx(expected["loss"], abs=1e-5)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-5 * 10**iteration)
+        assert got["global_valid_toks"] == expected["global_valid_toks"]
+        assert train["ran_on"]["ranks"] == 2
+        rank0.add(train["ran_on"]["pid"])
+    assert len(rank0) == 1, f"one rank group trained both iterations: {rank0}"
+    checkpoint = checkpoint_dir(tmp_path, "megatron", 2)
+    AutoModelForCausalLM.from_pretrained(checkpoint)
+    optimizer_files = sorted(p.name for p in (checkpoint / "optimizer").iterdir())
+    assert optimizer_files == ["optim_tp0_dp0.pt", "optim_tp0_dp1.pt"]  # both ranks', by rank 0
+
+
 def test_two_nodes_each_started_by_a_worker_train_as_one_process(
     single: Path, two_nodes: Path
 ) -> None:
@@ -238,6 +273,37 @@ def test_a_group_whose_flow_run_died_stops_and_frees_the_workers(tmp_path: Path,
     nodes = node_task_runs("orphan", pool, 0, within_s=120)
     assert len(nodes) == 2 and all(t.state.is_completed() for t in nodes), nodes
     assert stages_of(tmp_path, "orphan", 0)["train"]["ran_on"]["ranks"] == 2
+
+
+def test_a_group_no_order_reaches_stops_and_the_next_order_starts_a_fresh_one(
+    tmp_path: Path, two_nodes: Path, pool: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flow's groups stop after 10 s without an order, and iteration 1's batch stage
+    stalls 13 s: iteration 0's group stops by itself in between (no stop order reached it),
+    its node task runs complete, and both workers of the pool take the fresh group that
+    iteration 1's order starts. The run is the two-node run, bit for bit."""
+    monkeypatch.setenv(IDLE_ENV, "10")
+    monkeypatch.setenv(FAULT_ENV, "batch@1:stall13")
+    storage = open_storage(RunRef(str(tmp_path), "idle"))
+    storage.write_rendezvous_note(0, "train", FAULT_NOTES, KILL_RANK1, {"pid": None})
+    run(tmp_path, "idle", pool)
+    first, fresh = node_task_runs("idle", pool, 0), node_task_runs("idle", pool, 1)
+    assert len(first) == 2 and all(t.state.is_completed() for t in first), first
+    assert len(fresh) == 2 and all(t.state.is_completed() for t in fresh), fresh
+    first_orders = task_runs_of("idle", f"stage-ranks@{POOL}/idle-it0-")
+    done = [t.name for t in first_orders if t.state.is_completed()]
+    assert done == ["train-stage-it0"], first_orders  # no stop order: it stopped by itself
+    workers = set()
+    for node in (0, 1):
+        beat = storage.read_stage_run(1, f"train.node-{node}-of-2")
+        assert beat is not None
+        workers.add(beat.ran_on.worker)
+    assert workers == {f"{POOL}-0", f"{POOL}-1"}, "both workers were free for the fresh group"
+    # said by the flow: found ended before the order, or as the order came
+    said = ("ended since its last order", "its rank group stopped before the order reached it")
+    logs = logs_of(flow_run_of("sft-idle").id)
+    assert any(why in line for line in logs for why in said), logs
+    assert_bit_identical(checkpoint_dir(tmp_path, "idle", 2), checkpoint_dir(two_nodes, "nodes", 2))
 
 
 def test_a_group_on_a_pool_shared_with_another_stage_ends_after_each_step(
@@ -322,16 +388,32 @@ def test_a_pool_short_of_nodes_is_said_and_fails_naming_the_missing_ranks(
     assert "train" not in stages_of(tmp_path, "wait", 0)
 
 
-def test_a_group_ends_after_each_step_where_others_need_its_devices(
+def test_what_a_group_holds_between_orders_follows_who_else_needs_its_devices(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On one machine's GPUs the flow's generation needs them between steps; on a pool, the
-    other stages placed there need its workers."""
-    config = SimpleNamespace(cluster=SimpleNamespace(placement={"train": POOL}))
+    """On a pool, the other stages placed there need its workers: it ends. On one machine's
+    GPUs the flow's generation needs them between steps: HF ranks offload to host memory,
+    Megatron's end. On CPUs, or on a pool of its own, it keeps everything."""
+    hf = SimpleNamespace(training_backend="hf")
+    config = SimpleNamespace(cluster=SimpleNamespace(placement={"train": POOL}), policy=hf)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert not shares_devices(config, "train", None)
-    assert not shares_devices(config, "train", POOL)
+    assert between_orders(config, "train", None) == KEEP
+    assert between_orders(config, "train", POOL) == KEEP
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert shares_devices(config, "train", None)
+    assert between_orders(config, "train", None) == RELEASE
+    assert between_orders(config, "train", POOL) == KEEP
+    config.value = SimpleNamespace(training_backend="megatron")
+    assert between_orders(config, "train", None) == END
     config.cluster.placement["batch"] = POOL
-    assert shares_devices(config, "train", POOL)
+    assert between_orders(config, "train", POOL) == END
+
+
+def test_the_idle_time_is_the_flows_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(IDLE_ENV, raising=False)
+    assert idle_seconds() == 1800
+    monkeypatch.setenv(IDLE_ENV, "90")
+    assert idle_seconds() == 90
+    for wrong in ("0", "-5", "soon", "inf"):
+        monkeypatch.setenv(IDLE_ENV, wrong)
+        with pytest.raises(ValueError, match=f"{IDLE_ENV}='{wrong}': the seconds a rank group"):
+            idle_seconds()

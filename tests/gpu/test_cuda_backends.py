@@ -60,6 +60,37 @@ def test_bf16_training_on_the_gpu_learns_and_saves_a_cpu_loadable_checkpoint(
     assert trained[mask].mean() > manual_logprobs(tiny_model_dir, data)[mask].mean()
 
 
+def test_offload_after_refit_frees_the_gpu_and_the_next_steps_compute_the_same(
+    tiny_model_dir: Path,
+) -> None:
+    """NeMo RL's colocated lifecycle: weights, reference model and optimizer state leave
+    the GPU after a refit and come back for the next pass, which computes as if they never
+    left (the same kernels on the same bytes)."""
+    config = policy_config(tiny_model_dir)
+    kept, offloaded = make_policy(config), make_policy(config)
+    data = token_batch()
+    for policy in (kept, offloaded):
+        policy.train(data, NLLLossFn())  # the optimizer holds its moments now
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    offloaded.offload_before_refit()
+    offloaded.state_dict_for_refit()
+    offloaded.offload_after_refit()
+    freed = before - torch.cuda.memory_allocated()
+    held = sum(
+        t.numel() * t.element_size()
+        for module in (offloaded.model, offloaded.reference_model)
+        for t in module.parameters()
+    )
+    assert freed >= held, (freed, held)  # the weights, the reference and the moments left
+    assert not next(offloaded.model.parameters()).is_cuda
+    torch.testing.assert_close(
+        offloaded.get_logprobs(data)["logprobs"], kept.get_logprobs(data)["logprobs"]
+    )
+    offloaded.prepare_for_training()
+    assert offloaded.train(data, NLLLossFn())["loss"] == kept.train(data, NLLLossFn())["loss"]
+
+
 def test_hf_generation_on_the_gpu_decodes_the_cpu_greedy_tokens(tiny_model_dir: Path) -> None:
     config = GenerationConfig.model_validate(
         {

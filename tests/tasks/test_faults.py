@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -27,6 +28,14 @@ def test_faults_are_asked_per_stage_and_iteration(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(InjectedFault, match="'reward' of iteration 1"):
         StageFaults.asked("reward", 1).before_compute()
     StageFaults.asked("train", 1).before_compute()  # a kill comes after compute
+
+
+def test_a_stall_of_some_seconds_ends_after_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stall<s>``: a slow stage, not a stuck one (``stall``, which outlasts any test)."""
+    monkeypatch.setenv(FAULT_ENV, "batch@1:stall1")
+    started = time.monotonic()
+    StageFaults.asked("batch", 1).before_compute()
+    assert 1 <= time.monotonic() - started < 30
 
 
 def test_kill_ends_the_process_and_its_children_after_compute(tmp_path) -> None:

@@ -1,6 +1,6 @@
 """Where the Megatron ranks run: in this process (world size 1), as this process's rank of a
-stage run across processes (``tasks.spmd_rank``: every rank runs the same program), or, for
-a model held by a one-process stage, under ``torchrun --standalone``.
+stage run across processes (a rank of ``flows.rank_group``: every rank runs the same stage),
+or, for a model held by a one-process stage, under ``torchrun --standalone``.
 
 All give the same ``WorkerGroup.run(method, *args)``: call ``MegatronWorker.method`` on
 every rank with the same arguments and return the results of the ranks that hold them

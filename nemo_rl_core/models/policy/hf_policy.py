@@ -106,6 +106,7 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         self.temperature = temperature if temperature > 0 else 1.0
         self.head_splits = HeadSplits()
         self.scalar_head = config.reward_model_cfg.enabled
+        self.offload_optimizer_for_logprob = config.offload_optimizer_for_logprob
 
     # ---- inference --------------------------------------------------------------------
 
@@ -273,20 +274,33 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
 
     # ---- lifecycle --------------------------------------------------------------------
 
+    def _resident_modules(self) -> list[torch.nn.Module]:
+        beside = [m for m in (self.reference_model, self.draft) if m is not None]
+        return [*super()._resident_modules(), *beside]
+
     def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
+        self.onload(optimizer=True)
         self.model.train()
 
     def prepare_for_lp_inference(self) -> None:
+        """Weights on the device; with ``policy.offload_optimizer_for_logprob`` the optimizer
+        state waits in host memory until training."""
+        self.onload(optimizer=False)
         self.model.eval()
+        if self.offload_optimizer_for_logprob:
+            self.offload(weights=False)
 
     def finish_training(self, *args: Any, **kwargs: Any) -> None:
         self.model.eval()
 
     def offload_before_refit(self) -> None:
-        """Single device: nothing competes with the generation engine for memory here."""
+        """The optimizer state into host memory while the weights are sent."""
+        self.offload(weights=False)
 
     def offload_after_refit(self) -> None:
-        """Single device: nothing was offloaded."""
+        """Everything into host memory: the colocated engine generates next."""
+        self.offload(weights=True)
+        self.model.eval()
 
     def shutdown(self) -> bool:
         self.optimizer = self.scheduler = self.reference_model = None

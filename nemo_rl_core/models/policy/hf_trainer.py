@@ -31,6 +31,12 @@ from nemo_rl_core.distributed.world import is_distributed, is_writer, rank_devic
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, packed_layout, padded_layout
 from nemo_rl_core.models.policy.hf_loading import check_vocab, embedding_rows
+from nemo_rl_core.models.policy.offload import (
+    HOST,
+    move_module,
+    move_optimizer_state,
+    release_device_memory,
+)
 from nemo_rl_core.models.policy.optim import build_optimizer, build_scheduler
 from nemo_rl_core.models.policy.utils import check_model_inputs
 from nemo_rl_core.utils.config import filled
@@ -89,6 +95,7 @@ class HFTrainable(ABC):
         )
         # transformers' @wraps(Module.to) types ``self`` as the first argument.
         self.model = model.to(self.device)  # type: ignore[arg-type]
+        self.weights_offloaded = False  # in host memory while a colocated engine runs
         if config.dtensor_cfg.activation_checkpointing:
             # Recomputes each layer's activations in backward: less memory, same gradients.
             # Non-reentrant, so layers whose inputs need no grad (frozen LoRA bases) still
@@ -135,6 +142,34 @@ class HFTrainable(ABC):
         self, mb: BatchedDataDict, layout: ForwardLayout, loss_fn: LossFunction
     ) -> dict[str, torch.Tensor]:
         """Run the forward pass on ``layout`` and return the loss function's keyword inputs."""
+
+    # ---- residency: the GPU lent to a colocated generation engine between steps --------
+
+    def _resident_modules(self) -> list[torch.nn.Module]:
+        """What leaves the device with the weights (a subclass adds what it keeps beside)."""
+        return [self.model]
+
+    def offload(self, weights: bool) -> None:
+        """The optimizer state, and with ``weights`` the model, into host memory."""
+        if self.device.type == "cpu":
+            return
+        if self.optimizer is not None:
+            move_optimizer_state(self.optimizer, HOST)
+        if weights:
+            for module in self._resident_modules():
+                move_module(module, HOST)
+            self.weights_offloaded = True
+        release_device_memory()
+
+    def onload(self, optimizer: bool) -> None:
+        """The model, and with ``optimizer`` its state, back on the device (no-ops where
+        they are already there), so any pass after an offload runs without a prepare call."""
+        if self.weights_offloaded:
+            for module in self._resident_modules():
+                move_module(module, self.device)
+            self.weights_offloaded = False
+        if optimizer and self.optimizer is not None and self.device.type != "cpu":
+            move_optimizer_state(self.optimizer, self.device)
 
     # ---- inputs and microbatches -------------------------------------------------------
 
@@ -242,6 +277,7 @@ class HFTrainable(ABC):
         """Inference over ``data`` in microbatches (``logprob_batch_size`` or the token budget);
         results come back in ``data``'s order and width."""
         self.check_inputs(data)
+        self.onload(optimizer=False)
         planned, order = self.plan(data, None, train=False)
         width = data["input_ids"].shape[1]
         was_training = model.training
@@ -276,6 +312,7 @@ class HFTrainable(ABC):
         timer: Timer | None = None,
     ) -> dict[str, Any]:
         """One optimizer step per global batch of ``gbs`` samples; the LR schedule steps once."""
+        self.onload(optimizer=True)
         with timer.time("train") if timer is not None else contextlib.nullcontext():
             return self._train(data, loss_fn, eval_mode, gbs, mbs)
 

@@ -147,7 +147,12 @@ def test_torch_classes_are_checked_after_the_schema(override: dict, named: str) 
         (["policy.dtensor_cfg.enabled=false"], NO_GPU, "NeMo RL has no training backend"),
         (["policy.megatron_cfg.enabled=true"], NO_GPU, "dtensor_cfg.enabled=True: Megatron-core"),
         (["policy.dtensor_cfg.cpu_offload=true"], ONE_GPU, "CPU offload of parameters is not"),
-        (["policy.offload_optimizer_for_logprob=true"], ONE_GPU, "optimizer state to the CPU"),
+        (
+            ["policy.megatron_cfg.enabled=true", "policy.offload_optimizer_for_logprob=true"],
+            ONE_GPU,
+            "policy.offload_optimizer_for_logprob=True: moving the optimizer state to the host "
+            "for logprobs is built on the HF training backend",
+        ),
         (
             ["policy.megatron_cfg.enabled=true", "policy.sequence_packing.enabled=true"],
             NO_GPU,
@@ -175,6 +180,11 @@ def test_policy_keys_that_cannot_run_here_are_refused(
     [
         ["policy.dtensor_cfg.cpu_offload=true", "policy.offload_optimizer_for_logprob=true"],
         [
+            "policy.megatron_cfg.enabled=true",
+            "policy.dtensor_cfg.enabled=false",
+            "policy.offload_optimizer_for_logprob=true",
+        ],
+        [
             "policy.dtensor_cfg.sequence_parallel=true",
             "policy.dtensor_cfg.activation_checkpointing=true",
         ],
@@ -184,6 +194,11 @@ def test_policy_keys_that_cannot_run_here_are_refused(
 def test_policy_keys_that_run_here_pass(overrides: list[str]) -> None:
     """Host memory offload is moot without CUDA; sequence parallelism tunes TP, which is 1."""
     assert support_refusals("grpo_math_tiny.yaml", overrides, NO_GPU) == ""
+
+
+def test_the_hf_policy_offloads_its_optimizer_for_logprobs_on_a_gpu() -> None:
+    overrides = ["policy.offload_optimizer_for_logprob=true"]
+    assert support_refusals("grpo_math_tiny.yaml", overrides, ONE_GPU) == ""
 
 
 def test_value_model_reads_the_policy_tokenizer() -> None:
