@@ -32,7 +32,7 @@ are scored (a wall budget on a loaded machine, where its steps have taken 40-580
 Run:   nice -n 5 .venv/bin/python bench/learning_smollm2.py --seeds 1 2 3 --sft-seed 1 --trl 1 --keep DIR
 Again: .venv/bin/python bench/learning_smollm2.py --summarize DIR   (the tables of a kept run)
 TRL:   .venv/bin/python bench/learning_smollm2.py --trl 1 --trl-only --keep DIR
-Smoke: .venv/bin/python bench/learning_smollm2.py --smoke    (1+2 small steps, 8 problems)
+Smoke: .venv/bin/python bench/learning_smollm2.py --smoke    (1+2 small steps, 4 problems)
 """
 
 import argparse
@@ -69,14 +69,14 @@ SMOKE = {
     "grpo": [
         "grpo.max_num_steps=2",
         "grpo.num_prompts_per_step=2",
-        "grpo.num_generations_per_prompt=4",
-        "policy.train_global_batch_size=8",
+        "grpo.num_generations_per_prompt=2",
+        "policy.train_global_batch_size=4",
         *SMOKE_BATCH,
         "policy.generation.backend=hf",
     ],
-    # HF generates 8 short answers in seconds; a vLLM engine starts in ~20 s per eval, and the
+    # HF generates 4 short answers in seconds; a vLLM engine starts in ~20 s per eval, and the
     # eval flow on vLLM is tests/flows/test_eval_flow.py's.
-    "eval": ["data.num_samples=8", "generation.backend=hf"],
+    "eval": ["data.num_samples=4", "generation.backend=hf"],
 }
 AUDIT_WINDOW = 5  # GRPO steps compared at the start and at the end of a run
 KINDS = (
@@ -444,7 +444,7 @@ def main() -> None:
     parser.add_argument("--validation", action="store_true", help="score the validation split")
     parser.add_argument("--keep", type=Path, help="keep the runs here (default: a temp dir)")
     parser.add_argument(
-        "--smoke", action="store_true", help="one seed, 1+2 small steps, 8 problems"
+        "--smoke", action="store_true", help="one seed, 1+2 small steps, 4 problems"
     )
     parser.add_argument(
         "--summarize", type=Path, help="a --keep folder: print its tables again, run nothing"
