@@ -1,8 +1,9 @@
 """Run several benchmarks' ``--smoke`` mode in one Python process, one after another, each
-as ``python bench/<script> --smoke`` would (``__main__``, its own argv): the process pays
-the imports (torch, transformers, Prefect: ~6 CPU-s here) once instead of once per script.
+as ``python bench/<script> --smoke [ARGS]`` would (``__main__``, its own argv): the process
+pays the imports (torch, transformers, Prefect: ~6 CPU-s here) once instead of once per
+script.
 
-    python tests/bench/smoke_runner.py storage.py train.py ...
+    python tests/bench/smoke_runner.py storage.py train.py "learning_smollm2.py --seeds 2" ...
 
 Each script's output follows a line ``SMOKE_BEGIN <script>`` and ends with a line
 ``SMOKE_END <script> <status>``: ``ok``, or the exception's name (its traceback is printed
@@ -11,6 +12,7 @@ any failed."""
 
 import os
 import runpy
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -18,14 +20,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_script(script: str) -> str:
-    """``bench/<script> --smoke`` run here; ``ok`` or the name of what it raised. The next
-    script starts with this one's torch threads and environment undone (storage.py sets
-    one thread)."""
+def run_script(script: str, args: list[str]) -> str:
+    """``bench/<script> --smoke ARGS`` run here; ``ok`` or the name of what it raised. The
+    next script starts with this one's torch threads and environment undone (storage.py
+    sets one thread)."""
     import torch
 
     threads, environment = torch.get_num_threads(), dict(os.environ)
-    sys.argv = [f"bench/{script}", "--smoke"]
+    sys.argv = [f"bench/{script}", "--smoke", *args]
     try:
         runpy.run_path(str(REPO / "bench" / script), run_name="__main__")
     except SystemExit as stop:
@@ -40,14 +42,16 @@ def run_script(script: str) -> str:
     return "ok"
 
 
-def main(scripts: list[str]) -> int:
+def main(commands: list[str]) -> int:
+    """Each command is a script and its arguments after ``--smoke``, as one string."""
     sys.path[:0] = [str(REPO / "bench"), str(REPO)]  # as for ``python bench/<script>``
     import flows  # noqa: F401  (first, as each script has it: its process settings precede torch)
 
     failed = False
-    for script in scripts:
+    for command in commands:
+        script, *args = shlex.split(command)
         print(f"SMOKE_BEGIN {script}", flush=True)
-        status = run_script(script)
+        status = run_script(script, args)
         print(f"\nSMOKE_END {script} {status}", flush=True)
         failed |= status != "ok"
     return int(failed)
