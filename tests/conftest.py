@@ -24,6 +24,7 @@ import flows  # noqa: F401, E402  (first: its process settings, e.g. OMP_WAIT_PO
 # Outage tests stop the store on purpose: give up after seconds, not the default minutes.
 os.environ.setdefault("NEMO_RL_CORE_STORAGE_BUDGET_S", "8")
 from nemo_rl_examples import MIRROR, export_examples  # noqa: E402
+from prefect_harness import prefect_test_api  # noqa: E402
 
 from nemo_rl_core.models.local_models import build_tiny_model
 
@@ -92,17 +93,17 @@ def prefect_api() -> Iterator[None]:
     """Prefect's ephemeral API for this session (each xdist worker its own), shared by every
     folder that runs flows: Prefect sends the task-run events of a process to the first API it
     met (its events worker keeps that URL), so a second harness in the same process would get
-    flow runs without their task runs.
+    flow runs without their task runs. Its database starts as a copy of a migrated one
+    (tests/prefect_harness.py).
 
     Without Prefect's flow-run heartbeats (its default sends one every 180 s, from a thread
     that sleeps in 1 s steps): a flow run's end waits for that thread, up to a second of a
     test's wall time per flow run, and the project reads no heartbeat. The flow runs of the
     stack's worker and of the benchmarks' own processes keep Prefect's default."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
 
     with (
-        prefect_test_harness(server_startup_timeout=600),
+        prefect_test_api(),
         temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
     ):
         yield
