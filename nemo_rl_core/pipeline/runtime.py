@@ -36,8 +36,8 @@ from nemo_rl_core.models.local_models import resolve_model
 from nemo_rl_core.models.policy import make_policy
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.hf_loading import load_tokenizer
-from nemo_rl_core.models.policy.hf_trainer import HFTrainable
 from nemo_rl_core.models.policy.interfaces import ColocatablePolicyInterface, PolicyInterface
+from nemo_rl_core.models.policy.offload import Offloadable
 from nemo_rl_core.models.value import make_value_model
 from nemo_rl_core.models.value.interfaces import ValueInterface
 from nemo_rl_core.pipeline.registry import pipeline_for_config
@@ -380,10 +380,9 @@ class RunRuntime:
     def release_devices(self) -> None:
         """The warm trained models' weights and optimizer state into host memory, their GPUs
         free for other processes until the next pass brings them back (a training rank on
-        the flow's own machine, between orders: ``flows.rank_group``). Megatron's ranks do
-        not offload here."""
+        the flow's own machine, between orders: ``flows.rank_group``)."""
         for model in (self._policy, self._value):
-            if isinstance(model, HFTrainable):
+            if isinstance(model, Offloadable):
                 model.offload(weights=True)
 
     def _colocated_policy(self) -> ColocatablePolicyInterface | None:

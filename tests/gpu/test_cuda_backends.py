@@ -118,18 +118,17 @@ def test_hf_generation_on_the_gpu_decodes_the_cpu_greedy_tokens(tiny_model_dir: 
         assert tokens == ids[length:], f"sample {i}"
 
 
+MEGATRON_CFG = {
+    "enabled": True,
+    "optimizer": {"lr": 1e-3, "min_lr": 1e-3, "weight_decay": 0.0},
+    "scheduler": {"lr_warmup_iters": 0, "lr_warmup_init": 1e-3},
+}
+
+
 @pytest.mark.megatron
 def test_megatron_policy_on_the_gpu_equals_hf_and_learns(tiny_model_dir: Path) -> None:
     pytest.importorskip("megatron.core")
-    config = policy_config(
-        tiny_model_dir,
-        megatron_cfg={
-            "enabled": True,
-            "optimizer": {"lr": 1e-3, "min_lr": 1e-3, "weight_decay": 0.0},
-            "scheduler": {"lr_warmup_iters": 0, "lr_warmup_init": 1e-3},
-        },
-    )
-    policy = make_policy(config)
+    policy = make_policy(policy_config(tiny_model_dir, megatron_cfg=MEGATRON_CFG))
     try:
         data = token_batch()
         got = policy.get_logprobs(data)["logprobs"].cpu()
@@ -139,6 +138,43 @@ def test_megatron_policy_on_the_gpu_equals_hf_and_learns(tiny_model_dir: Path) -
         assert losses[-1] < 0.8 * losses[0], losses
     finally:
         policy.shutdown()
+
+
+@pytest.mark.megatron
+def test_megatron_ranks_free_the_gpu_after_a_refit_and_train_on_the_same(
+    tiny_model_dir: Path,
+) -> None:
+    """NeMo RL's colocated lifecycle on Megatron: the parameters (inside DDP's buffers),
+    gradient buffers, optimizer state and reference weights leave the GPU after a refit and
+    the next steps compute what a policy that kept them computes."""
+    pytest.importorskip("megatron.core")
+    config = policy_config(tiny_model_dir, megatron_cfg=MEGATRON_CFG)
+    data = token_batch()
+    kept = make_policy(config)
+    try:
+        want = [float(kept.train(data, NLLLossFn())["loss"]) for _ in range(3)]
+    finally:
+        kept.shutdown()
+    offloaded = make_policy(config)
+    try:
+        got = [float(offloaded.train(data, NLLLossFn())["loss"])]
+        for _ in range(2):
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            offloaded.offload_before_refit()
+            offloaded.state_dict_for_refit()
+            offloaded.offload_after_refit()
+            freed = before - torch.cuda.memory_allocated()
+            weights = sum(
+                t.numel() * t.element_size() for t in offloaded.state_dict_for_refit().values()
+            )
+            offloaded.offload_after_refit()
+            assert freed >= 2 * weights, (freed, weights)  # weights, reference, moments, grads
+            offloaded.prepare_for_training()
+            got.append(float(offloaded.train(data, NLLLossFn())["loss"]))
+        assert got == want
+    finally:
+        offloaded.shutdown()
 
 
 def test_a_grpo_iteration_of_the_core_steps_runs_on_the_gpu(tiny_model_dir: Path) -> None:

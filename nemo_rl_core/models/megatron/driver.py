@@ -101,8 +101,15 @@ class MegatronDriver:
         parts = self._gathered("train", data, loss_fn, eval_mode, gbs, mbs)
         return merge_train_results(parts, self.cfg.precision)
 
+    def offload(self, weights: bool) -> None:
+        """Every rank's gradient buffers and optimizer state into host memory, with
+        ``weights`` its parameters too; each rank's next pass brings back what it needs."""
+        self.workers.run("offload", weights)
+
     def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
-        """Ranks switch train/eval mode per call; nothing to move."""
+        """Weights, gradient buffers and optimizer state back in device memory (ranks
+        switch train/eval mode per call)."""
+        self.workers.run("onload", True)
 
     def finish_training(self, *args: Any, **kwargs: Any) -> None:
         """Ranks switch train/eval mode per call; nothing to move."""

@@ -37,9 +37,11 @@ from nemo_rl_core.models.megatron.model import (
     init_parallel_state,
     use_transformer_engine,
 )
+from nemo_rl_core.models.megatron.offload import ParkedStorages, distinct_storages
 from nemo_rl_core.models.policy.config import TrainedModelConfig
 from nemo_rl_core.models.policy.forward_layout import ForwardLayout, padded_layout
 from nemo_rl_core.models.policy.hf_loading import load_hf_config
+from nemo_rl_core.models.policy.offload import release_device_memory
 from nemo_rl_core.utils.config import filled
 
 Head = Literal["lm", "value"]
@@ -92,6 +94,10 @@ class MegatronWorker:
         self.spec = spec
         self.cfg = spec.config
         mcfg = spec.megatron_cfg
+        # What leaves device memory between steps (``offload``) and comes back (``onload``).
+        self._parked_weights = ParkedStorages(keep_values=True)
+        self._parked_grads = ParkedStorages(keep_values=False)
+        self._parked_optimizer = ParkedStorages(keep_values=True)
         self.tp = mcfg.tensor_model_parallel_size
         init_parallel_state(self.tp, spec.seed)
         from megatron.core import parallel_state
@@ -131,6 +137,7 @@ class MegatronWorker:
         # megatron-core is untyped (Any); both stay None with init_optimizer=False.
         self.optimizer: Any = None
         self.scheduler: Any = None
+        self._optimizer_on_host = False  # megatron's optimizer_cpu_offload keeps it there
         if spec.init_optimizer:
             self._build_optimizer()
         if spec.optimizer_path is not None:
@@ -235,6 +242,7 @@ class MegatronWorker:
             optimizer_cpu_offload=opt.optimizer_cpu_offload and torch.cuda.is_available(),
             optimizer_offload_fraction=opt.optimizer_offload_fraction,
         )
+        self._optimizer_on_host = config.optimizer_cpu_offload
         with cuda_as_cpu():
             self.optimizer = get_megatron_optimizer(config, [self.model])
         start_wd, end_wd = self.mcfg.weight_decay_range
@@ -285,6 +293,7 @@ class MegatronWorker:
         self, data: BatchedDataDict, micro_batch_size: int | None
     ) -> Iterator[tuple[torch.Tensor, ForwardLayout]]:
         """(row-layout output, layout) per microbatch of this rank's share, without grad."""
+        self.onload(optimizer=False)
         self.model.eval()
         share = self._dp_share(data)
         if not share.size:
@@ -315,6 +324,7 @@ class MegatronWorker:
             raise RuntimeError(
                 "this policy was built with init_reference_model=False; it has no reference model"
             )
+        self.onload(optimizer=False)
         current = self._weights_snapshot()
         self.gpt.load_state_dict(self.reference_state, strict=False)
         self._empty_unused_memory(1)
@@ -365,6 +375,7 @@ class MegatronWorker:
             raise RuntimeError("this model was built with init_optimizer=False; it cannot train")
         if "sample_mask" not in data:
             data = BatchedDataDict({**data, "sample_mask": torch.ones(data.size)})
+        self.onload(optimizer=True)
         self.model.train(not eval_mode)
         losses, grad_norms = [], []
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
@@ -467,12 +478,57 @@ class MegatronWorker:
             return 0.0
         return float(self.optimizer.param_groups[0]["lr"])
 
+    # ---- device memory between steps ----------------------------------------------------
+
+    def offload(self, weights: bool) -> None:
+        """The gradient buffers and the optimizer state out of device memory (NeMo RL's
+        ``offload_before_refit``), with ``weights`` the parameters and the reference weights
+        too (``offload_after_refit``). The next pass brings back what it needs."""
+        weight_storages = distinct_storages(self._weight_tensors())
+        if self.optimizer is not None and not self._optimizer_on_host:
+            optimizer = distinct_storages(self._optimizer_tensors(), besides=weight_storages)
+            self._parked_optimizer.park(optimizer)
+        self._parked_grads.park(distinct_storages(self._grad_buffers()))
+        if weights:
+            self._parked_weights.park(weight_storages)
+        if torch.cuda.is_available():
+            release_device_memory()
+
+    def onload(self, optimizer: bool) -> None:
+        """The weights back in device memory; with ``optimizer`` the gradient buffers and the
+        optimizer state too (training needs them, logprobs do not)."""
+        self._parked_weights.restore()
+        if optimizer:
+            self._parked_grads.restore()
+            self._parked_optimizer.restore()
+
+    def _weight_tensors(self) -> list[torch.Tensor]:
+        reference = list(self.reference_state.values()) if self.reference_state else []
+        return [*self.model.parameters(), *reference]
+
+    def _grad_buffers(self) -> list[torch.Tensor]:
+        """Megatron DDP's contiguous gradient buffers (every ``main_grad`` is a view)."""
+        buffers = [*self.model.buffers, *self.model.expert_parallel_buffers]
+        return [buffer.grad_data for buffer in buffers if buffer.grad_data is not None]
+
+    def _optimizer_tensors(self) -> list[torch.Tensor]:
+        """The torch optimizers' parameters (fp32 main copies, or views of the weights) and
+        per-parameter state."""
+        tensors: list[torch.Tensor] = []
+        for opt in self._torch_optimizers():
+            for group in opt.optimizer.param_groups:
+                tensors += group["params"]
+            for state in opt.optimizer.state.values():
+                tensors += [value for value in state.values() if isinstance(value, torch.Tensor)]
+        return tensors
+
     # ---- checkpoints --------------------------------------------------------------------
 
     def _gathered_hf_state(self) -> dict[str, torch.Tensor] | None:
         """The full HF state dict on TP rank 0 (None elsewhere), gathered over the TP group."""
         from megatron.core import parallel_state
 
+        self.onload(optimizer=False)
         local = {k: v.cpu() for k, v in self._weights_snapshot().items()}
         shards: list[dict[str, torch.Tensor]] = [local]
         if self.tp > 1:
@@ -550,6 +606,7 @@ class MegatronWorker:
         has no per-parameter ``step``; torch's AdamW, the fallback without them, has one.)"""
         if self.optimizer is None:
             raise RuntimeError("no optimizer to save (built with init_optimizer=False)")
+        self.onload(optimizer=True)
         inner = [
             {
                 "state": opt.optimizer.state_dict(),
@@ -582,6 +639,7 @@ class MegatronWorker:
                 "another tensor/data-parallel layout than this model's"
             )
         saved = torch.load(path, weights_only=False)
+        self.onload(optimizer=True)
         for opt, state in zip(self._torch_optimizers(), saved["optimizers"], strict=True):
             opt.optimizer.load_state_dict(state["state"])
             params = [p for g in opt.optimizer.param_groups for p in g["params"]]

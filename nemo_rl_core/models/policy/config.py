@@ -97,18 +97,6 @@ def _hf_backend_only(feature: str) -> Check:
     return Check(test, f"{feature} on the HF training backend (refused on Megatron)")
 
 
-def _offload_optimizer_for_logprob(enabled: bool, context: SupportContext) -> str | None:
-    """Built by the HF policy; Megatron's ranks keep their optimizer state on the GPU (on a
-    machine without CUDA there is nothing to move on either backend)."""
-    megatron = context.section_value("training_backend") == "megatron"
-    if enabled and megatron and context.machine.cuda_devices > 0:
-        return (
-            "moving the optimizer state to the host for logprobs is built on the HF training "
-            "backend, not on Megatron-core; set it to false"
-        )
-    return None
-
-
 _PLAN = Wired(f"{_TRAINER}.plan")
 
 
@@ -518,11 +506,7 @@ class PolicyConfig(TrainedModelConfig):
     ] = Field(None, ge=1)
     offload_optimizer_for_logprob: Annotated[
         bool,
-        Check(
-            _offload_optimizer_for_logprob,
-            "HFPolicy.prepare_for_lp_inference moves the optimizer state to the host; "
-            "refused on Megatron-core with a GPU",
-        ),
+        Wired("nemo_rl_core.models.policy.hf_policy:HFPolicy.prepare_for_lp_inference"),
     ] = False
     refit_buffer_size_gb: Annotated[
         float | None,

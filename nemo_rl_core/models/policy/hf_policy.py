@@ -54,17 +54,12 @@ from nemo_rl_core.models.policy.interfaces import (
 )
 from nemo_rl_core.models.policy.lora import add_adapters, merged_model, save_lora_checkpoint
 from nemo_rl_core.models.policy.selected_logprobs import HeadSplits, selected_token_logprobs
+from nemo_rl_core.models.policy.state_dict_refit import StateDictRefit
 from nemo_rl_core.models.policy.utils import DTYPES
 from nemo_rl_core.utils.config import filled
 
-SINGLE_PROCESS_REFIT = (
-    "this single-process policy has no collective group; refit a generation engine with "
-    "policy.state_dict_for_refit() -> generation.update_weights_from_state_dict(), or "
-    "policy.save_checkpoint(dir) -> generation.update_weights_from_checkpoint(dir)"
-)
 
-
-class HFPolicy(HFTrainable, ColocatablePolicyInterface):
+class HFPolicy(HFTrainable, StateDictRefit, ColocatablePolicyInterface):
     """NeMo RL's policy on one device with transformers models."""
 
     def __init__(
@@ -331,19 +326,6 @@ class HFPolicy(HFTrainable, ColocatablePolicyInterface):
         """``{name: (shape, dtype)}`` of what ``state_dict_for_refit`` sends."""
         dtype = DTYPES[self.cfg.precision]
         return {name: (tuple(t.shape), dtype) for name, t in self._hf_weights().items()}
-
-    def init_collective(
-        self, ip: str, port: int, world_size: int, *, train_world_size: int
-    ) -> list[Any]:
-        raise NotImplementedError(SINGLE_PROCESS_REFIT)
-
-    def stream_weights_via_ipc_zmq(self, *args: Any, **kwargs: Any) -> list[Any]:
-        raise NotImplementedError(SINGLE_PROCESS_REFIT)
-
-    def broadcast_weights_for_collective(
-        self, kv_scales: dict[str, float] | None = None
-    ) -> list[Any]:
-        raise NotImplementedError(SINGLE_PROCESS_REFIT)
 
 
 def _load_model(

@@ -17,15 +17,18 @@ from nemo_rl_core.models.generation.interfaces import GenerationDatumSpec
 from nemo_rl_core.models.megatron.driver import MegatronDriver
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.models.policy.interfaces import (
+    ColocatablePolicyInterface,
     LogprobOutputSpec,
-    PolicyInterface,
     ReferenceLogprobOutputSpec,
     TopkLogitsOutputSpec,
 )
+from nemo_rl_core.models.policy.state_dict_refit import StateDictRefit
 
 
-class MegatronPolicy(MegatronDriver, PolicyInterface):
-    """NeMo RL's Megatron policy: logprobs, reference logprobs, top-k logits, train, checkpoints."""
+class MegatronPolicy(MegatronDriver, StateDictRefit, ColocatablePolicyInterface):
+    """NeMo RL's Megatron policy: logprobs, reference logprobs, top-k logits, train,
+    checkpoints, and the colocated lifecycle (its ranks leave the GPU to the generation
+    engine between steps)."""
 
     def __init__(
         self,
@@ -45,6 +48,7 @@ class MegatronPolicy(MegatronDriver, PolicyInterface):
             init_optimizer,
             init_reference_model,
         )
+        self.offload_optimizer_for_logprob = config.offload_optimizer_for_logprob
 
     def get_logprobs(
         self, data: BatchedDataDict[GenerationDatumSpec], micro_batch_size: int | None = None
@@ -91,8 +95,25 @@ class MegatronPolicy(MegatronDriver, PolicyInterface):
         )
 
     def prepare_for_lp_inference(self) -> None:
-        """Ranks switch train/eval mode per call; nothing to move."""
+        """Weights back in device memory, gradient buffers out; with
+        ``policy.offload_optimizer_for_logprob`` the optimizer state waits in host memory
+        until training."""
+        self.workers.run("onload", False)
+        if self.offload_optimizer_for_logprob:
+            self.offload(weights=False)
+
+    def offload_before_refit(self) -> None:
+        """Gradient buffers and optimizer state into host memory while the weights are sent."""
+        self.offload(weights=False)
+
+    def offload_after_refit(self) -> None:
+        """Everything into host memory: the colocated engine generates next."""
+        self.offload(weights=True)
 
     def state_dict_for_refit(self) -> dict[str, torch.Tensor]:
         """HF-named full weights (gathered over tensor-parallel ranks) for a generation engine."""
         return self.workers.run("hf_state_dict")[0]
+
+    def prepare_refit_info(self) -> dict[str, Any] | None:
+        """``{name: (shape, dtype)}`` of what ``state_dict_for_refit`` sends."""
+        return {name: (tuple(t.shape), t.dtype) for name, t in self.state_dict_for_refit().items()}

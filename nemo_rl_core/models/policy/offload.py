@@ -8,10 +8,19 @@ and every move is a no-op.
 """
 
 import gc
+from typing import Protocol, runtime_checkable
 
 import torch
 
 HOST = torch.device("cpu")
+
+
+@runtime_checkable
+class Offloadable(Protocol):
+    """A trained model that can leave device memory between passes (the HF trainer, the
+    Megatron ranks); its next logprob or training pass brings it back."""
+
+    def offload(self, weights: bool) -> None: ...
 
 
 def move_module(module: torch.nn.Module, device: torch.device) -> None:

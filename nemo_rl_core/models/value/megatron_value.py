@@ -49,4 +49,5 @@ class MegatronValue(MegatronDriver, ValueInterface):
         return BatchedDataDict({"values": torch.cat(self._gathered("get_values", data, None))})
 
     def prepare_for_inference(self, *args: Any, **kwargs: Any) -> None:
-        """Ranks switch train/eval mode per call; nothing to move."""
+        """Ranks switch train/eval mode per call, and each pass brings back the weights an
+        offload moved to host memory."""

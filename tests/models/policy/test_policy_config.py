@@ -148,12 +148,6 @@ def test_torch_classes_are_checked_after_the_schema(override: dict, named: str) 
         (["policy.megatron_cfg.enabled=true"], NO_GPU, "dtensor_cfg.enabled=True: Megatron-core"),
         (["policy.dtensor_cfg.cpu_offload=true"], ONE_GPU, "CPU offload of parameters is not"),
         (
-            ["policy.megatron_cfg.enabled=true", "policy.offload_optimizer_for_logprob=true"],
-            ONE_GPU,
-            "policy.offload_optimizer_for_logprob=True: moving the optimizer state to the host "
-            "for logprobs is built on the HF training backend",
-        ),
-        (
             ["policy.megatron_cfg.enabled=true", "policy.sequence_packing.enabled=true"],
             NO_GPU,
             "policy.sequence_packing.enabled=True: sequence packing is built on the HF",
@@ -196,8 +190,11 @@ def test_policy_keys_that_run_here_pass(overrides: list[str]) -> None:
     assert support_refusals("grpo_math_tiny.yaml", overrides, NO_GPU) == ""
 
 
-def test_the_hf_policy_offloads_its_optimizer_for_logprobs_on_a_gpu() -> None:
-    overrides = ["policy.offload_optimizer_for_logprob=true"]
+@pytest.mark.parametrize(
+    "backend", [[], ["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false"]]
+)
+def test_both_backends_offload_their_optimizer_for_logprobs_on_a_gpu(backend: list[str]) -> None:
+    overrides = [*backend, "policy.offload_optimizer_for_logprob=true"]
     assert support_refusals("grpo_math_tiny.yaml", overrides, ONE_GPU) == ""
 
 
