@@ -422,23 +422,18 @@ KEEP, RELEASE, END = "keep", "release", "end"
 def between_orders(config: Any, name: str, pool: str | None) -> str:
     """What a warm group of stage ``name`` does with what it holds between orders:
 
-    - ``END``: the group ends after each order, where other stages need what it holds: the
-      workers of its pool (another stage is placed there too), or, for one machine's ranks
-      on GPUs that the flow's generation and inference stages share, a backend that cannot
-      offload (Megatron's ranks here);
-    - ``RELEASE``: one machine's ranks on GPUs, HF backend: they stay up and move their
-      weights and optimizer state to host memory after each order
-      (``RunRuntime.release_devices``), as NeMo RL's colocated workers do between steps;
+    - ``END``: the group ends after each order, where other stages need the workers of its
+      pool (another stage is placed there too);
+    - ``RELEASE``: one machine's ranks on GPUs, which the flow's generation and inference
+      stages share: they stay up and move their weights and optimizer state to host memory
+      after each order (``RunRuntime.release_devices``), as NeMo RL's colocated workers do
+      between steps;
     - ``KEEP``: the group keeps everything resident (devices of its own, or only CPUs).
     """
     if pool is not None:
         shared = any(p == pool and stage != name for stage, p in config.cluster.placement.items())
         return END if shared else KEEP
-    if not torch.cuda.is_available():
-        return KEEP
-    trained = [config.policy, getattr(config, "value", None)]
-    offloads = all(model.training_backend == "hf" for model in trained if model is not None)
-    return RELEASE if offloads else END
+    return RELEASE if torch.cuda.is_available() else KEEP
 
 
 def run_placed_nodes(

@@ -392,18 +392,15 @@ def test_what_a_group_holds_between_orders_follows_who_else_needs_its_devices(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On a pool, the other stages placed there need its workers: it ends. On one machine's
-    GPUs the flow's generation needs them between steps: HF ranks offload to host memory,
-    Megatron's end. On CPUs, or on a pool of its own, it keeps everything."""
-    hf = SimpleNamespace(training_backend="hf")
-    config = SimpleNamespace(cluster=SimpleNamespace(placement={"train": POOL}), policy=hf)
+    GPUs the flow's generation needs them between steps: the ranks offload to host memory
+    (HF and Megatron alike). On CPUs, or on a pool of its own, it keeps everything."""
+    config = SimpleNamespace(cluster=SimpleNamespace(placement={"train": POOL}))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert between_orders(config, "train", None) == KEEP
     assert between_orders(config, "train", POOL) == KEEP
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert between_orders(config, "train", None) == RELEASE
     assert between_orders(config, "train", POOL) == KEEP
-    config.value = SimpleNamespace(training_backend="megatron")
-    assert between_orders(config, "train", None) == END
     config.cluster.placement["batch"] = POOL
     assert between_orders(config, "train", POOL) == END
 
