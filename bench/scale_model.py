@@ -29,11 +29,10 @@ as measured:
   the devices, as ``flows.placed_nodes.between_orders`` decides: on devices of its own
   (*dedicated*: a pool no other stage is placed on, or this machine's CPU ranks) the group
   stays up for the flow run and the launch is paid once per ``--iterations``; where it
-  shares them (*colocated*: another stage on its pool, or this machine's Megatron ranks on
-  CUDA, beside the flow's generation engine) the group ends after each order and every
-  iteration pays a launch. Both are predicted. (This machine's HF ranks on CUDA stay up and
-  offload to host memory between orders: a host-device copy each way that no GPU here can
-  measure.)
+  shares them (*colocated*: another stage on its pool) the group ends after each order and
+  every iteration pays a launch. Both are predicted. (This machine's ranks on CUDA, HF or
+  Megatron, stay up and offload to host memory between orders: a host-device copy each way
+  that no GPU here can measure.)
 
 Whatever does not shrink is the floor: fixed costs, the unsplit CPU stages (prompts,
 reward, advantage), the storage handoff, the fan-out and rank-group costs; and the run lease
