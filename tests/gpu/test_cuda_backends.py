@@ -5,6 +5,7 @@ tensors on the GPU and must agree with the CPU (fp32, TF32 off) and train in bf1
 them where a GPU is lent: ``pytest -m gpu tests/gpu``."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -19,6 +20,10 @@ from nemo_rl_core.models.generation import (
     make_generation,
 )
 from nemo_rl_core.models.policy import make_policy
+
+if TYPE_CHECKING:  # megatron-core loads only where a Megatron test runs
+    from nemo_rl_core.models.policy.hf_policy import HFPolicy
+    from nemo_rl_core.models.policy.megatron_policy import MegatronPolicy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,6 +65,17 @@ def test_bf16_training_on_the_gpu_learns_and_saves_a_cpu_loadable_checkpoint(
     assert trained[mask].mean() > manual_logprobs(tiny_model_dir, data)[mask].mean()
 
 
+def gpu_bytes_freed_by_a_refit(policy: "HFPolicy | MegatronPolicy") -> int:
+    """GPU memory a colocated policy gives back over a refit: offload before, the weights
+    sent, offload after."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    policy.offload_before_refit()
+    policy.state_dict_for_refit()
+    policy.offload_after_refit()
+    return before - torch.cuda.memory_allocated()
+
+
 def test_offload_after_refit_frees_the_gpu_and_the_next_steps_compute_the_same(
     tiny_model_dir: Path,
 ) -> None:
@@ -71,12 +87,7 @@ def test_offload_after_refit_frees_the_gpu_and_the_next_steps_compute_the_same(
     data = token_batch()
     for policy in (kept, offloaded):
         policy.train(data, NLLLossFn())  # the optimizer holds its moments now
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    offloaded.offload_before_refit()
-    offloaded.state_dict_for_refit()
-    offloaded.offload_after_refit()
-    freed = before - torch.cuda.memory_allocated()
+    freed = gpu_bytes_freed_by_a_refit(offloaded)
     held = sum(
         t.numel() * t.element_size()
         for module in (offloaded.model, offloaded.reference_model)
@@ -159,12 +170,7 @@ def test_megatron_ranks_free_the_gpu_after_a_refit_and_train_on_the_same(
     try:
         got = [float(offloaded.train(data, NLLLossFn())["loss"])]
         for _ in range(2):
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            offloaded.offload_before_refit()
-            offloaded.state_dict_for_refit()
-            offloaded.offload_after_refit()
-            freed = before - torch.cuda.memory_allocated()
+            freed = gpu_bytes_freed_by_a_refit(offloaded)
             weights = sum(
                 t.numel() * t.element_size() for t in offloaded.state_dict_for_refit().values()
             )
