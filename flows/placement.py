@@ -50,6 +50,7 @@ from prefect.states import Cancelled, Crashed, Pending, Running
 from prefect.task_runs import TaskRunWaiter
 from prefect.utilities.asyncutils import run_coro_as_sync
 
+from flows.busy_retry import retrying_soon
 from flows.heartbeat import Heartbeat, damage_reported
 from flows.lease import current_flow_run
 from flows.pool_tasks import chain_name, heartbeat_name, pool_tasks
@@ -381,10 +382,12 @@ def submission_client(api_url: str | None) -> AsyncClientContext:
     creation and its read of the task-scheduling block take their client from
     ``AsyncClientContext`` (``get_client``); without one each opens and closes its own, ~20-40
     ms apiece on the loaded 2-core machine (bench/RESULTS.md, issue 30). It stays open for the
-    process's life (a flow run's)."""
+    process's life (a flow run's), and retries a busy server's answer soon
+    (``flows.busy_retry``)."""
     with _submission_lock:
         if api_url not in _submission_clients:
             context = AsyncClientContext()
+            retrying_soon(context.client)
             run_coro_as_sync(context.client.__aenter__())
             _submission_clients[api_url] = context
         return _submission_clients[api_url]
