@@ -18,6 +18,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.run import parse_args, run
 
 from nemo_rl_core.distributed.launcher_death import end_with_launcher
+from nemo_rl_core.utils.process_exit import skip_final_collections
 
 SUMMARY_TRACEBACK_LINES = 12
 
@@ -34,6 +35,7 @@ def _message(failure: Any) -> str:
 
 def main(argv: list[str]) -> int:
     end_with_launcher()
+    skip_final_collections()
     summary_path, torchrun_args = Path(argv[0]), argv[1:]
     summary: dict[str, Any]
     try:
