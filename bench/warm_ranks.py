@@ -16,6 +16,9 @@ their own checkout; local: ``cluster.gpus_per_node=2``, nothing placed), in turn
 iteration's train commit to the next's, read from the manifests (iteration 0 pays the first
 launch on both sides and is left out); the flow run's wall time is shown too.
 
+``--before-name`` names the ``--before`` row when that checkout is another warm one (an
+earlier commit), so the two rows compare warm rank groups.
+
 Run:   .venv/bin/python bench/warm_ranks.py --before /tmp/before          (4 steps, 1 round)
        .venv/bin/python bench/warm_ranks.py --before /tmp/before-local --layout local
 Smoke: .venv/bin/python bench/warm_ranks.py --before /tmp/before --smoke  (not recorded)
@@ -43,6 +46,7 @@ OVERRIDES = [
     "policy.train_global_batch_size=8",
     "policy.train_micro_batch_size=4",
 ]
+BEFORE_NAME = "one launch per iteration"  # the --before row: code before warm rank groups
 LAYOUTS = {  # the cluster of each layout
     "nodes": ["cluster.num_nodes=2", "cluster.gpus_per_node=1"],
     "local": ["cluster.num_nodes=1", "cluster.gpus_per_node=2"],
@@ -128,6 +132,11 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--before", type=Path, required=True, help="a checkout of the code before")
+    parser.add_argument(
+        "--before-name",
+        default=BEFORE_NAME,
+        help="what the --before checkout's row is called (another warm checkout: its commit)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="default 4 (smoke 2)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="nodes")
@@ -137,7 +146,7 @@ def main() -> None:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    variants = {"one launch per iteration": args.before.resolve(), "warm rank group": ROOT}
+    variants = {args.before_name: args.before.resolve(), "warm rank group": ROOT}
     results: dict[str, list[dict]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="warm-ranks-") as scratch:
         logs = Path(scratch) / "logs"
@@ -158,7 +167,7 @@ def main() -> None:
         lines.append(f"{name:<26} {per:>12.2f} {train:>8.2f} {wall:>12.1f}  {gaps}")
     table = "\n".join(lines)
     print(table)
-    before = statistics.median(r["per_iteration"] for r in results["one launch per iteration"])
+    before = statistics.median(r["per_iteration"] for r in results[args.before_name])
     after = statistics.median(r["per_iteration"] for r in results["warm rank group"])
     where = {
         "nodes": "2 nodes x 1 rank (two stage workers, gloo on 127.0.0.1)",
@@ -166,8 +175,8 @@ def main() -> None:
     }[args.layout]
     reading = (
         f"{steps} SFT steps of sft_tiny on {where}, {args.rounds} round(s): an iteration after the first takes "
-        f"{before:.2f} s with a torchrun launch and model load per iteration, {after:.2f} s "
-        f"with the warm rank group ({before / after:.1f}x)."
+        f"{before:.2f} s with {args.before_name}, {after:.2f} s with the warm rank group of "
+        f"this checkout ({before / after:.1f}x)."
     )
     title = {"nodes": "two-node", "local": "one-machine two-rank"}[args.layout]
     record(f"Warm rank group: {title} SFT seconds per iteration", table, reading, args.smoke)
