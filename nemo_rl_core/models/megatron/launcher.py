@@ -31,6 +31,7 @@ import torch
 
 from nemo_rl_core.distributed.world import is_distributed
 from nemo_rl_core.models.megatron.worker import MegatronWorker, WorkerSpec
+from nemo_rl_core.utils.process_exit import skip_final_collections
 
 DRIVER_ADDRESS_ENV = "NEMO_RL_MEGATRON_DRIVER"
 DRIVER_KEY_ENV = "NEMO_RL_MEGATRON_KEY"
@@ -208,6 +209,7 @@ def launch(spec: WorkerSpec) -> WorkerGroup:
 
 def serve() -> None:
     """Rank entry point: connect to the driver, build the worker, answer calls until stopped."""
+    skip_final_collections()
     host, port = os.environ[DRIVER_ADDRESS_ENV].rsplit(":", 1)
     conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ[DRIVER_KEY_ENV]))
     _send(conn, int(os.environ["RANK"]))
