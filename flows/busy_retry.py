@@ -8,9 +8,9 @@ worker a state) fails the insert at once with "database is locked" (SQLite's bus
 covers only transactions that start as writers). Task-run submissions (``Task.apply_async``:
 placed stages, shards, rank-group orders and nodes) lost ~2 s in about half of the
 iterations of a warm rank group this way (bench/RESULTS.md, issue 30). Answered 503, the
-submission is retried after ``SOON_S`` instead, then Prefect's own back-off takes over
-(2, 4, ... s): a server that is really unavailable is not hammered. The creation is an
-upsert on the task run's flow run, task key and dynamic key, so a retry never makes two.
+submission is retried after ``SOON_S`` instead, then Prefect's own back-off takes over: a
+server that is really unavailable is not hammered. The creation is an upsert on the task
+run's flow run, task key and dynamic key, so a retry never makes two.
 """
 
 import weakref
@@ -18,7 +18,9 @@ import weakref
 import httpx
 from prefect.client.orchestration import PrefectClient
 
-SOON_S = (0.05, 0.2)  # the delays of the first 503s of one request; then Prefect's own
+# The delays after the first 503s of one request; after the 4th and 5th, Prefect's own (16,
+# 32 s). Consecutive 503s made a wait of 2 + 4 + 8 + ... s before.
+SOON_S = (0.05, 0.2, 0.5)
 _answered: "weakref.WeakKeyDictionary[httpx.Request, int]" = weakref.WeakKeyDictionary()
 
 
