@@ -13,14 +13,11 @@ finalizers Python never promises to run at exit."""
 
 import atexit
 import gc
+from functools import cache
 
-_installed = False
 
-
+@cache
 def skip_final_collections() -> None:
     """Freeze the heap as this process exits (an exit handler, registered once per
     process; the handlers around it run either way)."""
-    global _installed
-    if not _installed:
-        atexit.register(gc.freeze)
-        _installed = True
+    atexit.register(gc.freeze)

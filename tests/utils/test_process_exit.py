@@ -9,13 +9,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_a_process_importing_the_flows_freezes_its_heap_at_exit_after_its_handlers(
+def test_a_process_importing_the_flows_freezes_its_heap_at_exit_and_its_handlers_run(
     tmp_path: Path,
 ) -> None:
     marker = tmp_path / "finalized.txt"
     script = textwrap.dedent(
         f"""
-        import atexit, gc, sys, weakref
+        import atexit, gc, weakref
         # registered before the flows' handler, so it runs after it (last in, first out)
         atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))
         import flows
