@@ -54,8 +54,9 @@ class RunAtATimeSubscription(Subscription[TaskRun]):
             try:
                 await self._ensure_connected()
                 return self.model.model_validate_json(await self.websocket.recv())
-            except (ConnectionRefusedError, websockets.exceptions.ConnectionClosed):
-                # The server gave back what this connection held; connect again.
+            except (ConnectionRefusedError, websockets.exceptions.ConnectionClosed, TimeoutError):
+                # The server gave back what this connection held, or was too busy to answer
+                # the new one's handshake in time (a loaded server on SQLite): connect again.
                 self._websocket = None
                 if hasattr(self._connect, "protocol"):
                     await self._connect.__aexit__(None, None, None)
