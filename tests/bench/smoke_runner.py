@@ -6,14 +6,15 @@ script.
     python tests/bench/smoke_runner.py storage.py train.py "learning_smollm2.py --seeds 2" ...
 
 Each script's output follows a line ``SMOKE_BEGIN <script>`` and ends with a line
-``SMOKE_END <script> <status>``: ``ok``, or the exception's name (its traceback is printed
-before the line). A failing script does not stop the next one; the exit status is 1 when
+``SMOKE_END <script> <status> <seconds>``: ``ok``, or the exception's name (its traceback is
+printed before the line), and the script's wall seconds (what each smoke costs the suite). A failing script does not stop the next one; the exit status is 1 when
 any failed."""
 
 import os
 import runpy
 import shlex
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -51,8 +52,9 @@ def main(commands: list[str]) -> int:
     for command in commands:
         script, *args = shlex.split(command)
         print(f"SMOKE_BEGIN {script}", flush=True)
+        start = time.perf_counter()
         status = run_script(script, args)
-        print(f"\nSMOKE_END {script} {status}", flush=True)
+        print(f"\nSMOKE_END {script} {status} {time.perf_counter() - start:.1f}", flush=True)
         failed |= status != "ok"
     return int(failed)
 

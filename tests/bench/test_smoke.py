@@ -144,7 +144,9 @@ def shared_process_smokes(smoke_folder: Path) -> dict[str, tuple[str, str]]:
         timeout=1500,
     )
     sections = re.findall(
-        r"^SMOKE_BEGIN (\S+)\n(.*?)^SMOKE_END \1 (\S+)$", result.stdout, re.MULTILINE | re.DOTALL
+        r"^SMOKE_BEGIN (\S+)\n(.*?)^SMOKE_END \1 (\S+) [\d.]+$",
+        result.stdout,
+        re.MULTILINE | re.DOTALL,
     )
     found = {script: (status, out) for script, out, status in sections}
     lost = f"not run: the runner exited {result.returncode}: {result.stderr[-3000:]}"
