@@ -56,8 +56,9 @@ CPU_COLUMNS = {
 }
 
 
-def cpu_clock(stack: LocalStack) -> CpuClock:
-    """Samplers of this process tree and of each server of ``stack``."""
+def cpu_clock(stack: LocalStack, sampler_cores: set[int] | None) -> CpuClock:
+    """Samplers of this process tree and of each server of ``stack``, sampling from
+    ``sampler_cores`` (the servers': off the core the loop and the flow are measured on)."""
     run = stack.state_dir / "run"
     return CpuClock(
         {
@@ -65,7 +66,8 @@ def cpu_clock(stack: LocalStack) -> CpuClock:
             "api": pid_file_group(str(run / "server.pid")),
             "postgres": pid_file_group(str(stack.state_dir / "pgdata" / "postmaster.pid")),
             "s3": pid_file_group(str(run / "s3.pid")),
-        }
+        },
+        cores=sampler_cores,
     )
 
 
@@ -236,7 +238,8 @@ def main() -> None:
                 print(profile)
                 return
             try:
-                run(args, pinned, roots, cpu_clock(stack))
+                sampler_cores = cores(args.server_cores) if pinned else None
+                run(args, pinned, roots, cpu_clock(stack, sampler_cores))
             finally:
                 flush_prefect_logs()
 

@@ -6,10 +6,16 @@ A group is a root process and everything it started (looked up again every
 ``REFRESH_S``: the reward workers of a flow run, the connections PostgreSQL forks). A
 process that exits keeps the CPU it had at the last sample, so a group's total never goes
 down.
+
+The sampler is the benchmark's apparatus, not what it measures: reading every member's
+``/proc`` entry 20 times a second costs ~4% of a core. It runs on the cores it is given
+(``CpuClock(cores=...)``: the servers' cores, where the process measured is pinned to
+others) and its own CPU is left out of the group of the process it runs in.
 """
 
 import bisect
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,8 +31,9 @@ class ProcessGroup:
     """A root process (found by ``find_root`` when first asked: it may start later) and
     its descendants; ``cpu_seconds`` is their user + system CPU so far."""
 
-    def __init__(self, find_root: Callable[[], int | None]) -> None:
+    def __init__(self, find_root: Callable[[], int | None], holds_sampler: bool = False) -> None:
         self.find_root = find_root
+        self.holds_sampler = holds_sampler  # the sampler thread's CPU is counted out
         self._members: list[psutil.Process] = []
         self._last: dict[tuple[int, float], float] = {}
         self._refreshed = -REFRESH_S
@@ -56,10 +63,11 @@ class ProcessGroup:
 class CpuClock:
     """Samples each group's CPU seconds every ``SAMPLE_S`` in a daemon thread while it runs
     (``with clock.running():``); ``between(group, start, end)`` interpolates the samples at
-    two ``time.time()`` moments."""
+    two ``time.time()`` moments. With ``cores`` the sampler thread runs on those only."""
 
-    def __init__(self, groups: dict[str, ProcessGroup]) -> None:
+    def __init__(self, groups: dict[str, ProcessGroup], cores: set[int] | None = None) -> None:
         self.groups = groups
+        self.cores = cores
         self._times: list[float] = []
         self._cpu: dict[str, list[float]] = {name: [] for name in groups}
         self._stop = threading.Event()
@@ -75,9 +83,14 @@ class CpuClock:
             thread.join()
 
     def _sample_until_stopped(self) -> None:
+        if self.cores is not None:
+            os.sched_setaffinity(0, self.cores)  # this thread only (Linux: a thread's own)
         while not self._stop.wait(SAMPLE_S):
             now = time.time()
-            readings = {name: group.cpu_seconds(now) for name, group in self.groups.items()}
+            readings = {
+                name: group.cpu_seconds(now) - (time.thread_time() if group.holds_sampler else 0)
+                for name, group in self.groups.items()
+            }
             self._times.append(now)
             for name, seconds in readings.items():
                 self._cpu[name].append(seconds)
@@ -97,8 +110,9 @@ class CpuClock:
 
 
 def this_process_tree() -> ProcessGroup:
-    """This process and its children (reward workers, any engine process)."""
-    return ProcessGroup(lambda: psutil.Process().pid)
+    """This process and its children (reward workers, any engine process), without the
+    sampler thread's own CPU."""
+    return ProcessGroup(lambda: psutil.Process().pid, holds_sampler=True)
 
 
 def pid_file_group(path: str) -> ProcessGroup:
