@@ -7,8 +7,8 @@ script.
 
 Each script's output follows a line ``SMOKE_BEGIN <script>`` and ends with a line
 ``SMOKE_END <script> <status> <seconds>``: ``ok``, or the exception's name (its traceback is
-printed before the line), and the script's wall seconds (what each smoke costs the suite). A failing script does not stop the next one; the exit status is 1 when
-any failed."""
+printed before the line), and the script's wall seconds (what each smoke costs the suite).
+A failing script does not stop the next one; the exit status is 1 when any failed."""
 
 import os
 import runpy
