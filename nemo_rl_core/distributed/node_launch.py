@@ -42,6 +42,7 @@ import torch
 from nemo_rl_core.distributed.launcher_death import LAUNCHER_PID_ENV
 from nemo_rl_core.distributed.virtual_cluster import training_world
 from nemo_rl_core.storage.run_storage import RunStorage
+from nemo_rl_core.utils.cpu_cores import omp_threads_per_rank, usable_cpu_cores
 
 POLL_S = 0.5
 LOG_TAIL_CHARS = 3000
@@ -225,9 +226,7 @@ def _run_node(
     ]
     rank_env = {
         **os.environ,
-        "OMP_NUM_THREADS": os.environ.get(
-            "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // rendezvous.nproc_per_node))
-        ),
+        "OMP_NUM_THREADS": omp_threads_per_rank(rendezvous.nproc_per_node),
         **(env or {}),
         LAUNCHER_PID_ENV: str(os.getpid()),
     }
@@ -259,7 +258,7 @@ def _check_fits(node_rank: int, rendezvous: Rendezvous) -> None:
     """A node's ranks need a GPU each where there is CUDA, else a core each."""
     per_node = rendezvous.nproc_per_node
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    have, what = (gpus, "GPUs") if gpus else (os.cpu_count() or 1, "cores (no CUDA)")
+    have, what = (gpus, "GPUs") if gpus else (usable_cpu_cores(), "cores (no CUDA)")
     if per_node > have:
         raise RanksFailed(
             f"node {node_rank} of {rendezvous.nnodes} (host {socket.gethostname()}): "

@@ -23,7 +23,6 @@ every master config to carrying exactly one rule, so a key cannot be accepted an
 """
 
 import importlib
-import os
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -33,6 +32,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from nemo_rl_core.utils.config import ConfigError
+from nemo_rl_core.utils.cpu_cores import usable_cpu_cores
 from nemo_rl_core.utils.cuda_devices import visible_cuda_devices
 
 
@@ -41,7 +41,7 @@ class Machine:
     """What this process can run on: its CUDA devices and CPU cores."""
 
     cuda_devices: int
-    cpu_cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    cpu_cores: int = field(default_factory=usable_cpu_cores)
 
     @staticmethod
     @cache

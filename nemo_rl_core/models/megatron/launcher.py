@@ -31,6 +31,7 @@ import torch
 
 from nemo_rl_core.distributed.world import is_distributed
 from nemo_rl_core.models.megatron.worker import MegatronWorker, WorkerSpec
+from nemo_rl_core.utils.cpu_cores import omp_threads_per_rank
 from nemo_rl_core.utils.process_exit import skip_final_collections
 
 DRIVER_ADDRESS_ENV = "NEMO_RL_MEGATRON_DRIVER"
@@ -120,9 +121,7 @@ class TorchrunWorkers:
             **os.environ,
             DRIVER_ADDRESS_ENV: f"{host}:{port}",
             DRIVER_KEY_ENV: authkey.hex(),
-            "OMP_NUM_THREADS": os.environ.get(
-                "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size))
-            ),
+            "OMP_NUM_THREADS": omp_threads_per_rank(world_size),
         }
         command = [
             sys.executable,
