@@ -15,12 +15,9 @@ CORES = sorted(os.sched_getaffinity(0))
 
 
 def pinned(cores: list[int], code: str, env: dict[str, str] | None = None) -> object:
-    """What ``code`` (ending in an expression) evaluates to in a child pinned to ``cores``."""
-    script = (
-        f"import os, json\nos.sched_setaffinity(0, {set(cores)!r})\n"
-        + "\n".join(code.splitlines()[:-1])
-        + f"\nprint(json.dumps({code.splitlines()[-1]}))"
-    )
+    """The value ``code`` leaves in ``found``, run in a child pinned to ``cores``."""
+    script = f"import os, json\nos.sched_setaffinity(0, {set(cores)!r})\n{code}\n"
+    script += "print(json.dumps(found))"
     child_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | (env or {})
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=child_env, check=True
@@ -37,7 +34,7 @@ def test_a_process_pinned_to_one_core_counts_one_and_gives_each_rank_one_thread(
         CORES[:1],
         "from nemo_rl_core.utils.cpu_cores import omp_threads_per_rank, usable_cpu_cores\n"
         "from nemo_rl_core.utils.key_support import Machine\n"
-        "[usable_cpu_cores(), omp_threads_per_rank(1), omp_threads_per_rank(2), "
+        "found = [usable_cpu_cores(), omp_threads_per_rank(1), omp_threads_per_rank(2), "
         "Machine(cuda_devices=0).cpu_cores]",
     )
     assert found == [1, "1", "1", 1]
@@ -47,7 +44,7 @@ def test_a_process_pinned_to_one_core_counts_one_and_gives_each_rank_one_thread(
 def test_ranks_share_the_cores_evenly_and_a_set_omp_num_threads_wins() -> None:
     two = CORES[:2]
     code = "from nemo_rl_core.utils.cpu_cores import omp_threads_per_rank\n" + (
-        "[omp_threads_per_rank(1), omp_threads_per_rank(2), omp_threads_per_rank(3)]"
+        "found = [omp_threads_per_rank(1), omp_threads_per_rank(2), omp_threads_per_rank(3)]"
     )
     assert pinned(two, code) == ["2", "1", "1"]
     assert pinned(two, code, env={"OMP_NUM_THREADS": "7"}) == ["7", "7", "7"]
@@ -61,7 +58,6 @@ def test_a_node_on_one_core_refuses_two_cpu_ranks_naming_the_cores_it_may_use() 
         "try:\n"
         "    _check_fits(0, Rendezvous('attempt-1', nnodes=1, nproc_per_node=2))\n"
         "except RanksFailed as error:\n"
-        "    refused = str(error)\n"
-        "refused",
+        "    found = str(error)",
     )
     assert "need 2 cores (no CUDA), this machine has 1" in str(refusal)
