@@ -4,7 +4,6 @@ Listing, fetching and pruning them, and the training info recorded with each."""
 
 import contextlib
 import json
-import math
 import posixpath
 import shutil
 import tempfile
@@ -26,6 +25,7 @@ from nemo_rl_core.storage.layout import (
 )
 from nemo_rl_core.storage.object_store import ObjectRef, ObjectStore, json_bytes
 from nemo_rl_core.storage.outage import StorageError
+from nemo_rl_core.utils.checkpoint_manager import rank_checkpoints
 
 
 @dataclass(frozen=True)
@@ -217,19 +217,9 @@ class CheckpointStore:
         committed = [s for s in committed if s not in off_period]
         if keep_top_k is None:
             return Retention(sorted(off_period), committed)
-        if metric_name is None:  # the newest are the top: no training info to read
-            ranked = sorted(committed, reverse=True)
-        else:
-            infos = {step: self.read_checkpoint_info(step) for step in committed}
-            # NeMo RL's order: best metric first, a checkpoint without it last, the newer
-            # one first among equals.
-            worst = -math.inf if higher_is_better else math.inf
-            sign = 1 if higher_is_better else -1
-            ranked = sorted(
-                committed,
-                key=lambda step: (sign * infos[step].get(metric_name, worst), step),
-                reverse=True,
-            )
+        ranked = rank_checkpoints(
+            committed, metric_name, higher_is_better, self.read_checkpoint_info
+        )
         doomed = {step for step in ranked[keep_top_k:] if step not in kept}
         uncommitted = set(all_steps) - set(committed) - off_period  # dead saves
         doomed |= {s for s in uncommitted if s < latest}

@@ -23,9 +23,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from nemo_rl_core.config.checkpointing import CheckpointingConfig  # noqa: F401 - NeMo RL's path
+from nemo_rl_core.utils.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # run storage loads torch and pyarrow; the config check reads this file
     from nemo_rl_core.storage.run_storage import RunStorage
+
+# NeMo RL's path; its module reads this one's layout names.
+__getattr__ = lazy_exports(__name__, {"CheckpointManager": "nemo_rl_core.utils.checkpoint_manager"})
 
 # Where each trained model of an algorithm sits inside a checkpoint ("" = its root).
 MODEL_DIRS = {"policy": "", "value": "value"}
