@@ -51,12 +51,17 @@ def eval_pass_k(rewards: torch.Tensor, num_tests_per_prompt: int, k: int) -> flo
 
 
 def eval_cons_k(
-    rewards: torch.Tensor, num_tests_per_prompt: int, k: int, answers: list[str | None]
+    rewards: torch.Tensor,
+    num_tests_per_prompt: int,
+    k: int,
+    extracted_answers: list[str | None],
 ) -> float:
     """NeMo RL's sum of per-prompt cons@k: of every ``k``-subset of a prompt's samples, the
     fraction whose majority answer (the extracted answer most of them give; a tie goes to
-    the one met first) is right, i.e. the prompt's first sample giving it has reward 1.
-    Divide by the number of prompts for the score."""
+    the one met first) is right, i.e. the prompt's first sample giving it has reward 1. A
+    prompt with fewer than ``k`` samples scores 0. Divide by the number of prompts for the
+    score."""
+    answers = extracted_answers
     if len(answers) != len(rewards):
         raise ValueError(f"{len(answers)} extracted answers for {len(rewards)} rewards")
     total = 0.0
@@ -68,7 +73,7 @@ def eval_cons_k(
         for subset in subsets:
             majority = Counter(group[i] for i in subset).most_common(1)[0][0]
             right += group_rewards[group.index(majority)] == 1.0
-        total += right / len(subsets)
+        total += right / len(subsets) if subsets else 0.0
     return total
 
 

@@ -57,7 +57,8 @@ def test_cons_at_k_is_right_when_the_majority_of_a_subset_is():
     # "b" first lose: 3/6. Prompt 2: every sample says the right "c": 1.
     answers = ["b", "a", "a", "b", "c", "c", "c", "c"]
     rewards = torch.tensor([0.0, 1, 1, 0, 1, 1, 1, 1])
-    assert eval_cons_k(rewards, 4, 2, answers) == pytest.approx(0.5 + 1.0)
+    assert eval_cons_k(rewards, 4, 2, extracted_answers=answers) == pytest.approx(0.5 + 1.0)
+    assert eval_cons_k(rewards, 4, 5, answers) == 0.0  # NeMo RL's: no 5 of a prompt's 4
     settings = EvalConfig(metric="cons@k", num_tests_per_prompt=4, k_value=2)
     scores = eval_metrics(rewards, settings, answers)
     assert scores["cons@2"] == pytest.approx(0.75)
