@@ -160,3 +160,27 @@ def calculate_global_valid_counts(data: Mapping[str, Any]) -> tuple[torch.Tensor
     else:
         token_mask = torch.ones_like(reference[:, 1:], dtype=torch.float32)
     return sample_mask.sum(), (token_mask * sample_mask.unsqueeze(-1)).sum()
+
+
+def get_tokenizer(tokenizer_config: Mapping[str, Any], get_processor: bool = False) -> Any:
+    """NeMo RL's tokenizer from a ``tokenizer:`` section (``name`` required): the same one
+    the policy loads (``chat_template`` absent or ``"default"``: the tokenizer's own;
+    ``null``: the passthrough one; else a template or a ``.jinja`` file). Bad keys are
+    refused naming them; a multimodal processor is not built here."""
+    from pydantic import ValidationError
+
+    from nemo_rl_core.models.policy.config import TokenizerConfig
+    from nemo_rl_core.models.policy.hf_loading import build_tokenizer
+
+    if get_processor:
+        raise ValueError(
+            "get_tokenizer(get_processor=True): multimodal processors are not built here; "
+            "text LLMs only"
+        )
+    try:
+        settings = TokenizerConfig.model_validate(dict(tokenizer_config))
+    except ValidationError as error:
+        raise ValueError(f"tokenizer: {error}") from error
+    if not settings.name:
+        raise ValueError("tokenizer.name: missing (the tokenizer's HF name or local path)")
+    return build_tokenizer(settings, settings.name, key="tokenizer")

@@ -2,7 +2,7 @@
 
 NeMo RL's ``tokenizer.chat_template`` key: absent or ``"default"`` keeps the tokenizer's
 template; ``null`` selects the plain passthrough template (base models have no chat
-format); any other string is a Jinja template or a path to a ``.jinja`` file. A template is
+format: the turns' contents, concatenated); any other string is a Jinja template or a path to a ``.jinja`` file. A template is
 checked once when configured, so a malformed one fails at setup naming its config key,
 not in the middle of a run.
 """
@@ -12,13 +12,24 @@ from typing import Any
 
 import jinja2
 
-# Turns concatenated as they are; a system prompt is separated from the rest by a blank line.
-PLAIN_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}{{ message['content'] + '\n\n' }}"
-    "{% else %}{{ message['content'] }}{% endif %}"
-    "{% endfor %}"
-)
+# NeMo RL's passthrough: the turns' contents concatenated, nothing added.
+PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+class COMMON_CHAT_TEMPLATES:  # noqa: N801 - NeMo RL's name
+    """NeMo RL's ready-made templates, for ``tokenizer.chat_template``."""
+
+    # Each turn as a Llama-3 role header, its stripped content and <|eot_id|>; bos first.
+    simple_role_header = (
+        "{{ bos_token }}{% for message in messages %}"
+        "{{ '<|start_header_id|>' ~ message['role'] ~ '<|end_header_id|>\n\n' }}"
+        "{{ message['content'] | trim }}{{ '<|eot_id|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}"
+        "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+    )
+    passthrough_prompt_response = PLAIN_CHAT_TEMPLATE
+
+
 _PROBE = [
     {"role": "system", "content": "s"},
     {"role": "user", "content": "u"},

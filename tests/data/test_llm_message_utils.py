@@ -170,7 +170,7 @@ def test_formatted_turns_concatenate_to_the_templated_conversation(tokenizer, te
     assert flat == tokenizer(text, add_special_tokens=False)["input_ids"]
     if template is None:
         assert tokenizer.chat_template == PLAIN_CHAT_TEMPLATE
-        assert text == "You are a helpful model.\n\nWhat is 2 + 3?The answer is 5."
+        assert text == "You are a helpful model.What is 2 + 3?The answer is 5."  # NeMo RL's
 
 
 def test_generation_prompt_rides_on_user_turns(tokenizer):
@@ -189,7 +189,7 @@ def test_eos_is_added_to_the_last_turn_when_the_template_has_none(tokenizer):
     with pytest.warns(UserWarning, match="add_bos_token is set but the tokenizer has no such"):
         formatted = get_formatted_message_log(CHAT, tokenizer)
     assert formatted[-1]["content"] == "The answer is 5.<|im_end|>"
-    assert formatted[0]["content"] == "You are a helpful model.\n\n"  # no BOS token to add
+    assert formatted[0]["content"] == "You are a helpful model."  # no BOS token to add
     empty = get_formatted_message_log(
         [{"role": "user", "content": ""}], tokenizer, None, False, False
     )

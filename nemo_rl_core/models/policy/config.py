@@ -26,7 +26,7 @@ from nemo_rl_core.utils.key_support import (
 )
 
 _TRAINER = "nemo_rl_core.models.policy.hf_trainer:HFTrainable"
-_TOKENIZER = "nemo_rl_core.models.policy.hf_loading:load_tokenizer"
+_TOKENIZER = "nemo_rl_core.models.policy.hf_loading:build_tokenizer"
 _OPTIM = "nemo_rl_core.models.policy.optim"
 _TEXT_ONLY = "multimodal (audio, video, image) models are not built here; text LLMs only"
 

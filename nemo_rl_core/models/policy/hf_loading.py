@@ -20,7 +20,7 @@ from transformers import (
 
 from nemo_rl_core.data.chat_templates import configure_chat_template
 from nemo_rl_core.models.local_models import resolve_model
-from nemo_rl_core.models.policy.config import TrainedModelConfig
+from nemo_rl_core.models.policy.config import TokenizerConfig, TrainedModelConfig
 from nemo_rl_core.models.policy.utils import VocabMismatchError
 
 if TYPE_CHECKING:  # peft loads only where LoRA is used
@@ -28,13 +28,18 @@ if TYPE_CHECKING:  # peft loads only where LoRA is used
 
 
 def load_tokenizer(config: TrainedModelConfig) -> PreTrainedTokenizerBase:
-    """The tokenizer of ``tokenizer:`` as NeMo RL's ``get_tokenizer`` makes it: named by
-    ``name``, its template chosen by ``chat_template``, ``chat_template_kwargs`` bound into
-    every ``apply_chat_template`` call, and the eos token as pad token if it has none."""
-    settings = config.tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(resolve_model(settings.name or config.model_name))
-    )
+    """The tokenizer of a model's ``tokenizer:`` section (``name`` defaults to the model's)."""
+    return build_tokenizer(config.tokenizer, config.tokenizer.name or config.model_name)
+
+
+def build_tokenizer(
+    settings: TokenizerConfig, name: str, key: str = "policy.tokenizer"
+) -> PreTrainedTokenizerBase:
+    """The tokenizer as NeMo RL's ``get_tokenizer`` makes it: loaded by ``name``, its
+    template chosen by ``chat_template``, ``chat_template_kwargs`` bound into every
+    ``apply_chat_template`` call, and the eos token as pad token if it has none. ``key``
+    names the section in errors."""
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(name)))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if settings.chat_template_kwargs:
@@ -42,7 +47,7 @@ def load_tokenizer(config: TrainedModelConfig) -> PreTrainedTokenizerBase:
         tokenizer.apply_chat_template = partial(  # type: ignore[method-assign]
             tokenizer.apply_chat_template, **settings.chat_template_kwargs
         )
-    return configure_chat_template(tokenizer, settings.chat_template)
+    return configure_chat_template(tokenizer, settings.chat_template, f"{key}.chat_template")
 
 
 def load_hf_config(
