@@ -161,7 +161,8 @@ class MLflowBackend:
         if self.continued:
             return
         flat = [
-            self._param(self._name(k), str(v)[:6000]) for k, v in _flatten_params(params).items()
+            self._param(self._name(k), str(v)[:6000])
+            for k, v in flatten_dict(params, expand_lists=False).items()
         ]
         for start in range(0, len(flat), 100):  # MLflow's batch limit
             self.client.log_batch(self.mlflow_run_id, params=flat[start : start + 100])
@@ -213,14 +214,22 @@ def _made(folder: Path) -> Path:
     return folder
 
 
-def _flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_dict(d: Mapping[str, Any], sep: str = ".", expand_lists: bool = True) -> dict[str, Any]:
+    """NeMo RL's flattening of a nested config: keys joined with ``sep``, a list's items
+    keyed by their index (kept whole when not ``expand_lists``)."""
     flat: dict[str, Any] = {}
-    for key, value in params.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
+
+    def visit(value: Any, name: str) -> None:
         if isinstance(value, Mapping):
-            flat.update(_flatten_params(value, name))
+            for key, item in value.items():
+                visit(item, f"{name}{sep}{key}" if name else str(key))
+        elif isinstance(value, list) and expand_lists and name:
+            for index, item in enumerate(value):
+                visit(item, f"{name}{sep}{index}")
         else:
             flat[name] = value
+
+    visit(d, "")
     return flat
 
 
@@ -232,18 +241,24 @@ class Logger:
     backend the config enables, all in the run's log folder. Safe to call from several
     threads (the GPU monitor logs from its own)."""
 
-    def __init__(self, config: LoggerConfig, run_id: str) -> None:
-        self.config, self.run_id = config, run_id
-        self.run_dir = run_log_dir(config, run_id)
+    def __init__(self, config: LoggerConfig | Mapping[str, Any], run_id: str | None = None) -> None:
+        """``Logger(cfg)``, as a NeMo RL script calls it (``cfg`` its ``logger:`` section as
+        a mapping, checked key by key), logs into ``log_dir`` itself, named by its folder;
+        the flows give each run its ``run_id`` and its own folder below ``log_dir``."""
+        if not isinstance(config, LoggerConfig):
+            config = LoggerConfig.model_validate(dict(config))
+        self.config = config
+        self.run_dir = run_log_dir(config, run_id) if run_id else Path(config.log_dir)
+        self.run_id = run_id or self.run_dir.resolve().name
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self.backends: list[Backend] = [JsonlBackend(self.run_dir / "metrics.jsonl", run_id)]
+        self.backends: list[Backend] = [JsonlBackend(self.run_dir / "metrics.jsonl", self.run_id)]
         if config.tensorboard_enabled:
             self.backends.append(TensorBoardBackend(self.run_dir / "tensorboard"))
         if config.mlflow_enabled:
-            self.backends.append(MLflowBackend(config.mlflow, self.run_dir, run_id))
+            self.backends.append(MLflowBackend(config.mlflow, self.run_dir, self.run_id))
         if config.wandb_enabled:
-            self.backends.append(WandbBackend(config.wandb, self.run_dir, run_id))
+            self.backends.append(WandbBackend(config.wandb, self.run_dir, self.run_id))
         self.gpu_monitor: GpuMonitor | None = None
         if config.monitor_gpus and Machine.current().cuda_devices > 0:
             monitoring = config.gpu_monitoring

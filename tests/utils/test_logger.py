@@ -20,7 +20,7 @@ from nemo_rl_core.utils.key_support import (
     resolve_reader,
 )
 from nemo_rl_core.utils.key_support import declared_keys as walk_keys
-from nemo_rl_core.utils.logger import Logger, LoggerConfig
+from nemo_rl_core.utils.logger import Logger, LoggerConfig, flatten_dict
 
 RUN = "grpo-test-run"
 STEPS = {1: {"loss": 0.5, "kl_penalty": 0.01}, 2: {"loss": 0.25, "kl_penalty": 0.02}}
@@ -46,6 +46,32 @@ def test_jsonl_records_carry_the_run_id_in_the_runs_own_folder(tmp_path):
         {"run_id": RUN, "step": 2, "train/loss": 0.25, "train/kl_penalty": 0.02},
     ]
     assert not (tmp_path / "other-run" / "metrics.jsonl").exists()  # nothing logged there
+
+
+def test_a_nemo_rl_script_logs_into_log_dir_from_its_section_as_a_mapping(tmp_path):
+    """``Logger(master_config["logger"])``: no run id, the folder is ``log_dir`` itself (a
+    NeMo RL runner's ``exp_<n>``), and a misspelt key is refused naming it."""
+    log_dir = tmp_path / "exp_3"
+    logger = Logger({"log_dir": str(log_dir), "tensorboard_enabled": False})
+    logger.log_metrics({"loss": 0.5}, 1, prefix="train")
+    logger.close()
+    record = json.loads((log_dir / "metrics.jsonl").read_text())
+    assert record == {"run_id": "exp_3", "step": 1, "train/loss": 0.5}
+    with pytest.raises(ValueError, match="tensorbord_enabled"):
+        Logger({"log_dir": str(log_dir), "tensorbord_enabled": True})
+
+
+def test_flatten_dict_joins_keys_and_expands_lists_by_index():
+    nested = {"policy": {"lr": 1e-6, "stop": ["</s>", "\n"]}, "envs": [{"name": "math"}]}
+    assert flatten_dict(nested) == {
+        "policy.lr": 1e-6,
+        "policy.stop.0": "</s>",
+        "policy.stop.1": "\n",
+        "envs.0.name": "math",
+    }
+    kept = flatten_dict(nested, sep="/", expand_lists=False)
+    assert kept == {"policy/lr": 1e-6, "policy/stop": ["</s>", "\n"], "envs": [{"name": "math"}]}
+    assert flatten_dict({"empty": {}, "none": []}) == {}
 
 
 def test_jsonl_flattens_nested_metrics_and_keeps_non_finite_numbers(tmp_path):
