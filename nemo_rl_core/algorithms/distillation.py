@@ -26,6 +26,8 @@ from nemo_rl_core.models.policy.hf_loading import load_tokenizer
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.utils.config import ConfigError
 
+MasterConfig = DistillationMasterConfig  # NeMo RL's name for it in this module
+
 
 def check_teacher_fits(config: DistillationMasterConfig) -> None:
     """NeMo RL's ``check_vocab_equality`` and the top-k within the vocabulary, refused before

@@ -29,6 +29,8 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.utils.config import ConfigError
 
+MasterConfig = DPOMasterConfig  # NeMo RL's name for it in this module
+
 VALIDATION_METRICS = (
     "loss",
     "sft_loss",

@@ -23,6 +23,8 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 from nemo_rl_core.models.value import ValueInterface
 
+MasterConfig = PPOMasterConfig  # NeMo RL's name for it in this module
+
 
 def compute_values(value_model: ValueInterface, train_data: BatchedDataDict) -> BatchedDataDict:
     """The rollout's training inputs with the value model's ``values`` [B, S] (V_t of the

@@ -20,6 +20,8 @@ from nemo_rl_core.algorithms.rm_config import RMConfig, RMMasterConfig  # noqa: 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 
+MasterConfig = RMMasterConfig  # NeMo RL's name for it in this module
+
 # PreferenceLossFn's metrics NeMo RL's rm validation reports
 VALIDATION_METRICS = ("loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean")
 

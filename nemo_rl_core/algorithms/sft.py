@@ -26,6 +26,8 @@ from nemo_rl_core.data.llm_message_utils import (
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.interfaces import PolicyInterface
 
+MasterConfig = SFTMasterConfig  # NeMo RL's name for it in this module
+
 
 def make_dataloader(config: SFTMasterConfig, tokenizer: Any) -> StatefulDataLoader:
     """One global batch (``policy.train_global_batch_size``) of conversations per step,

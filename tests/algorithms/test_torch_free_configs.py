@@ -2,6 +2,7 @@
 example config loads neither torch nor transformers, so ``python -m flows <algorithm>``
 refuses a config mistake in seconds (``bench/fail_fast.py`` times it)."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -52,3 +53,11 @@ def test_the_table_of_config_classes_is_torch_free() -> None:
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert done.stdout.strip() == "False", done.stderr
+
+
+@pytest.mark.parametrize("algorithm", ["distillation", "dpo", "grpo", "ppo", "rm", "sft"])
+def test_the_algorithm_module_names_it_master_config_as_nemo_rl_does(algorithm: str) -> None:
+    """``from nemo_rl.algorithms.<algorithm> import MasterConfig`` (NeMo RL's scripts) is the
+    class this project validates that algorithm's config with."""
+    module = importlib.import_module(f"nemo_rl_core.algorithms.{algorithm}")
+    assert module.MasterConfig is ALGORITHM_CONFIGS[algorithm].config_class
