@@ -36,6 +36,7 @@ from nemo_rl_core.algorithms.grpo_config import (
 )
 from nemo_rl_core.algorithms.loss import ClippedPGLossFn
 from nemo_rl_core.algorithms.reward_functions import (
+    RewardScalingConfig,  # noqa: F401 - NeMo RL's path (nemo_rl.algorithms.grpo)
     apply_reward_shaping,
     scale_rewards,
 )
