@@ -5,9 +5,11 @@ Every loss normalizes through :func:`masked_mean` with a *global* normalization 
 which is what makes microbatch losses sum exactly to the full-batch loss.
 """
 
+import random
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 KLType = Literal["k1", "k2", "k3"]
@@ -184,3 +186,12 @@ def get_tokenizer(tokenizer_config: Mapping[str, Any], get_processor: bool = Fal
     if not settings.name:
         raise ValueError("tokenizer.name: missing (the tokenizer's HF name or local path)")
     return build_tokenizer(settings, settings.name, key="tokenizer")
+
+
+def set_seed(seed: int) -> None:
+    """NeMo RL's seeding of a process: Python's, numpy's and torch's generators (every CUDA
+    device's too; torch defers those until CUDA is initialised)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
