@@ -5,7 +5,7 @@ pass/fail counting, with these files as one more suite. Read from the NeMo RL mi
 test time; nothing of NeMo RL is stored here.
 
 What is left out of each file, and why, is in ``exclude``: Ray actors, the Hugging Face hub,
-NeMo RL's monolithic training loops (here each algorithm is a flow of stages) and private
+NeMo RL's monolithic training loops and Ray workers' reports (here each algorithm is a flow of stages) and private
 helpers of theirs."""
 
 import importlib.util
@@ -36,6 +36,22 @@ def suites(file_spec: Any) -> dict[str, list[Any]]:
             file_spec("tests/unit/data/packing/test_algorithms.py", include=["test_*", "Test*"]),
             file_spec("tests/unit/environments/test_environment_utils.py", include=["test_*"]),
             file_spec("tests/unit/algorithms/test_reward_functions.py", include=["test_*"]),
+            file_spec(
+                "tests/unit/algorithms/test_utils.py",
+                include=["test_maybe_pad_last_batch"],  # the baselines: the runner's suite
+                exclude={
+                    "test_get_tokenizer_*": "downloads Llama's tokenizer from the hub",
+                    **dict.fromkeys(
+                        [
+                            "test_sync_colocated_*",
+                            "test_async_non_colocated_*",
+                            "test_minimal_inputs_no_counts_no_flops",
+                            "test_empty_per_worker_token_counts_skips_imbalance",
+                        ],
+                        "print_performance_metrics: NeMo RL's report of its Ray workers' timings",
+                    ),
+                },
+            ),
             file_spec(
                 "tests/unit/algorithms/test_ppo.py",
                 include=["test_raw_reward_*"],  # GAE and the value loss: the runner's ppo suite

@@ -5,6 +5,8 @@ Every loss normalizes through :func:`masked_mean` with a *global* normalization 
 which is what makes microbatch losses sum exactly to the full-batch loss.
 """
 
+import copy
+import math
 import random
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -195,3 +197,24 @@ def set_seed(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.cuda.manual_seed_all(seed)
+
+
+def maybe_pad_last_batch(batch: Any, dp_size: int, mbs: int) -> Any:
+    """NeMo RL's padding of a last (validation) batch to a multiple of ``mbs * dp_size``
+    samples, so every data-parallel rank gets whole microbatches: each field grows by
+    copies of its last sample, and ``sample_mask`` by zeros, so the copies count nowhere.
+    Changes ``batch`` in place and returns it."""
+    if dp_size < 1 or mbs < 1:
+        raise ValueError(f"maybe_pad_last_batch: dp_size={dp_size}, mbs={mbs}; both must be >= 1")
+    size = batch.size
+    missing = math.ceil(size / (mbs * dp_size)) * mbs * dp_size - size
+    if missing == 0 or size == 0:
+        return batch
+    print(f"Padding last validation batch with {missing} padding samples")
+    for key, value in list(batch.items()):
+        if isinstance(value, torch.Tensor):
+            last = torch.zeros_like(value[-1:]) if key == "sample_mask" else value[-1:]
+            batch[key] = torch.cat([value, last.expand(missing, *value.shape[1:])])
+        elif isinstance(value, list):
+            batch[key] = value + [copy.deepcopy(value[-1]) for _ in range(missing)]
+    return batch
