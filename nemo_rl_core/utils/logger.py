@@ -286,9 +286,53 @@ class Logger:
             for backend in self.backends:
                 backend.log_hyperparams(params)
 
+    def log_batched_dict_as_jsonl(self, to_log: Mapping[str, Any], filename: str) -> Path:
+        """NeMo RL's per-sample dump (a loop's ``train_data_step3.jsonl``): one line per
+        sample of a batch (``BatchedDataDict`` or a dict of equal-length columns), tensors
+        as lists, ``idx`` its position. ``filename`` is inside the log folder; the file is
+        replaced whole."""
+        columns = {key: _as_list(key, value) for key, value in to_log.items()}
+        sizes = {key: len(column) for key, column in columns.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"log_batched_dict_as_jsonl({filename!r}): column sizes {sizes}")
+        count = next(iter(sizes.values()), 0)
+        lines = [
+            json.dumps({**{k: c[i] for k, c in columns.items()}, "idx": i}, default=str) + "\n"
+            for i in range(count)
+        ]
+        path = self._log_file(filename)
+        path.write_text("".join(lines))
+        return path
+
+    def log_string_list_as_jsonl(self, to_log: list[str], filename: str) -> Path:
+        """NeMo RL's: each string as one line appended to ``filename`` in the log folder."""
+        path = self._log_file(filename)
+        with path.open("a") as handle:
+            handle.writelines(line + "\n" for line in to_log)
+        return path
+
+    def _log_file(self, filename: str) -> Path:
+        """``filename`` inside the log folder (sub-folders made); refused if it leaves it."""
+        path = (self.run_dir / filename).resolve()
+        if not path.is_relative_to(self.run_dir.resolve()) or path == self.run_dir.resolve():
+            raise ValueError(f"{filename!r}: not a file inside the log folder {self.run_dir}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
     def close(self) -> None:
         if self.gpu_monitor is not None:
             self.gpu_monitor.stop()
         with self._lock:
             for backend in self.backends:
                 backend.close()
+
+
+def _as_list(key: str, value: Any) -> list[Any]:
+    """A batch column as one item per sample (tensors and arrays by their first dimension)."""
+    if hasattr(value, "tolist") and hasattr(value, "shape"):
+        if not value.shape:
+            raise ValueError(f"column {key!r} is one number, not one value per sample")
+        return list(value.tolist())
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise ValueError(f"column {key!r} is a {type(value).__name__}, not one value per sample")

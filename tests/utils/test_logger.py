@@ -61,6 +61,41 @@ def test_a_nemo_rl_script_logs_into_log_dir_from_its_section_as_a_mapping(tmp_pa
         Logger({"log_dir": str(log_dir), "tensorbord_enabled": True})
 
 
+def test_samples_are_dumped_one_line_each_inside_the_log_folder(tmp_path):
+    """A NeMo RL loop's ``log_batched_dict_as_jsonl(train_data, f"train_data_step{n}.jsonl")``
+    and ``log_string_list_as_jsonl``; a file name leaving the folder is refused."""
+    import torch
+
+    from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+
+    logger = Logger({"log_dir": str(tmp_path)})
+    batch = BatchedDataDict(
+        {"input_ids": torch.tensor([[1, 2], [3, 4]]), "content": ["a", "b"], "reward": [0.5, 1]}
+    )
+    path = logger.log_batched_dict_as_jsonl(batch, "samples/train_data_step3.jsonl")
+    assert path == tmp_path / "samples" / "train_data_step3.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [
+        {"input_ids": [1, 2], "content": "a", "reward": 0.5, "idx": 0},
+        {"input_ids": [3, 4], "content": "b", "reward": 1, "idx": 1},
+    ]
+    logger.log_batched_dict_as_jsonl({"content": ["c"]}, "samples/train_data_step3.jsonl")
+    assert path.read_text() == '{"content": "c", "idx": 0}\n'  # replaced whole
+
+    logger.log_string_list_as_jsonl(["one", "two"], "text.jsonl")
+    logger.log_string_list_as_jsonl(["three"], "text.jsonl")
+    assert (tmp_path / "text.jsonl").read_text().splitlines() == ["one", "two", "three"]
+
+    with pytest.raises(ValueError, match="not a file inside the log folder"):
+        logger.log_string_list_as_jsonl(["x"], "../outside.jsonl")
+    with pytest.raises(ValueError, match=r"column sizes \{'a': 2, 'b': 1\}"):
+        logger.log_batched_dict_as_jsonl({"a": [1, 2], "b": [1]}, "bad.jsonl")
+    assert (
+        not (tmp_path / "bad.jsonl").exists() and not (tmp_path.parent / "outside.jsonl").exists()
+    )
+    logger.close()
+
+
 def test_flatten_dict_joins_keys_and_expands_lists_by_index():
     nested = {"policy": {"lr": 1e-6, "stop": ["</s>", "\n"]}, "envs": [{"name": "math"}]}
     assert flatten_dict(nested) == {
