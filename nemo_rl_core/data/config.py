@@ -13,6 +13,7 @@ hub datasets: those validate, so NeMo RL's configs load, and are refused before 
 on a deployment that cannot download (every deployment of this project).
 """
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
@@ -130,9 +131,6 @@ def _capped_here(cap: int | None, context: SupportContext) -> str | None:
 
 def _read_by_the_run(section: Any, context: SupportContext) -> bool:
     """A dataset is read unless the run's games come from the sliding puzzle's environment."""
-    # The builder imports this module; it knows which environment scores which dataset.
-    from nemo_rl_core.data.datasets.builder import games_from_environment
-
     return not games_from_environment(context.value("data"), context.value("env") or {})
 
 
@@ -338,3 +336,36 @@ class SFTDataConfig(DataConfig):
     add_bos: Annotated[bool, Wired(f"{_SFT}:data_setup")] = True
     add_eos: Annotated[bool, Wired(f"{_SFT}:data_setup")] = True
     add_generation_prompt: Annotated[bool, Wired(f"{_SFT}:data_setup")] = False
+
+
+SPLITS = ("train", "validation")
+PUZZLE_ENV = "sliding_puzzle_game"
+# dataset_name -> the environment (task_name) its rows are scored by
+DEFAULT_TASKS = {
+    "arithmetic": "math",
+    "addition": "math",
+    "addition_sft": "math",
+    "addition_answer_line": "math",
+    "addition_answer_line_sft": "math",
+    "addition_preference": "preference",
+    "countdown": "countdown",
+    LOCAL_DATASET: "math",
+    PREFERENCE_DATASET: "preference",
+    BINARY_PREFERENCE_DATASET: "preference",
+    "sliding_puzzle": PUZZLE_ENV,
+}
+
+
+def task_name(dataset: DatasetConfig) -> str:
+    """The environment (``env.<name>``) that scores ``dataset``'s rows."""
+    return dataset.env_name or DEFAULT_TASKS.get(dataset.dataset_name or LOCAL_DATASET, "math")
+
+
+def games_from_environment(config: DataConfig, env: Mapping[str, Any]) -> bool:
+    """Whether the run trains and validates on the sliding-puzzle games that ``env`` sets
+    up, as NeMo RL's puzzle runner does: ``env`` has the puzzle's section and no dataset of
+    ``data:`` is scored by it. That runner reads neither ``data.train`` nor
+    ``data.validation`` (``grpo_sliding_puzzle.yaml`` keeps the math dataset it inherits)."""
+    if PUZZLE_ENV not in env:
+        return False
+    return all(task_name(d) != PUZZLE_ENV for split in SPLITS for d in config.datasets(split))

@@ -15,13 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_rl_core.data.config import (
     BINARY_PREFERENCE_DATASET,
-    LOCAL_DATASET,
     LOCAL_DATASETS,
     PREFERENCE_DATASET,
     PREFERENCE_PROCESSOR,
+    PUZZLE_ENV,
     SFT_PROCESSOR,
+    SPLITS,
     DataConfig,
     DatasetConfig,
+    games_from_environment,
+    task_name,
 )
 from nemo_rl_core.data.datasets.generators import (
     addition_demonstrations,
@@ -43,22 +46,6 @@ from nemo_rl_core.data.processors import (
 if TYPE_CHECKING:  # it loads torch; the config check reads rows and prompt files without it
     from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
 
-SPLITS = ("train", "validation")
-PUZZLE_ENV = "sliding_puzzle_game"
-# dataset_name -> the environment (task_name) its rows are scored by
-DEFAULT_TASKS = {
-    "arithmetic": "math",
-    "addition": "math",
-    "addition_sft": "math",
-    "addition_answer_line": "math",
-    "addition_answer_line_sft": "math",
-    "addition_preference": "preference",
-    "countdown": "countdown",
-    LOCAL_DATASET: "math",
-    PREFERENCE_DATASET: "preference",
-    BINARY_PREFERENCE_DATASET: "preference",
-    "sliding_puzzle": PUZZLE_ENV,
-}
 DEFAULT_PROCESSORS = {
     "sliding_puzzle": "sliding_puzzle_data_processor",
     "addition_sft": SFT_PROCESSOR,
@@ -113,16 +100,6 @@ class DataSetup:
             "shuffle_moves": int(game.get("shuffle_moves", 10)),
             "max_moves": int(settings.get("max_moves", 50)),
         }
-
-
-def games_from_environment(config: DataConfig, env: Mapping[str, Any]) -> bool:
-    """Whether the run trains and validates on the sliding-puzzle games that ``env`` sets
-    up, as NeMo RL's puzzle runner does: ``env`` has the puzzle's section and no dataset of
-    ``data:`` is scored by it. That runner reads neither ``data.train`` nor
-    ``data.validation`` (``grpo_sliding_puzzle.yaml`` keeps the math dataset it inherits)."""
-    if PUZZLE_ENV not in env:
-        return False
-    return all(task_name(d) != PUZZLE_ENV for split in SPLITS for d in config.datasets(split))
 
 
 def split_datasets(config: DataConfig, split: str, setup: DataSetup) -> list[DatasetConfig]:
@@ -216,11 +193,6 @@ def _carve(
     order = list(range(len(rows)))
     random.Random(dataset.seed).shuffle(order)
     return [rows[i] for i in order[:-held]], [rows[i] for i in order[-held:]]
-
-
-def task_name(dataset: DatasetConfig) -> str:
-    """The environment (``env.<name>``) that scores ``dataset``'s rows."""
-    return dataset.env_name or DEFAULT_TASKS.get(dataset.dataset_name or LOCAL_DATASET, "math")
 
 
 def dataset_environments(config: DataConfig, env: Mapping[str, Any]) -> set[str]:
