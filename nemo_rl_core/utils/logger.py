@@ -39,10 +39,30 @@ from nemo_rl_core.config.logger import (  # noqa: F401
 from nemo_rl_core.utils.gpu_monitor import GpuMonitor
 from nemo_rl_core.utils.key_support import Machine
 
+EXPERIMENT_DIR = re.compile(r"exp_(\d+)")
+
 
 def run_log_dir(config: LoggerConfig, run_id: str) -> Path:
     """The run's log folder: ``<log_dir>/<run_id>``."""
     return Path(config.log_dir) / run_id
+
+
+def get_next_experiment_dir(base_log_dir: str) -> str:
+    """NeMo RL's experiment folder for a script's run: ``<base_log_dir>/exp_<n>`` (three
+    digits), one past the highest there, created here. Two runs starting together get two
+    folders: the creation is the claim, and a taken number moves on to the next."""
+    base = Path(base_log_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    taken = [int(m.group(1)) for p in base.iterdir() if (m := EXPERIMENT_DIR.fullmatch(p.name))]
+    number = max(taken, default=0) + 1
+    while True:
+        folder = base / f"exp_{number:03d}"
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            number += 1
+            continue
+        return str(folder)
 
 
 def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

@@ -20,7 +20,7 @@ from nemo_rl_core.utils.key_support import (
     resolve_reader,
 )
 from nemo_rl_core.utils.key_support import declared_keys as walk_keys
-from nemo_rl_core.utils.logger import Logger, LoggerConfig, flatten_dict
+from nemo_rl_core.utils.logger import Logger, LoggerConfig, flatten_dict, get_next_experiment_dir
 
 RUN = "grpo-test-run"
 STEPS = {1: {"loss": 0.5, "kl_penalty": 0.01}, 2: {"loss": 0.25, "kl_penalty": 0.02}}
@@ -59,6 +59,17 @@ def test_a_nemo_rl_script_logs_into_log_dir_from_its_section_as_a_mapping(tmp_pa
     assert record == {"run_id": "exp_3", "step": 1, "train/loss": 0.5}
     with pytest.raises(ValueError, match="tensorbord_enabled"):
         Logger({"log_dir": str(log_dir), "tensorbord_enabled": True})
+
+
+def test_each_script_run_gets_the_next_experiment_folder(tmp_path):
+    """NeMo RL's runners log into ``get_next_experiment_dir(log_dir)``: exp_001, then one past
+    the highest (a gap is not reused)."""
+    base = tmp_path / "logs"
+    assert get_next_experiment_dir(str(base)) == str(base / "exp_001")
+    (base / "exp_007").mkdir()
+    (base / "exp_notes").mkdir()
+    assert get_next_experiment_dir(str(base)) == str(base / "exp_008")
+    assert sorted(p.name for p in base.iterdir()) == ["exp_001", "exp_007", "exp_008", "exp_notes"]
 
 
 def test_samples_are_dumped_one_line_each_inside_the_log_folder(tmp_path):
