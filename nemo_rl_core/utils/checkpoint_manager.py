@@ -129,7 +129,9 @@ class CheckpointManager:
         run, is replaced: moved aside first, deleted last), then drop those outside the top
         ``keep_top_k``."""
         tmp = Path(checkpoint_path)
-        if not tmp.name.startswith(TMP_PREFIX) or not STEP_DIR.fullmatch(final := tmp.name[4:]):
+        if not tmp.name.startswith(TMP_PREFIX) or not STEP_DIR.fullmatch(
+            final := tmp.name.removeprefix(TMP_PREFIX)
+        ):
             raise ValueError(f"{tmp}: not a checkpoint from init_tmp_checkpoint (tmp_step_<n>)")
         target = tmp.parent / final
         if target.exists():
