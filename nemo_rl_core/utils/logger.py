@@ -68,19 +68,19 @@ def get_next_experiment_dir(base_log_dir: str) -> str:
 def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """``prefix/key`` -> float for every number (nested dicts joined with ``/``; one-element
     tensors and arrays taken as numbers); other values are left out."""
-    flat: dict[str, float] = {}
-    for key, value in metrics.items():
-        name = f"{prefix}/{key}" if prefix else key
-        if isinstance(value, Mapping):
-            flat.update(flatten_metrics(value, name))
-        elif isinstance(value, bool | int | float):
-            flat[name] = float(value)
-        elif hasattr(value, "item"):  # tensors and arrays of one element
-            try:
-                flat[name] = float(value.item())
-            except (TypeError, ValueError, RuntimeError):
-                continue
-    return flat
+    flat = flatten_dict({prefix: metrics} if prefix else metrics, sep="/", expand_lists=False)
+    return {name: number for name, value in flat.items() if (number := _number(value)) is not None}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool | int | float):
+        return float(value)
+    if hasattr(value, "item"):  # tensors and arrays of one element
+        try:
+            return float(value.item())
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
 
 
 class JsonlBackend:
