@@ -5,8 +5,8 @@ pass/fail counting, with these files as one more suite. Read from the NeMo RL mi
 test time; nothing of NeMo RL is stored here.
 
 What is left out of each file, and why, is in ``exclude``: Ray actors, the Hugging Face hub,
-NeMo RL's monolithic training loops and Ray workers' reports (here each algorithm is a flow of stages) and private
-helpers of theirs."""
+NeMo RL's monolithic training loops and Ray workers' reports (here each algorithm is a flow
+of stages) and private helpers of theirs."""
 
 import importlib.util
 import subprocess

@@ -2,9 +2,9 @@
 
 NeMo RL's ``tokenizer.chat_template`` key: absent or ``"default"`` keeps the tokenizer's
 template; ``null`` selects the plain passthrough template (base models have no chat
-format: the turns' contents, concatenated); any other string is a Jinja template or a path to a ``.jinja`` file. A template is
-checked once when configured, so a malformed one fails at setup naming its config key,
-not in the middle of a run.
+format: the turns' contents, concatenated); any other string is a Jinja template or a
+path to a ``.jinja`` file. A template is checked once when configured, so a malformed one
+fails at setup naming its config key, not in the middle of a run.
 """
 
 from pathlib import Path
