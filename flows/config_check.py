@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from nemo_rl_core.algorithms.grpo_config import RolloutMasterConfig, data_setup, load_master_config
+from nemo_rl_core.data.config import PreferenceDataConfig
 from nemo_rl_core.data.datasets.builder import (
     SPLITS,
     DataSetup,
@@ -44,6 +45,9 @@ def check_run_config(
     setup = setup_for(config)
     for split in SPLITS:  # reads the prompt files: a missing one fails here, not mid-run
         task_processors(split_datasets(config.data, split, setup), setup)
+    if isinstance(config.data, PreferenceDataConfig) and config.data.val_data_paths:
+        for named in config.data.validation_sets().values():  # a missing file names its key
+            load_rows(named, "validation", setup)  # a bad row fails here, not at validation
     if isinstance(config, RolloutMasterConfig):
         check_dataset_environments(config, setup)
     if not load_rows(config.data, setup=setup):

@@ -115,6 +115,11 @@ def config_notes(config: Any) -> list[str]:
             f"{sections}: not read, as in NeMo RL, which builds only the environments the "
             "datasets name (their env_name)"
         )
+    if config.data.val_data_paths and config.data.validation:
+        notes.append(
+            "data.validation: not read, as in NeMo RL, whose DPO and reward-model runs "
+            "validate on the sets data.val_data_paths names instead"
+        )
     if games_from_environment(config.data, env):
         notes.append(
             "data.train and data.validation are not read: env.sliding_puzzle_game sets up the "

@@ -10,6 +10,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, model_validator
 
 from nemo_rl_core.config.base import StrictConfig
+from nemo_rl_core.data.config import DEFAULT_VALIDATION_SET
 from nemo_rl_core.utils.key_support import Only, Wired
 
 # ---------------------------------------------------------------- loss_fn: sections
@@ -133,10 +134,16 @@ def clipped_pg_config_problems(cfg: ClippedPGLossConfig) -> list[tuple[str, str]
     return problems
 
 
-# NeMo RL logs the validation of DPO and reward models on its one validation set as
-# "validation-default_<metric>", which its dpo.yaml and rm.yaml rank checkpoints by
+def preference_validation_prefix(set_name: str) -> str:
+    """NeMo RL's prefix of one validation set's metrics in DPO and reward-model runs:
+    ``validation-<name>_``, the name a key of ``data.val_data_paths`` or, for
+    ``data.validation``, "default"."""
+    return f"validation-{set_name}_"
+
+
+# data.validation's metrics, which NeMo RL's dpo.yaml and rm.yaml rank checkpoints by
 # (metric_name: val:validation-default_loss).
-PREFERENCE_VALIDATION_PREFIX = "validation-default_"
+PREFERENCE_VALIDATION_PREFIX = preference_validation_prefix(DEFAULT_VALIDATION_SET)
 
 
 class DPOLossConfig(StrictConfig):

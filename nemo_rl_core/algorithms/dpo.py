@@ -8,13 +8,13 @@ rewards on held-out pairs, no generation). Here each of those is a function a st
 the reference logprobs are a stored stage, so a rerun of ``train`` reads the same tensors.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import partial
 from typing import Any
 
 import torch
 
-from nemo_rl_core.algorithms.config import PREFERENCE_VALIDATION_PREFIX
+from nemo_rl_core.algorithms.config import preference_validation_prefix
 
 # NeMo RL names the config classes here; they live apart so that the config check loads
 # no torch.
@@ -23,6 +23,7 @@ from nemo_rl_core.algorithms.dpo_config import (  # noqa: F401
     DPOMasterConfig,
     data_setup,
 )
+from nemo_rl_core.data.config import DataConfig
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import build_dataset
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
@@ -42,12 +43,18 @@ VALIDATION_METRICS = (
 
 
 def _pair_loader(
-    config: Any, tokenizer: Any, split: str, batch_size: int, shuffle: bool, drop_last: bool
+    config: Any,
+    data: DataConfig,
+    tokenizer: Any,
+    split: str,
+    batch_size: int,
+    shuffle: bool,
+    drop_last: bool,
 ) -> StatefulDataLoader:
     from nemo_rl_core.data.datasets.processed_dataset import preference_collate_fn
 
     return StatefulDataLoader(
-        build_dataset(config.data, tokenizer, split=split, setup=data_setup(config)),
+        build_dataset(data, tokenizer, split=split, setup=data_setup(config)),
         batch_size=batch_size,
         shuffle=shuffle,
         seed=config.algorithm.seed,
@@ -65,6 +72,7 @@ def make_dataloader(config: Any, tokenizer: Any) -> StatefulDataLoader:
     shuffled from the algorithm's ``seed``; the last partial batch of an epoch is dropped."""
     return _pair_loader(
         config,
+        config.data,
         tokenizer,
         "train",
         config.policy.train_global_batch_size,
@@ -80,11 +88,20 @@ def take_batch(dataloader: StatefulDataLoader, state: dict) -> tuple[BatchedData
     return batch, dataloader.state_dict()
 
 
-def validation_batches(config: Any, tokenizer: Any) -> Iterator[BatchedDataDict]:
-    """The held-out pairs in order, ``val_global_batch_size`` pairs per batch, at most
-    ``val_batches`` batches (all when <= 0)."""
+def validation_batches(config: Any, tokenizer: Any) -> dict[str, Iterator[BatchedDataDict]]:
+    """Each validation set's held-out pairs by its name (``data.val_data_paths``'s, else
+    "default": ``data.validation``), in order, ``val_global_batch_size`` pairs per batch,
+    at most ``val_batches`` batches of each set (all when <= 0), as NeMo RL's."""
+    return {
+        name: _held_out_batches(config, data, tokenizer)
+        for name, data in config.data.validation_sets().items()
+    }
+
+
+def _held_out_batches(config: Any, data: DataConfig, tokenizer: Any) -> Iterator[BatchedDataDict]:
     loader = _pair_loader(
         config,
+        data,
         tokenizer,
         "validation",
         config.algorithm.val_global_batch_size,
@@ -133,36 +150,57 @@ def with_reference_logprobs(
 
 def validation_metrics(
     policy: PolicyInterface,
-    batches: Iterator[BatchedDataDict],
+    sets: Mapping[str, Iterator[BatchedDataDict]],
     loss_fn: Any,
     config: Any,
     names: tuple[str, ...] = VALIDATION_METRICS,
     with_reference: bool = True,
 ) -> dict[str, float]:
-    """NeMo RL's DPO (and reward-model) validation: each batch's loss metrics ``names`` in
-    eval mode (no update; DPO's with the reference logprobs it needs), the batches
-    weighted by their valid pairs, as ``validation-default_<metric>``."""
-    from nemo_rl_core.algorithms.training import merge_step_metrics
-
+    """NeMo RL's DPO (and reward-model) validation of each named set of batches (``sets``,
+    :func:`validation_batches`): each batch's loss metrics ``names`` in eval mode (no
+    update; DPO's with the reference logprobs it needs), the batches weighted by their valid
+    pairs, as ``validation-<set>_<metric>``."""
     mbs = 2 * config.algorithm.val_micro_batch_size
-    weighted = dict.fromkeys(names, 0.0)
-    pairs = 0.0
+    metrics: dict[str, float] = {}
     policy.prepare_for_training()
     try:
-        for batch in batches:
-            if with_reference:
-                batch = with_reference_logprobs(policy, batch, mbs)
-            results = policy.train(batch, loss_fn, eval_mode=True, gbs=batch.size, mbs=mbs)
-            merged = merge_step_metrics(results)
-            for name in names:
-                weighted[name] += merged[name] * merged["num_valid_samples"]
-            pairs += merged["num_valid_samples"]
+        for set_name, batches in sets.items():
+            scored = _set_metrics(policy, batches, loss_fn, mbs, names, with_reference)
+            if scored is None:
+                raise ValueError(
+                    f"validation set {set_name!r} has no pair to score: its pairs are empty or "
+                    "all longer than policy.max_total_sequence_length="
+                    f"{config.policy.max_total_sequence_length}"
+                )
+            prefix = preference_validation_prefix(set_name)
+            metrics |= {f"{prefix}{name}": value for name, value in scored.items()}
     finally:
         policy.finish_training()
+    return metrics
+
+
+def _set_metrics(
+    policy: PolicyInterface,
+    batches: Iterator[BatchedDataDict],
+    loss_fn: Any,
+    mbs: int,
+    names: tuple[str, ...],
+    with_reference: bool,
+) -> dict[str, float] | None:
+    """One set's metrics ``names`` weighted by valid pairs, and ``num_valid_samples``;
+    None when no pair was scored."""
+    from nemo_rl_core.algorithms.training import merge_step_metrics
+
+    weighted = dict.fromkeys(names, 0.0)
+    pairs = 0.0
+    for batch in batches:
+        if with_reference:
+            batch = with_reference_logprobs(policy, batch, mbs)
+        results = policy.train(batch, loss_fn, eval_mode=True, gbs=batch.size, mbs=mbs)
+        merged = merge_step_metrics(results)
+        for name in names:
+            weighted[name] += merged[name] * merged["num_valid_samples"]
+        pairs += merged["num_valid_samples"]
     if pairs == 0:
-        raise ValueError(
-            "validation has no pair to score: the validation pairs are empty or all longer "
-            f"than policy.max_total_sequence_length={config.policy.max_total_sequence_length}"
-        )
-    metrics = {f"{PREFERENCE_VALIDATION_PREFIX}{name}": weighted[name] / pairs for name in weighted}
-    return metrics | {f"{PREFERENCE_VALIDATION_PREFIX}num_valid_samples": pairs}
+        return None
+    return {name: total / pairs for name, total in weighted.items()} | {"num_valid_samples": pairs}

@@ -15,7 +15,7 @@ from nemo_rl_core.config.checkpointing import CheckpointingConfig
 from nemo_rl_core.config.cluster import ClusterConfig
 from nemo_rl_core.config.logger import LoggerConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
-from nemo_rl_core.data.config import PREFERENCE_PROCESSOR, DataConfig
+from nemo_rl_core.data.config import PREFERENCE_PROCESSOR, PreferenceDataConfig
 from nemo_rl_core.data.datasets.builder import SPLITS, DataSetup, processor_name
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.utils.key_support import Wired
@@ -48,7 +48,7 @@ class PreferenceMasterConfig(StrictConfig):
     SCALAR_HEAD: ClassVar[bool]
 
     policy: PolicyConfig
-    data: DataConfig
+    data: PreferenceDataConfig
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
@@ -75,9 +75,10 @@ class DPOMasterConfig(PreferenceMasterConfig):
 
 def check_preference_setup(config: Any, section: str, scalar_head: bool) -> None:
     """What DPO and reward-model training need of the data, the model and the batching:
-    every dataset is preference pairs (``preference_preprocessor``), held-out pairs when
-    validation is on, a language model (DPO) or a scalar head (``scalar_head``: reward
-    model) and microbatches that keep a pair's two sequences together."""
+    every dataset it reads is preference pairs (``preference_preprocessor``), held-out pairs
+    (``data.validation`` or ``data.val_data_paths``) when validation is on, a language model
+    (DPO) or a scalar head (``scalar_head``: reward model) and microbatches that keep a
+    pair's two sequences together."""
     for split in SPLITS:
         for index, dataset in enumerate(config.data.datasets(split)):
             name = processor_name(dataset, data_setup(config))
@@ -87,11 +88,11 @@ def check_preference_setup(config: Any, section: str, scalar_head: bool) -> None
                     f"({PREFERENCE_PROCESSOR}; datasets PreferenceDataset, "
                     f"BinaryPreferenceDataset, addition_preference), not on {name!r} rows"
                 )
-    if validates(config.algorithm) and not config.data.validation:
+    if validates(config.algorithm) and not (config.data.validation or config.data.val_data_paths):
         raise ValueError(
             f"{section}.val_period / val_at_start / val_at_end validate, but there is no "
-            "data.validation: add held-out pairs, or turn validation off (val_period: 0, "
-            "val_at_start: false)"
+            "data.validation (nor data.val_data_paths): add held-out pairs, or turn "
+            "validation off (val_period: 0, val_at_start: false)"
         )
     if config.policy.reward_model_cfg.enabled != scalar_head:
         trains = "a scalar-head reward model" if scalar_head else "a language model"

@@ -9,7 +9,7 @@ checkpoint is an HF folder that ``AutoModelForSequenceClassification`` loads, wh
 GRPO's ``reward_model`` environment can score with.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from nemo_rl_core.algorithms.dpo import validation_metrics
@@ -27,9 +27,13 @@ VALIDATION_METRICS = ("loss", "accuracy", "rewards_chosen_mean", "rewards_reject
 
 
 def reward_validation(
-    policy: PolicyInterface, batches: Iterator[BatchedDataDict], loss_fn: Any, config: Any
+    policy: PolicyInterface,
+    sets: Mapping[str, Iterator[BatchedDataDict]],
+    loss_fn: Any,
+    config: Any,
 ) -> dict[str, float]:
-    """Bradley-Terry loss, accuracy and mean rewards on the held-out pairs (no reference)."""
+    """Bradley-Terry loss, accuracy and mean rewards on each named set of held-out pairs
+    (no reference), as ``validation-<set>_<metric>``."""
     return validation_metrics(
-        policy, batches, loss_fn, config, names=VALIDATION_METRICS, with_reference=False
+        policy, sets, loss_fn, config, names=VALIDATION_METRICS, with_reference=False
     )

@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from nemo_rl_core.utils.config import ConfigError
 from nemo_rl_core.utils.key_support import Check, Only, PartOf, ReadWhile, SupportContext, Wired
 
 BUILTIN_DATASETS = (
@@ -105,7 +106,9 @@ _OLD_LAYOUT = (
 )
 
 
-def _loadable_here(name: str | None, context: SupportContext) -> str | None:
+def unavailable_reason(name: str | None) -> str | None:
+    """Why NeMo RL's dataset ``name`` does not load here (a hub, multimodal or Gym
+    dataset), or None where it does."""
     if name in HUB_DATASETS:
         return (
             "a Hugging Face hub dataset, and this deployment downloads nothing; use "
@@ -113,6 +116,10 @@ def _loadable_here(name: str | None, context: SupportContext) -> str | None:
             f"built-in generator ({', '.join(BUILTIN_DATASETS)})"
         )
     return NOT_BUILT_DATASETS.get(name or "")
+
+
+def _loadable_here(name: str | None, context: SupportContext) -> str | None:
+    return unavailable_reason(name)
 
 
 def _processor_here(name: str | None, context: SupportContext) -> str | None:
@@ -130,8 +137,12 @@ def _capped_here(cap: int | None, context: SupportContext) -> str | None:
 
 
 def _read_by_the_run(section: Any, context: SupportContext) -> bool:
-    """A dataset is read unless the run's games come from the sliding puzzle's environment."""
-    return not games_from_environment(context.value("data"), context.value("env") or {})
+    """A dataset is read unless the run's games come from the sliding puzzle's environment,
+    or it is one of ``data.validation`` that a preference run's ``val_data_paths`` replaces."""
+    data = context.value("data")
+    if context.key.startswith("data.validation.") and not data.datasets("validation"):
+        return False
+    return not games_from_environment(data, context.value("env") or {})
 
 
 class DatasetConfig(BaseModel):
@@ -267,6 +278,15 @@ class DataConfig(BaseModel):
     dataset_name: Annotated[str | None, Only(None, reason=_OLD_LAYOUT)] = None
     prompt_file: Annotated[str | None, Only(None, reason=_OLD_LAYOUT)] = None
     system_prompt_file: Annotated[str | None, Only(None, reason=_OLD_LAYOUT)] = None
+    # Validation sets by name: read by DPO and reward models (PreferenceDataConfig's).
+    val_data_paths: Annotated[
+        dict[str, str] | None,
+        Only(
+            None,
+            reason="NeMo RL reads it only in DPO and reward-model runs (named preference "
+            "validation sets), not in this algorithm's; set data.validation instead",
+        ),
+    ] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -294,8 +314,9 @@ class DataConfig(BaseModel):
 
     def with_files_from(self, config_dir: Path) -> "DataConfig":
         """This section with each dataset's relative input files (``data_path``,
-        ``prompt_file``, ``system_prompt_file``) made absolute from ``config_dir``: a config
-        runs from any working directory, and the stored config names the files it read."""
+        ``prompt_file``, ``system_prompt_file``) and ``val_data_paths`` made absolute from
+        ``config_dir``: a config runs from any working directory, and the stored config names
+        the files it read."""
 
         def resolved(dataset: DatasetConfig | None) -> DatasetConfig | None:
             if dataset is None:
@@ -303,9 +324,13 @@ class DataConfig(BaseModel):
             files = {key: input_file(getattr(dataset, key), config_dir) for key in INPUT_FILE_KEYS}
             return dataset.model_copy(update=files)
 
+        named = self.val_data_paths
         return self.model_copy(
             update={
                 "default": resolved(self.default),
+                "val_data_paths": None
+                if named is None
+                else {name: input_file(path, config_dir) or path for name, path in named.items()},
                 **{
                     split: [resolved(d) for d in getattr(self, split)]
                     for split in ("train", "validation")
@@ -336,6 +361,46 @@ class SFTDataConfig(DataConfig):
     add_bos: Annotated[bool, Wired(f"{_SFT}:data_setup")] = True
     add_eos: Annotated[bool, Wired(f"{_SFT}:data_setup")] = True
     add_generation_prompt: Annotated[bool, Wired(f"{_SFT}:data_setup")] = False
+
+
+DEFAULT_VALIDATION_SET = "default"  # NeMo RL's name for data.validation's set
+
+
+class PreferenceDataConfig(DataConfig):
+    """``data:`` of a DPO or reward-model run: NeMo RL's ``setup_preference_data`` also reads
+    ``val_data_paths``, validation sets by name, each a ``PreferenceDataset`` file. While it
+    names any, they replace ``data.validation``, which NeMo RL then does not read."""
+
+    val_data_paths: Annotated[
+        dict[str, str] | None,
+        Wired("nemo_rl_core.data.config:PreferenceDataConfig.validation_sets"),
+    ] = None
+
+    def datasets(self, split: str) -> list[DatasetConfig]:
+        """The datasets of ``split`` the run reads: none of ``validation`` while
+        ``val_data_paths`` names the validation sets (:meth:`validation_sets`)."""
+        if split == "validation" and self.val_data_paths:
+            return []
+        return super().datasets(split)
+
+    def validation_sets(self) -> dict[str, DataConfig]:
+        """Each validation set by the name its metrics carry (``validation-<name>_loss``),
+        as a ``data:`` whose ``validation`` it is: each file of ``val_data_paths`` read as
+        ``PreferenceDataset`` rows (no prompt file, nothing from ``default``: NeMo RL names
+        only the file), else ``data.validation`` as ``"default"``."""
+        if not self.val_data_paths:
+            return {DEFAULT_VALIDATION_SET: self}
+        sets: dict[str, DataConfig] = {}
+        for name, path in self.val_data_paths.items():
+            if not Path(path).expanduser().exists():
+                raise ConfigError(
+                    f"data.val_data_paths.{name}: {path} does not exist (a local "
+                    f"{PREFERENCE_DATASET} file: JSONL, Parquet or a save_to_disk folder; "
+                    "nothing is downloaded here)"
+                )
+            dataset = DatasetConfig(dataset_name=PREFERENCE_DATASET, data_path=path)
+            sets[name] = self.model_copy(update={"validation": [dataset], "val_data_paths": None})
+        return sets
 
 
 SPLITS = ("train", "validation")

@@ -403,8 +403,9 @@ def distillation_train(ctx: StageContext) -> StageResult:
 
 
 def dpo_validation(ctx: StageContext) -> StageResult:
-    """DPO's validation of the weights this iteration starts from on the held-out pairs
-    (eval mode: no update): loss, preference accuracy, chosen and rejected rewards."""
+    """DPO's validation of the weights this iteration starts from on each validation set's
+    held-out pairs (eval mode: no update): loss, preference accuracy, chosen and rejected
+    rewards, per set as ``validation-<set>_<metric>``."""
     rt, config = ctx.runtime, ctx.config
     metrics = dpo.validation_metrics(
         rt.policy(ctx.iteration),
@@ -439,11 +440,11 @@ def dpo_train(ctx: StageContext) -> StageResult:
 
 
 def rm_validation(ctx: StageContext) -> StageResult:
-    """The reward model's Bradley-Terry loss, accuracy and rewards on the held-out pairs, at
-    the weights this iteration starts from (eval mode: no update)."""
+    """The reward model's Bradley-Terry loss, accuracy and rewards on each validation set's
+    held-out pairs, at the weights this iteration starts from (eval mode: no update)."""
     rt, config = ctx.runtime, ctx.config
-    batches = dpo.validation_batches(config, rt.tokenizer)
-    metrics = rm.reward_validation(rt.policy(ctx.iteration), batches, PreferenceLossFn(), config)
+    sets = dpo.validation_batches(config, rt.tokenizer)
+    metrics = rm.reward_validation(rt.policy(ctx.iteration), sets, PreferenceLossFn(), config)
     return StageResult({"metrics": metrics}, metrics)
 
 
