@@ -63,6 +63,14 @@ def suites(file_spec: Any) -> dict[str, list[Any]]:
                 exclude={"test_run_env_eval_*": LOOP.format("evaluation (vLLM async)")},
             ),
             file_spec(
+                "tests/unit/data/datasets/test_response_dataset_registry.py", include=["test_*"]
+            ),
+            file_spec(
+                "tests/unit/data/datasets/test_preference_dataset.py",
+                include=["test_*"],
+                exclude={"test_build_in_dataset": "downloads HelpSteer3 and Tulu3 from the hub"},
+            ),
+            file_spec(
                 "tests/unit/utils/test_logger.py",
                 include=["TestFlattenDict::*"],
                 exclude={

@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # the config check reads TaskDataSpec without loading torch
     from nemo_rl_core.data.multimodal_utils import PackedTensor
 
 LLMMessageLogType = list[dict[str, Any]]
+# The max_seq_length processors get where none is set (data.max_input_seq_length: null).
+UNCAPPED_LENGTH = 2**31 - 1
 # The seed says list[str] | Tensor; its own flattening also stores multimodal PackedTensors.
 FlatMessagesType = dict[str, "list[str] | torch.Tensor | PackedTensor"]
 
@@ -94,3 +96,10 @@ class TaskDataProcessFnCallable(Protocol):
         max_seq_length: int,
         idx: int,
     ) -> DatumSpec | PreferenceDatumSpec: ...
+
+
+class TaskDataPreProcessFnCallable(Protocol):
+    """Reshapes one raw row before its task's processor reads it (a dataset whose rows
+    need a fix-up the shared processor does not know about)."""
+
+    def __call__(self, datum_dict: dict[str, Any]) -> dict[str, Any]: ...

@@ -16,6 +16,7 @@ from nemo_rl_core.data.interfaces import (
     DatumSpec,
     LLMMessageLogType,
     PreferenceDatumSpec,
+    TaskDataProcessFnCallable,
     TaskDataSpec,
 )
 
@@ -254,3 +255,22 @@ def _capped_datum(
         idx=idx,
         task_name=task_name,
     )
+
+
+# NeMo RL's processors by the names a dataset's ``processor`` key takes; ``default`` is what
+# a ``ResponseDataset`` row (``messages``: question, answer) is processed with.
+PROCESSOR_REGISTRY: dict[str, TaskDataProcessFnCallable] = {
+    "default": math_hf_data_processor,
+    "math_data_processor": math_data_processor,
+    "math_hf_data_processor": math_hf_data_processor,
+    "sliding_puzzle_data_processor": sliding_puzzle_data_processor,
+    "sft_processor": sft_processor,
+    "preference_preprocessor": preference_preprocessor,
+}
+
+
+def register_processor(processor_name: str, processor_function: TaskDataProcessFnCallable) -> None:
+    """Add a processor a dataset's ``processor`` key can name; a taken name is refused."""
+    if processor_name in PROCESSOR_REGISTRY:
+        raise ValueError(f"Processor name {processor_name} already registered")
+    PROCESSOR_REGISTRY[processor_name] = processor_function

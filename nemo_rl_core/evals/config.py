@@ -48,7 +48,7 @@ HUB_EVAL_DATASETS = (
     "TwinkStart/MMAU",
 )
 # file_format -> the suffixes read_local_rows reads as that format
-FILE_FORMATS = {"json": (".json", ".jsonl"), "parquet": (".parquet",)}
+FILE_FORMATS = {"json": (".json", ".jsonl"), "parquet": (".parquet",), "csv": (".csv",)}
 
 
 def _downloads_nothing(name: str, context: SupportContext) -> str | None:
@@ -143,8 +143,8 @@ class EvalDataConfig(StrictConfig):
         Only(
             None,
             *FILE_FORMATS,
-            reason="files are read by their suffix (.jsonl/.json, .parquet) or as a "
-            "save_to_disk folder; CSV is not read here",
+            reason="files are read by their suffix (.jsonl/.json, .parquet, .csv) or as a "
+            "save_to_disk folder",
         ),
     ] = None
     env_name: Annotated[str | None, Wired(f"{_EVAL}:build_eval_dataset")] = None

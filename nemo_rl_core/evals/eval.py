@@ -19,7 +19,7 @@ import torch
 from nemo_rl_core.algorithms.rollout_generation import generate_one_turn, sampling_seeds
 from nemo_rl_core.data.datasets.builder import task_processors
 from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset, rl_collate_fn
-from nemo_rl_core.data.interfaces import DatumSpec
+from nemo_rl_core.data.interfaces import UNCAPPED_LENGTH, DatumSpec
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
 from nemo_rl_core.evals.config import EvalConfig, EvalDataConfig, EvalMasterConfig
@@ -109,8 +109,10 @@ def build_eval_dataset(data: EvalDataConfig, tokenizer: Any) -> AllTaskProcessed
     """The rows as ``DatumSpec``s: the prompt file's template, the tokenizer's chat template."""
     processors = task_processors([dataset_entry(data)])
     spec = next(iter(processors.values()))[0]
-    max_length = data.max_input_seq_length or 2**31 - 1
-    return AllTaskProcessedDataset(eval_rows(data), tokenizer, spec, processors, max_length)
+    max_length = data.max_input_seq_length or UNCAPPED_LENGTH
+    return AllTaskProcessedDataset(
+        eval_rows(data), tokenizer, spec, processors, max_seq_length=max_length
+    )
 
 
 def eval_prompts(dataset: AllTaskProcessedDataset, settings: EvalConfig) -> BatchedDataDict:

@@ -32,7 +32,7 @@ from nemo_rl_core.data.datasets.generators import (
     addition_pairs,
     addition_question,
 )
-from nemo_rl_core.data.interfaces import TaskDataSpec
+from nemo_rl_core.data.interfaces import UNCAPPED_LENGTH, TaskDataSpec
 from nemo_rl_core.data.processors import math_data_processor
 from nemo_rl_core.models.tiny_models import build_tiny_model, train_tokenizer
 
@@ -62,7 +62,7 @@ def sum_without_carries(a: int, b: int) -> int:
 def prompt_token_ids(question: str, tokenizer: Any) -> list[int]:
     """The prompt exactly as the GRPO run renders it: no prompt file, the chat template."""
     row = {"problem": question, "expected_answer": ""}
-    datum = math_data_processor(row, TaskDataSpec(), tokenizer, 2**31 - 1, 0)
+    datum = math_data_processor(row, TaskDataSpec(), tokenizer, UNCAPPED_LENGTH, 0)
     return [int(t) for message in datum["message_log"] for t in message["token_ids"]]
 
 

@@ -88,10 +88,40 @@ def test_bad_json_line_and_bad_suffix_are_named(tmp_path):
     path.write_text(json.dumps(ROWS[0]) + "\n{not json\n")
     with pytest.raises(DatasetRowError, match="line 2 is not valid JSON"):
         load_rows(_local_config(path))
+    xml = tmp_path / "rows.xml"
+    xml.write_text("<rows/>")
+    with pytest.raises(ValueError, match="suffix '.xml'"):
+        load_rows(_local_config(xml))
+    array = tmp_path / "array.json"
+    array.write_text("[1, 2]")
+    with pytest.raises(DatasetRowError, match="item 0 is a int, not an object"):
+        load_rows(_local_config(array))
+
+
+def test_json_arrays_csv_arrow_and_text_files_are_read_as_hugging_face_reads_them(tmp_path):
+    """NeMo RL reads a local file with Hugging Face's reader of its suffix: these load there."""
+    import datasets
+
+    expected = load_rows(_local_config(_write_jsonl(tmp_path / "rows.jsonl", ROWS)))
+    array = tmp_path / "rows.json"
+    array.write_text(json.dumps(ROWS))
+    assert load_rows(_local_config(array)) == expected
     csv = tmp_path / "rows.csv"
-    csv.write_text("a,b\n")
-    with pytest.raises(ValueError, match="suffix '.csv'"):
-        load_rows(_local_config(csv))
+    datasets.Dataset.from_list(ROWS).to_csv(str(csv), index=False)
+    assert [(r["problem"], str(r["expected_answer"])) for r in load_rows(_local_config(csv))] == [
+        (r["problem"], r["expected_answer"]) for r in expected
+    ]
+    arrow = tmp_path / "rows.arrow"
+    with (
+        pa.OSFile(str(arrow), "wb") as sink,
+        pa.ipc.new_stream(sink, pa.Table.from_pylist(ROWS).schema) as writer,
+    ):
+        writer.write_table(pa.Table.from_pylist(ROWS))
+    assert load_rows(_local_config(arrow)) == expected
+    text = tmp_path / "rows.txt"
+    text.write_text("first line\nsecond line\n")
+    rows = load_rows(_local_config(text, input_key="text", output_key="text"))
+    assert [r["problem"] for r in rows] == ["first line", "second line"]
 
 
 def test_data_config_errors_name_the_key():
@@ -138,6 +168,21 @@ def test_split_validation_size_carves_validation_rows_out_of_training():
     assert len(train) == 30 and len(held) == 10
     assert not {r["problem"] for r in train} & {r["problem"] for r in held}
     assert load_rows(config, "validation") == held  # seeded
+
+
+def test_split_validation_holds_out_the_rows_nemo_rl_holds_out(tmp_path):
+    """The same rows as Hugging Face's train_test_split (which NeMo RL calls), by share and
+    by count."""
+    import datasets
+
+    rows = [{"question": f"q{i}", "answer": str(i)} for i in range(23)]
+    path = _write_jsonl(tmp_path / "rows.jsonl", rows)
+    for size in (0.3, 5):
+        config = _local_config(path, split_validation_size=size, seed=11)
+        split = datasets.Dataset.from_list(rows).train_test_split(test_size=size, seed=11)
+        assert [r["problem"] for r in load_rows(config)] == split["train"]["question"]
+        held = [r["problem"] for r in load_rows(config, "validation")]
+        assert held == split["test"]["question"]
 
 
 def test_split_validation_size_of_one_or_more_is_a_row_count():

@@ -31,6 +31,22 @@ def test_a_local_file_is_read_through_problem_and_solution_keys(tmp_path: Path):
     assert config.data.dataset_name == str(data)
 
 
+def test_a_csv_file_runs_as_nemo_rl_reads_it_by_default(tmp_path: Path):
+    """NeMo RL's local eval dataset reads CSV unless file_format says otherwise."""
+    data = tmp_path / "qa.csv"
+    data.write_text("q,a\nWhat is 1 + 1?,2\nWhat is 2 + 3?,5\n")
+    config = check_eval_config(
+        CONFIG,
+        [TINY, f"data.dataset_name={data}", "data.problem_key=q", "data.solution_key=a"]
+        + ["data.file_format=csv"],
+    )
+    rows = eval_rows(config.data)
+    assert [(r["problem"], str(r["expected_answer"])) for r in rows] == [
+        ("What is 1 + 1?", "2"),
+        ("What is 2 + 3?", "5"),
+    ]
+
+
 def test_a_row_without_its_answer_is_refused_naming_file_row_and_key(tmp_path: Path):
     rows = [{"problem": "What is 1 + 1?", "expected_answer": "2"}, {"problem": "What is 2 + 2?"}]
     data = write_rows(tmp_path / "qa.jsonl", rows)
@@ -70,7 +86,7 @@ def test_a_missing_dataset_file_is_refused(tmp_path: Path):
             ],
             "C(40, 20) = 137846528820 subsets",
         ),
-        (["data.file_format=csv"], "data.file_format='csv'"),
+        (["data.file_format=xml"], "data.file_format='xml'"),
         (["+eval.pass_k_value=2"], "eval.pass_k_value: unknown key"),
         (["~env.math"], "env.math: the rows are scored by environment 'math'"),
     ],

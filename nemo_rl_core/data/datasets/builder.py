@@ -35,13 +35,9 @@ from nemo_rl_core.data.datasets.generators import (
     sliding_puzzle_games,
 )
 from nemo_rl_core.data.datasets.local_files import map_columns, preference_rows, read_local_rows
-from nemo_rl_core.data.interfaces import TaskDataProcessFnCallable, TaskDataSpec
-from nemo_rl_core.data.processors import (
-    math_data_processor,
-    preference_preprocessor,
-    sft_processor,
-    sliding_puzzle_data_processor,
-)
+from nemo_rl_core.data.datasets.utils import train_validation_indices
+from nemo_rl_core.data.interfaces import UNCAPPED_LENGTH, TaskDataProcessFnCallable, TaskDataSpec
+from nemo_rl_core.data.processors import PROCESSOR_REGISTRY, math_data_processor, sft_processor
 
 if TYPE_CHECKING:  # it loads torch; the config check reads rows and prompt files without it
     from nemo_rl_core.data.datasets.processed_dataset import AllTaskProcessedDataset
@@ -56,15 +52,13 @@ DEFAULT_PROCESSORS = {
 }
 # The preference fields a BinaryPreferenceDataset row holds unless data.*_key renames them.
 BINARY_DEFAULT_KEYS = ("prompt", "chosen", "rejected")
-# NeMo RL's math_hf_data_processor reads rows its dataset classes format as chat messages;
-# rows here are normalized to problem/answer, which math_data_processor turns into the same
-# datum (the prompt-formatted question as one user turn, the answer as ground truth).
-PROCESSORS: dict[str, TaskDataProcessFnCallable] = {
-    "math_data_processor": math_data_processor,
+# NeMo RL's math_hf_data_processor (also its "default") reads rows its dataset classes
+# format as chat messages; rows here are normalized to problem/answer, which
+# math_data_processor turns into the same datum (the prompt-formatted question as one user
+# turn, the answer as ground truth). Every other name means NeMo RL's processor of that name.
+NORMALIZED_ROW_PROCESSORS: dict[str, TaskDataProcessFnCallable] = {
+    "default": math_data_processor,
     "math_hf_data_processor": math_data_processor,
-    "sliding_puzzle_data_processor": sliding_puzzle_data_processor,
-    SFT_PROCESSOR: sft_processor,
-    PREFERENCE_PROCESSOR: preference_preprocessor,
 }
 # rows a built-in generator draws when its dataset sets no num_samples
 DEFAULT_COUNTS = {"train": 1024, "validation": 64}
@@ -81,7 +75,7 @@ class DataSetup:
         self,
         env: Mapping[str, Any] | None = None,
         puzzle_counts: Mapping[str, int] | None = None,
-        max_seq_length: int = 2**31 - 1,
+        max_seq_length: int = UNCAPPED_LENGTH,
         default_processor: str = "math_data_processor",
         sft_options: Mapping[str, bool] | None = None,
     ) -> None:
@@ -144,7 +138,8 @@ def _puzzle_rows(count: int, seed: int, settings: dict[str, Any]) -> list[dict[s
     return rows
 
 
-def _dataset_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[dict[str, Any]]:
+def dataset_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[dict[str, Any]]:
+    """The rows of one dataset for ``split`` (generated or read), each ``repeat`` times."""
     if dataset.dataset_name not in LOCAL_DATASETS and dataset.data_path is None:
         rows = _generated_rows(dataset, split, setup)
     elif processor_name(dataset, setup) == PREFERENCE_PROCESSOR:
@@ -179,20 +174,16 @@ def binary_preference_keys(dataset: DatasetConfig) -> tuple[str, str, str] | Non
 def _carve(
     rows: list[dict[str, Any]], dataset: DatasetConfig
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, validation) rows of a dataset with ``split_validation_size``: a seeded
-    permutation, the validation share (below 1) or count (1 or more) taken from its end."""
+    """(train, validation) rows of a dataset with ``split_validation_size``: the rows NeMo
+    RL's ``train_test_split`` holds out for the same seed."""
     size = dataset.split_validation_size
     if size <= 0:
         return rows, []
-    held = int(size) if size >= 1 else max(1, round(len(rows) * size))
-    if held >= len(rows):
-        raise ValueError(
-            f"split_validation_size={size:g} holds out {held} of the {len(rows)} rows of "
-            f"{dataset.dataset_name or dataset.data_path!r}: leave some to train on"
-        )
-    order = list(range(len(rows)))
-    random.Random(dataset.seed).shuffle(order)
-    return [rows[i] for i in order[:-held]], [rows[i] for i in order[-held:]]
+    try:
+        train, held = train_validation_indices(len(rows), size, dataset.seed)
+    except ValueError as err:
+        raise ValueError(f"{dataset.dataset_name or dataset.data_path!r}: {err}") from None
+    return [rows[i] for i in train], [rows[i] for i in held]
 
 
 def dataset_environments(config: DataConfig, env: Mapping[str, Any]) -> set[str]:
@@ -220,14 +211,14 @@ def load_rows(
     rows: list[dict[str, Any]] = []
     if _carved_validation(config, split, setup):
         for dataset in split_datasets(config, "train", setup):
-            held = _carve(_dataset_rows(dataset, "train", setup), dataset)[1]
+            held = _carve(dataset_rows(dataset, "train", setup), dataset)[1]
             rows += [{**row, "task_name": task_name(dataset)} for row in held]
         return rows
     for dataset in split_datasets(config, split, setup):
-        dataset_rows = _dataset_rows(dataset, split, setup)
+        own = dataset_rows(dataset, split, setup)
         if split == "train":
-            dataset_rows = _carve(dataset_rows, dataset)[0]
-        rows += [{**row, "task_name": task_name(dataset)} for row in dataset_rows]
+            own = _carve(own, dataset)[0]
+        rows += [{**row, "task_name": task_name(dataset)} for row in own]
     return rows
 
 
@@ -258,13 +249,15 @@ def task_processors(
                 "processor; give them distinct env_name entries"
             )
         named[task] = entry
-    return {task: (spec, _bound(name, setup)) for task, (spec, name) in named.items()}
+    return {task: (spec, bound_processor(name, setup)) for task, (spec, name) in named.items()}
 
 
-def _bound(name: str, setup: DataSetup) -> TaskDataProcessFnCallable:
+def bound_processor(name: str, setup: DataSetup) -> TaskDataProcessFnCallable:
+    """The processor ``name`` means for rows built here (``sft_processor`` bound to the
+    run's options)."""
     if name == SFT_PROCESSOR and setup.sft_options:
         return partial(sft_processor, **setup.sft_options)
-    return PROCESSORS[name]
+    return NORMALIZED_ROW_PROCESSORS.get(name) or PROCESSOR_REGISTRY[name]
 
 
 def build_dataset(
@@ -284,5 +277,5 @@ def build_dataset(
         tokenizer,
         default_spec,
         processors,
-        config.max_input_seq_length or setup.max_seq_length,
+        max_seq_length=config.max_input_seq_length or setup.max_seq_length,
     )

@@ -1,4 +1,4 @@
-"""Rows from local files: JSONL, Parquet, or a ``datasets.save_to_disk`` folder.
+"""Rows from local files (JSON lines or arrays, Parquet, CSV, Arrow, text) or a ``save_to_disk`` folder.
 
 Every row is normalized to ``{"problem", "expected_answer", ...other columns}`` through
 the column mapping (``data.input_key`` / ``data.output_key``), so processors never see a
@@ -19,22 +19,66 @@ class DatasetRowError(ValueError):
 
 
 def read_local_rows(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
-    """The raw rows of a ``.jsonl``/``.json`` file, a ``.parquet`` file or a saved dataset folder."""
+    """The raw rows of a local file (by its suffix, as NeMo RL's ``load_dataset_from_path``
+    picks the reader: ``.jsonl``/``.json``, ``.parquet``, ``.csv``, ``.arrow``, ``.txt``) or of
+    a saved dataset folder."""
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"dataset path {path} does not exist")
     if path.is_dir():
         return _read_saved_dataset(path, split)
-    if path.suffix in (".jsonl", ".json"):
-        return _read_jsonl(path)
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+    reader = _FILE_READERS.get(path.suffix)
+    if reader is None:
+        raise ValueError(
+            f"dataset file {path} has suffix {path.suffix!r}; use one of "
+            f"{', '.join(_FILE_READERS)}, or a folder written by datasets' save_to_disk"
+        )
+    return reader(path)
 
-        return pq.read_table(path).to_pylist()
-    raise ValueError(
-        f"dataset file {path} has suffix {path.suffix!r}; use .jsonl, .json (one object per "
-        "line), .parquet, or a folder written by datasets' save_to_disk"
-    )
+
+def _read_json(path: Path) -> list[dict[str, Any]]:
+    """One object per line, or (as Hugging Face's JSON reader also takes) one array of
+    objects for the whole file."""
+    text = path.read_text()
+    if not text.lstrip().startswith("["):
+        return _read_jsonl(path)
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DatasetRowError(f"{path}: not a valid JSON array: {err}") from err
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DatasetRowError(f"{path}: item {index} is a {type(row).__name__}, not an object")
+    return rows
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.csv
+
+    return pyarrow.csv.read_csv(path).to_pylist()
+
+
+def _read_arrow(path: Path) -> list[dict[str, Any]]:
+    """An Arrow IPC stream (what ``datasets`` writes), or an Arrow IPC file."""
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_stream(source).read_all().to_pylist()
+    except pa.ArrowInvalid:
+        with pa.memory_map(str(path)) as source:
+            return pa.ipc.open_file(source).read_all().to_pylist()
+
+
+def _read_text(path: Path) -> list[dict[str, Any]]:
+    """One ``{"text": line}`` row per line, as Hugging Face's text reader gives them."""
+    return [{"text": line} for line in path.read_text().splitlines()]
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -53,6 +97,16 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 )
             rows.append(row)
     return rows
+
+
+_FILE_READERS = {
+    ".jsonl": _read_jsonl,
+    ".json": _read_json,
+    ".parquet": _read_parquet,
+    ".csv": _read_csv,
+    ".arrow": _read_arrow,
+    ".txt": _read_text,
+}
 
 
 def _read_saved_dataset(path: Path, split: str | None) -> list[dict[str, Any]]:

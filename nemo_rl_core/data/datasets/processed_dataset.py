@@ -10,9 +10,13 @@ from typing import Any
 
 import torch
 
+from nemo_rl_core.data.datasets.utils import assert_no_double_bos
 from nemo_rl_core.data.interfaces import (
+    UNCAPPED_LENGTH,
     DatumSpec,
+    LLMMessageLogType,
     PreferenceDatumSpec,
+    TaskDataPreProcessFnCallable,
     TaskDataProcessFnCallable,
     TaskDataSpec,
 )
@@ -24,23 +28,33 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
 class AllTaskProcessedDataset:
-    """A map-style dataset of ``DatumSpec``s over rows of one or more tasks."""
+    """A map-style dataset of ``DatumSpec``s over rows of one or more tasks.
+
+    ``task_data_processors`` is one processor for every row (with
+    ``default_task_data_spec``), or one ``(spec, processor)`` per task, picked by each row's
+    ``task_name`` (a task's spec takes what it leaves unset from the default spec, when one
+    is given). A task's preprocessor, if any, reshapes its rows first."""
 
     def __init__(
         self,
         dataset: Sequence[dict[str, Any]],
         tokenizer: Any,
-        default_task_data_spec: TaskDataSpec,
+        default_task_data_spec: TaskDataSpec | None,
         task_data_processors: dict[str, tuple[TaskDataSpec, TaskDataProcessFnCallable]]
         | TaskDataProcessFnCallable,
-        max_seq_length: int,
+        task_data_preprocessors: dict[str, TaskDataPreProcessFnCallable]
+        | TaskDataPreProcessFnCallable
+        | None = None,
+        max_seq_length: int | None = None,
     ):
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.default_task_data_spec = default_task_data_spec
         self.task_data_processors = task_data_processors
+        self.task_data_preprocessors = task_data_preprocessors
         self.max_seq_length = max_seq_length
-        if isinstance(task_data_processors, dict):
+        self._bos_checked = False
+        if isinstance(task_data_processors, dict) and default_task_data_spec is not None:
             for spec, _ in task_data_processors.values():
                 spec.copy_defaults(default_task_data_spec)
 
@@ -48,18 +62,42 @@ class AllTaskProcessedDataset:
         return len(self.dataset)
 
     def __getitem__(self, idx: int) -> DatumSpec | PreferenceDatumSpec:
-        row = self.dataset[idx]
+        row = self._preprocessed(self.dataset[idx])
         if callable(self.task_data_processors):
+            if self.default_task_data_spec is None:
+                raise ValueError("one processor for every row needs a default_task_data_spec")
             spec, processor = self.default_task_data_spec, self.task_data_processors
         else:
-            task = row.get("task_name") or self.default_task_data_spec.task_name
+            default_task = getattr(self.default_task_data_spec, "task_name", None)
+            task = row.get("task_name") or default_task
             if task not in self.task_data_processors:
                 raise KeyError(
                     f"row {idx} has task_name {task!r}; processors exist for "
                     f"{sorted(self.task_data_processors)}"
                 )
             spec, processor = self.task_data_processors[task]
-        return processor(row, spec, self.tokenizer, self.max_seq_length, idx)
+        limit = UNCAPPED_LENGTH if self.max_seq_length is None else self.max_seq_length
+        datum = processor(row, spec, self.tokenizer, limit, idx)
+        self._check_bos_once(datum)
+        return datum
+
+    def _preprocessed(self, row: dict[str, Any]) -> dict[str, Any]:
+        preprocessors = self.task_data_preprocessors
+        if isinstance(preprocessors, dict):
+            preprocess = preprocessors.get(row.get("task_name") or "")
+        else:
+            preprocess = preprocessors
+        return preprocess(row) if preprocess is not None else row
+
+    def _check_bos_once(self, datum: DatumSpec | PreferenceDatumSpec) -> None:
+        """The first datum's first message must not start with two BOS tokens."""
+        if self._bos_checked:
+            return
+        fields: dict[str, Any] = dict(datum)
+        log: LLMMessageLogType = fields.get("message_log") or fields.get("message_log_chosen") or []
+        if log and "token_ids" in log[0]:
+            assert_no_double_bos(log[0]["token_ids"], self.tokenizer)
+        self._bos_checked = True
 
 
 def rl_collate_fn(data_batch: list[DatumSpec]) -> BatchedDataDict[DatumSpec]:
