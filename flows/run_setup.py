@@ -36,10 +36,20 @@ def _pick(config: dict, dotted: str) -> object:
     return node
 
 
+def _set_values(node: object) -> object:
+    """``node`` without its null entries: a key a newer release adds, unset (null), changes
+    nothing a run trained with, so a run started before it still resumes."""
+    if isinstance(node, dict):
+        return {key: _set_values(value) for key, value in node.items() if value is not None}
+    if isinstance(node, list):
+        return [_set_values(value) for value in node]
+    return node
+
+
 def check_same_identity(pipeline: Pipeline, stored: dict, new: dict, run_id: str) -> None:
     """A resume must train the same model on the same data as the run it continues."""
     for key in pipeline.identity_keys:
-        if _pick(stored, key) != _pick(new, key):
+        if _set_values(_pick(stored, key)) != _set_values(_pick(new, key)):
             raise ConfigError(
                 f"run {run_id!r} was started with a different {key} "
                 f"({_pick(stored, key)!r} != {_pick(new, key)!r}); start a new run_id "
