@@ -155,8 +155,18 @@ def performance(metrics: Mapping[str, float], timing: Mapping[str, float]) -> di
     return values
 
 
-PREFERENCE_VAL_ACCURACY = f"validate/{PREFERENCE_VALIDATION_PREFIX}accuracy"
-PREFERENCE_VAL_LOSS = f"validate/{PREFERENCE_VALIDATION_PREFIX}loss"
+def preference_validation(metrics: Mapping[str, float], name: str) -> float | None:
+    """A DPO or reward-model validation metric (NeMo RL's ``validation-<set>_<name>``): the
+    ``default`` set's, else the first named set's (``data.val_data_paths``)."""
+    default = metrics.get(f"validate/{PREFERENCE_VALIDATION_PREFIX}{name}")
+    if default is not None:
+        return default
+    named = sorted(
+        key
+        for key in metrics
+        if key.startswith("validate/validation-") and key.endswith(f"_{name}")
+    )
+    return metrics[named[0]] if named else None
 
 
 @dataclass(frozen=True)
@@ -185,9 +195,11 @@ class IterationSummary:
             reward=metrics.get("reward/mean_reward"),
             total_reward=metrics.get(f"reward/{PROCESSED_REWARD}"),
             # DPO and reward models validate under NeMo RL's names: preference accuracy
-            val_accuracy=metrics.get("validate/accuracy", metrics.get(PREFERENCE_VAL_ACCURACY)),
+            val_accuracy=metrics.get(
+                "validate/accuracy", preference_validation(metrics, "accuracy")
+            ),
             greedy_accuracy=metrics.get("validate/greedy_accuracy"),
-            val_loss=metrics.get("validate/val_loss", metrics.get(PREFERENCE_VAL_LOSS)),
+            val_loss=metrics.get("validate/val_loss", preference_validation(metrics, "loss")),
             loss=metrics.get("train/loss"),
             kl=metrics.get("train/kl_penalty"),
             clip_fraction=metrics.get("train/probs_ratio_clamped_fraction"),

@@ -117,6 +117,18 @@ def test_terminal_line_shows_what_was_measured():
     assert quiet == "iter   0 | 1.0 s (validate 1.0)"
 
 
+def test_preference_validation_shows_the_default_set_else_the_first_named_one():
+    default = {
+        "validate/validation-default_accuracy": 0.75,
+        "validate/validation-default_loss": 0.5,
+    }
+    named = {"validate/validation-short_accuracy": 0.25, "validate/validation-long_accuracy": 0.5}
+    assert IterationSummary.from_metrics(1, default).val_accuracy == 0.75
+    assert IterationSummary.from_metrics(1, default).val_loss == 0.5
+    assert IterationSummary.from_metrics(1, named).val_accuracy == 0.5  # "long" sorts first
+    assert IterationSummary.from_metrics(1, named).val_loss is None
+
+
 def test_scaled_rewards_show_both_and_log_the_scaled_one_as_nemo_rl_does():
     """With reward scaling or shaping on, the stored total_reward (what the advantages use,
     NeMo RL's train/reward) differs from the environments' mean: both show, each named."""
