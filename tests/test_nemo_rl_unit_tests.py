@@ -71,6 +71,14 @@ def suites(file_spec: Any) -> dict[str, list[Any]]:
                 exclude={"test_build_in_dataset": "downloads HelpSteer3 and Tulu3 from the hub"},
             ),
             file_spec(
+                "tests/unit/data/datasets/test_oai_format_dataset.py",
+                include=["test_*"],
+                exclude={"test_message_formatting": "downloads Qwen3's tokenizer from the hub"},
+            ),
+            file_spec(
+                "tests/unit/data/datasets/test_preserving_dataset.py", include=["test_*", "Test*"]
+            ),
+            file_spec(
                 "tests/unit/utils/test_logger.py",
                 include=["TestFlattenDict::*"],
                 exclude={

@@ -8,7 +8,8 @@ additions as SFT conversations; ``addition_preference``: as preference pairs;
 "Answer: <number>", DAPO's format), ``ResponseDataset``
 (rows from a local JSONL/Parquet file or ``save_to_disk`` folder at ``data_path``),
 ``PreferenceDataset`` / ``BinaryPreferenceDataset`` (preference rows from such a file, for
-DPO and reward models), or one of NeMo RL's
+DPO and reward models), ``openai_format`` (SFT conversations in the OpenAI chat format, with
+their tools), or one of NeMo RL's
 hub datasets: those validate, so NeMo RL's configs load, and are refused before any work
 on a deployment that cannot download (every deployment of this project).
 """
@@ -36,7 +37,10 @@ LOCAL_DATASET = "ResponseDataset"  # NeMo RL's name for "rows from my own files"
 # NeMo RL's preference rows from local files: its own format, and prompt/chosen/rejected.
 PREFERENCE_DATASET = "PreferenceDataset"
 BINARY_PREFERENCE_DATASET = "BinaryPreferenceDataset"
-LOCAL_DATASETS = (LOCAL_DATASET, PREFERENCE_DATASET, BINARY_PREFERENCE_DATASET)
+# NeMo RL's SFT conversations in the OpenAI chat format (with tools), from a local file.
+OPENAI_DATASET = "openai_format"
+OPENAI_KEYS = ("chat_key", "system_key", "system_prompt", "tool_key", "use_preserving_dataset")
+LOCAL_DATASETS = (LOCAL_DATASET, PREFERENCE_DATASET, BINARY_PREFERENCE_DATASET, OPENAI_DATASET)
 # NeMo RL v0.7's registry of response datasets that it downloads from the Hugging Face hub.
 HUB_DATASETS = (
     "AIME2024",
@@ -73,7 +77,6 @@ NOT_BUILT_DATASETS = {
         _MULTIMODAL,
     ),
     "NemoGymDataset": "NeMo Gym's dataset for its environments, which are not built here",
-    "openai_format": f"NeMo RL's OpenAI-messages loader is not built here; use {LOCAL_DATASET}",
     "arrow_text": f"NeMo RL's Arrow text loader is not built here; use {LOCAL_DATASET}",
     "general-conversation-jsonl": (
         f"NeMo RL's conversation JSONL loader is not built here; use {LOCAL_DATASET}"
@@ -94,8 +97,8 @@ NOT_BUILT_PROCESSORS = {
     "multichoice_qa_processor": "NeMo RL's multiple-choice processor, not built here",
 }
 SFT_PROCESSOR = "sft_processor"  # NeMo RL's: a conversation to train on, not a prompt
-# built-ins whose rows are conversations, not prompts
-SFT_DATASETS = ("addition_sft", "addition_answer_line_sft")
+# datasets whose rows are conversations to train on, not prompts
+SFT_DATASETS = ("addition_sft", "addition_answer_line_sft", OPENAI_DATASET)
 # NeMo RL's: a chosen and a rejected conversation (DPO, reward models)
 PREFERENCE_PROCESSOR = "preference_preprocessor"
 
@@ -193,6 +196,20 @@ class DatasetConfig(BaseModel):
     prompt_key: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
     chosen_key: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
     rejected_key: Annotated[str | None, Wired(f"{_BUILDER}:load_rows")] = None
+    # openai_format's keys (NeMo RL's OpenAIFormatDataset): where a row keeps its
+    # conversation and tools, and the system prompt put before it.
+    chat_key: Annotated[str, Wired(f"{_BUILDER}:dataset_rows")] = "messages"
+    system_key: Annotated[str | None, Wired(f"{_BUILDER}:dataset_rows")] = None
+    system_prompt: Annotated[str | None, Wired(f"{_BUILDER}:dataset_rows")] = None
+    tool_key: Annotated[str | None, Wired(f"{_BUILDER}:dataset_rows")] = "tools"
+    use_preserving_dataset: Annotated[
+        bool,
+        Check(
+            lambda value, context: None,
+            "NeMo RL's guard against Hugging Face filling missing tool arguments with nulls; "
+            "rows here are kept as written either way",
+        ),
+    ] = False
 
     @model_validator(mode="after")
     def _known_dataset(self) -> "DatasetConfig":
@@ -211,6 +228,13 @@ class DatasetConfig(BaseModel):
             raise ValueError(
                 f"{set_keys[0]} names a column of {BINARY_PREFERENCE_DATASET!r} rows; "
                 f"dataset {name!r} does not read it"
+            )
+        fields = type(self).model_fields
+        openai_keys = [key for key in OPENAI_KEYS if getattr(self, key) != fields[key].default]
+        if openai_keys and name != OPENAI_DATASET:
+            raise ValueError(
+                f"{openai_keys[0]} is a key of {OPENAI_DATASET!r} datasets; dataset {name!r} "
+                "does not read it"
             )
         processors = (*PROCESSORS, *NOT_BUILT_PROCESSORS)
         if self.processor is not None and self.processor not in processors:

@@ -1,6 +1,7 @@
 """SFT data: conversations from local JSONL/Parquet or the built-in additions, through
 ``sft_processor`` into the tensors ``NLLLossFn`` trains on; and what is refused."""
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from nemo_rl_core.algorithms.sft import (
 )
 from nemo_rl_core.data.dataloader import StatefulDataLoader
 from nemo_rl_core.data.datasets.builder import build_dataset
+from nemo_rl_core.data.datasets.local_files import DatasetRowError, openai_rows
 from nemo_rl_core.data.datasets.processed_dataset import rl_collate_fn
 from nemo_rl_core.utils.config import ConfigError
 
@@ -163,3 +165,56 @@ def test_prompt_and_system_prompt_files_shape_the_conversation(tiny_model_dir, t
     assert "You add." in system["content"]
     assert "Q: What is " in user["content"]
     assert "\\boxed{" in assistant["content"]
+
+
+def test_openai_format_conversations_train_with_their_system_prompt_and_tools(
+    tiny_model_dir, tokenizer, tmp_path
+):
+    """NeMo RL's openai_format: the conversation at chat_key, a system prompt put before
+    it, the tools offered passed to the chat template."""
+    tool_call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    rows = [
+        {"chat": CHAT[1:]},
+        {
+            "chat": [
+                CHAT[1],
+                {"role": "assistant", "content": "", "tool_calls": [tool_call]},
+                {"role": "tool", "content": "5", "tool_call_id": "c1"},
+                CHAT[2],
+            ],
+            "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}],
+        },
+    ]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    openai = [
+        "data.train.dataset_name=openai_format",
+        f"++data.train.data_path={path}",
+        "++data.train.chat_key=chat",
+        "++data.train.system_prompt=Be brief.",
+        "sft.val_at_start=false",
+        "sft.val_period=0",
+    ]
+    datums, batch = train_data(sft_config(tiny_model_dir, *openai), tokenizer)
+    roles = [[m["role"] for m in d["message_log"]] for d in datums]
+    assert roles == [
+        ["system", "user", "assistant"],
+        ["system", "user", "assistant", "tool", "assistant"],
+    ]
+    assert "Be brief." in datums[0]["message_log"][0]["content"]
+    # a tool call's turn may carry no text (OpenAI writes null); the rows keep it as written
+    [kept] = openai_rows([{"messages": [CHAT[1], rows[1]["chat"][1] | {"content": None}]}], "x")
+    assert kept["messages"][1]["content"] is None and "tools" not in kept
+    assert batch["sample_mask"].tolist() == [1.0, 1.0]
+
+    path.write_text(json.dumps({"chat": [*CHAT[1:], CHAT[1]]}) + "\n")
+    with pytest.raises(
+        DatasetRowError, match="row 0: the conversation must end with the assistant"
+    ):
+        train_data(sft_config(tiny_model_dir, *openai), tokenizer)
+    with pytest.raises(ConfigError, match="chat_key is a key of 'openai_format' datasets"):
+        sft_config(tiny_model_dir, *local_train(path), "++data.train.chat_key=chat")
+    with pytest.raises(
+        ConfigError, match=r"data.train\[0\]: openai_format makes SFT conversations"
+    ):
+        load_master_config(str(GRPO_CONFIG), openai[:3], MasterConfig)

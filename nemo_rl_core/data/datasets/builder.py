@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from nemo_rl_core.data.config import (
     BINARY_PREFERENCE_DATASET,
     LOCAL_DATASETS,
+    OPENAI_DATASET,
     PREFERENCE_DATASET,
     PREFERENCE_PROCESSOR,
     PUZZLE_ENV,
@@ -34,7 +35,12 @@ from nemo_rl_core.data.datasets.generators import (
     countdown_puzzles,
     sliding_puzzle_games,
 )
-from nemo_rl_core.data.datasets.local_files import map_columns, preference_rows, read_local_rows
+from nemo_rl_core.data.datasets.local_files import (
+    map_columns,
+    openai_rows,
+    preference_rows,
+    read_local_rows,
+)
 from nemo_rl_core.data.datasets.utils import train_validation_indices
 from nemo_rl_core.data.interfaces import UNCAPPED_LENGTH, TaskDataProcessFnCallable, TaskDataSpec
 from nemo_rl_core.data.processors import PROCESSOR_REGISTRY, math_data_processor, sft_processor
@@ -46,6 +52,7 @@ DEFAULT_PROCESSORS = {
     "sliding_puzzle": "sliding_puzzle_data_processor",
     "addition_sft": SFT_PROCESSOR,
     "addition_answer_line_sft": SFT_PROCESSOR,
+    OPENAI_DATASET: SFT_PROCESSOR,
     "addition_preference": PREFERENCE_PROCESSOR,
     PREFERENCE_DATASET: PREFERENCE_PROCESSOR,
     BINARY_PREFERENCE_DATASET: PREFERENCE_PROCESSOR,
@@ -141,21 +148,33 @@ def _puzzle_rows(count: int, seed: int, settings: dict[str, Any]) -> list[dict[s
 def dataset_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[dict[str, Any]]:
     """The rows of one dataset for ``split`` (generated or read), each ``repeat`` times."""
     if dataset.dataset_name not in LOCAL_DATASETS and dataset.data_path is None:
-        rows = _generated_rows(dataset, split, setup)
-    elif processor_name(dataset, setup) == PREFERENCE_PROCESSOR:
-        assert dataset.data_path is not None  # DatasetConfig requires it for local datasets
-        raw = read_local_rows(dataset.data_path, dataset.split)
+        return _repeated(_generated_rows(dataset, split, setup), dataset)
+    assert dataset.data_path is not None  # DatasetConfig requires it for local datasets
+    raw = read_local_rows(dataset.data_path, dataset.split)
+    processor = processor_name(dataset, setup)
+    if dataset.dataset_name == OPENAI_DATASET:
+        rows = openai_rows(
+            raw,
+            dataset.data_path,
+            dataset.chat_key,
+            dataset.system_key,
+            dataset.system_prompt,
+            dataset.tool_key,
+        )
+    elif processor == PREFERENCE_PROCESSOR:
         rows = preference_rows(raw, dataset.data_path, binary_preference_keys(dataset))
     else:
-        assert dataset.data_path is not None  # DatasetConfig requires it for local datasets
-        raw = read_local_rows(dataset.data_path, dataset.split)
         rows = map_columns(
             raw,
             dataset.input_key,
             dataset.output_key,
             source=dataset.data_path,
-            chat_rows=processor_name(dataset, setup) == SFT_PROCESSOR,
+            chat_rows=processor == SFT_PROCESSOR,
         )
+    return _repeated(rows, dataset)
+
+
+def _repeated(rows: list[dict[str, Any]], dataset: DatasetConfig) -> list[dict[str, Any]]:
     return [row for row in rows for _ in range(dataset.repeat)]
 
 

@@ -167,6 +167,37 @@ def check_conversation(messages: Any, where: str) -> None:
         raise DatasetRowError(f"{where}: {CHAT_COLUMN!r} has no assistant turn to learn")
 
 
+def openai_rows(
+    rows: list[dict[str, Any]],
+    source: str,
+    chat_key: str = CHAT_COLUMN,
+    system_key: str | None = None,
+    system_prompt: str | None = None,
+    tool_key: str | None = "tools",
+) -> list[dict[str, Any]]:
+    """NeMo RL's ``openai_format`` rows as ``messages`` (and ``tools``): the conversation at
+    ``chat_key``, after the row's ``system_key`` or else ``system_prompt`` as a system turn;
+    it must end with the assistant's turn (what SFT learns)."""
+    formatted = []
+    for index, row in enumerate(rows):
+        where = f"{source}: row {index}"
+        if chat_key not in row:
+            raise DatasetRowError(
+                f"{where} has no column {chat_key!r} (chat_key); its columns are {sorted(row)}"
+            )
+        messages = list(row[chat_key] or [])
+        if system_key is not None and system_key in row:
+            messages.insert(0, {"role": "system", "content": row[system_key]})
+        elif system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        check_conversation(messages, where)
+        if messages[-1]["role"] != "assistant":
+            raise DatasetRowError(f"{where}: the conversation must end with the assistant's turn")
+        tools = {"tools": row[tool_key]} if tool_key is not None and tool_key in row else {}
+        formatted.append({CHAT_COLUMN: messages, **tools})
+    return formatted
+
+
 def preference_rows(
     rows: list[dict[str, Any]],
     source: str,
@@ -243,5 +274,6 @@ def _check_turns(turns: list[Any], where: str) -> None:
             raise DatasetRowError(
                 f"{where}[{turn_index}] needs a 'role' of {CHAT_ROLES}, got {turn!r}"
             )
-        if not isinstance(turn.get("content"), str):
+        content = turn.get("content")
+        if not isinstance(content, str) and not (content is None and turn.get("tool_calls")):
             raise DatasetRowError(f"{where}[{turn_index}] has no text 'content'")

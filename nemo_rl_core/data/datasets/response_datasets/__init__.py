@@ -12,6 +12,10 @@ from nemo_rl_core.data.config import (
     unavailable_reason,
 )
 from nemo_rl_core.data.datasets.generated_dataset import GeneratedDataset, UnavailableDataset
+from nemo_rl_core.data.datasets.response_datasets.oai_format_dataset import (
+    OpenAIFormatDataset,
+    PreservingDataset,
+)
 from nemo_rl_core.data.datasets.response_datasets.response_dataset import ResponseDataset
 from nemo_rl_core.data.datasets.utils import dataset_class
 
@@ -19,6 +23,7 @@ _RESPONSE_BUILTINS = tuple(name for name in BUILTIN_DATASETS if name != "additio
 
 DATASET_REGISTRY: dict[str, Any] = {
     "ResponseDataset": ResponseDataset,
+    "openai_format": OpenAIFormatDataset,
     **dict.fromkeys(_RESPONSE_BUILTINS, GeneratedDataset),
     **{
         name: partial(UnavailableDataset, reason=unavailable_reason(name))
@@ -37,4 +42,11 @@ def load_response_dataset(data_config: Mapping[str, Any]) -> Any:
     return dataset
 
 
-__all__ = ["DATASET_REGISTRY", "GeneratedDataset", "ResponseDataset", "load_response_dataset"]
+__all__ = [
+    "DATASET_REGISTRY",
+    "GeneratedDataset",
+    "OpenAIFormatDataset",
+    "PreservingDataset",
+    "ResponseDataset",
+    "load_response_dataset",
+]
