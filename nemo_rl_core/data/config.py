@@ -83,6 +83,7 @@ NOT_BUILT_DATASETS = {
     ),
 }
 PROCESSORS = (
+    "default",
     "math_data_processor",
     "math_hf_data_processor",
     "sliding_puzzle_data_processor",
@@ -109,6 +110,12 @@ _OLD_LAYOUT = (
 )
 
 
+def is_class_path(name: str | None) -> bool:
+    """A ``dataset_name`` naming a user's dataset class by import path
+    (``my_pkg.datasets.MyDataset``), which NeMo RL imports in place of a registered name."""
+    return name is not None and "." in name and name not in NOT_BUILT_DATASETS
+
+
 def unavailable_reason(name: str | None) -> str | None:
     """Why NeMo RL's dataset ``name`` does not load here (a hub, multimodal or Gym
     dataset), or None where it does."""
@@ -131,7 +138,7 @@ def _processor_here(name: str | None, context: SupportContext) -> str | None:
 
 def _capped_here(cap: int | None, context: SupportContext) -> str | None:
     name = context.value(f"{context.key.rpartition('.')[0]}.dataset_name")
-    if cap is None or name in LOCAL_DATASETS:
+    if cap is None or name in LOCAL_DATASETS or is_class_path(name):
         return None
     return (
         f"NeMo RL caps the rows of its hub datasets with it, and {name!r} is not one that loads "
@@ -217,10 +224,11 @@ class DatasetConfig(BaseModel):
         known = (*BUILTIN_DATASETS, *HUB_DATASETS, *NOT_BUILT_DATASETS, *LOCAL_DATASETS)
         if name in LOCAL_DATASETS and not self.data_path:
             raise ValueError(f"data_path is required when dataset_name is {name!r}")
-        if name is not None and name not in known:
+        if name is not None and name not in known and not is_class_path(name):
             raise ValueError(
                 f"dataset_name {name!r} is unknown; use one of {', '.join(BUILTIN_DATASETS)}, "
-                f"one of {LOCAL_DATASETS} with data_path, or a NeMo RL hub dataset name"
+                f"one of {LOCAL_DATASETS} with data_path, a NeMo RL hub dataset name, or the "
+                "import path of your own dataset class (my_pkg.datasets.MyDataset)"
             )
         binary_keys = ("prompt_key", "chosen_key", "rejected_key")
         set_keys = [key for key in binary_keys if getattr(self, key) is not None]

@@ -287,3 +287,48 @@ def test_an_eval_dataset_is_a_local_file_read_through_its_keys(tmp_path, tokeniz
         load_eval_dataset({**section, "file_format": "json"})
     with pytest.raises(ValueError, match="'aime2024' is not a local file"):
         load_eval_dataset({**section, "dataset_name": "aime2024"})
+
+
+USER_MODULE = '''
+from datasets import Dataset
+
+from nemo_rl_core.data.datasets.raw_dataset import RawDataset
+
+
+class Sums(RawDataset):
+    """A user's dataset class, as NeMo RL's docs show one: rows of chat messages."""
+
+    def __init__(self, count=4, data_path=None, **kwargs):
+        self.task_name = "sums"
+        rows = [
+            {"messages": [{"role": "user", "content": f"{i} + {i}?"},
+                          {"role": "assistant", "content": str(2 * i)}]}
+            for i in range(count)
+        ]
+        self.dataset = Dataset.from_list(rows)
+'''
+
+
+def test_a_users_dataset_class_runs_by_its_import_path_in_a_config(
+    tmp_path, tokenizer, monkeypatch
+):
+    """NeMo RL imports a dotted dataset_name as the user's class; a flow's data: does too,
+    processing its rows with NeMo RL's own processor of that name."""
+    (tmp_path / "user_sums.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    section = {"dataset_name": "user_sums.Sums", "max_samples": 5, "seed": 1}
+    config = DataConfig.model_validate({"train": section})
+    rows = load_rows(config)
+    assert len(rows) == 4 and rows[1]["task_name"] == "math"  # scored by env.math
+    datum = build_dataset(config, tokenizer)[3]
+    assert datum["extra_env_info"] == {"ground_truth": "6"}
+    assert "3 + 3?" in datum["message_log"][0]["content"]
+    carved = DataConfig.model_validate({"train": {**section, "split_validation_size": 0.5}})
+    held = [r["messages"][0]["content"] for r in load_rows(carved, "validation")]
+    trained = [r["messages"][0]["content"] for r in load_rows(carved)]
+    assert len(held) == len(trained) == 2 and not set(held) & set(trained)
+    missing = DataConfig.model_validate({"train": {"dataset_name": "user_sums.Missing"}})
+    with pytest.raises(ValueError, match="Module 'user_sums' has no attribute 'Missing'"):
+        load_rows(missing)
+    with pytest.raises(ValueError, match="dataset_name 'sums' is unknown"):
+        DataConfig.model_validate({"train": {"dataset_name": "sums"}})

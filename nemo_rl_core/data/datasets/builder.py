@@ -25,6 +25,7 @@ from nemo_rl_core.data.config import (
     DataConfig,
     DatasetConfig,
     games_from_environment,
+    is_class_path,
     task_name,
 )
 from nemo_rl_core.data.datasets.generators import (
@@ -41,7 +42,10 @@ from nemo_rl_core.data.datasets.local_files import (
     preference_rows,
     read_local_rows,
 )
-from nemo_rl_core.data.datasets.utils import train_validation_indices
+from nemo_rl_core.data.datasets.utils import (
+    resolve_external_dataset_class,
+    train_validation_indices,
+)
 from nemo_rl_core.data.interfaces import UNCAPPED_LENGTH, TaskDataProcessFnCallable, TaskDataSpec
 from nemo_rl_core.data.processors import PROCESSOR_REGISTRY, math_data_processor, sft_processor
 
@@ -75,15 +79,15 @@ VALIDATION_SEED_OFFSET = 1_000_003  # a generator's validation rows come from an
 class DataSetup:
     """What the datasets of a run depend on beyond ``data:``: the sliding-puzzle environment's
     game settings, how many games NeMo RL's puzzle runner draws per split, the policy's
-    sequence length, the processor of a dataset that names none (SFT's ``sft_processor``)
-    and the options ``sft_processor`` is bound to (``data.add_bos`` and friends)."""
+    sequence length, the processor of a dataset that names none (NeMo RL's ``default``;
+    SFT's ``sft_processor``) and the options ``sft_processor`` is bound to (``data.add_bos`` and friends)."""
 
     def __init__(
         self,
         env: Mapping[str, Any] | None = None,
         puzzle_counts: Mapping[str, int] | None = None,
         max_seq_length: int = UNCAPPED_LENGTH,
-        default_processor: str = "math_data_processor",
+        default_processor: str = "default",
         sft_options: Mapping[str, bool] | None = None,
     ) -> None:
         self.env = dict(env or {})
@@ -146,7 +150,10 @@ def _puzzle_rows(count: int, seed: int, settings: dict[str, Any]) -> list[dict[s
 
 
 def dataset_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[dict[str, Any]]:
-    """The rows of one dataset for ``split`` (generated or read), each ``repeat`` times."""
+    """The rows of one dataset for ``split`` (generated, read, or a user's class), each
+    ``repeat`` times."""
+    if is_custom(dataset):
+        return _repeated(_custom_rows(dataset), dataset)
     if dataset.dataset_name not in LOCAL_DATASETS and dataset.data_path is None:
         return _repeated(_generated_rows(dataset, split, setup), dataset)
     assert dataset.data_path is not None  # DatasetConfig requires it for local datasets
@@ -174,8 +181,24 @@ def dataset_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> list[d
     return _repeated(rows, dataset)
 
 
+def _custom_rows(dataset: DatasetConfig) -> list[dict[str, Any]]:
+    """The rows of a user's dataset class (NeMo RL's dotted ``dataset_name``), built from
+    the section as NeMo RL builds it. The run holds out ``split_validation_size`` and
+    repeats rows itself, so the class gets neither; its prompt and processor are the run's
+    (:func:`task_processors`)."""
+    assert dataset.dataset_name is not None  # is_custom
+    section = dataset.model_dump(exclude_unset=True, exclude={"split_validation_size", "repeat"})
+    loaded = resolve_external_dataset_class(dataset.dataset_name)(**section)
+    return [dict(row) for row in loaded.dataset]
+
+
 def _repeated(rows: list[dict[str, Any]], dataset: DatasetConfig) -> list[dict[str, Any]]:
     return [row for row in rows for _ in range(dataset.repeat)]
+
+
+def is_custom(dataset: DatasetConfig) -> bool:
+    """Whether the dataset is a user's class, named by its dotted import path."""
+    return is_class_path(dataset.dataset_name)
 
 
 def binary_preference_keys(dataset: DatasetConfig) -> tuple[str, str, str] | None:
@@ -253,7 +276,7 @@ def task_processors(
     """Each environment's prompt spec (its prompt files read now) and processor
     (``sft_processor`` bound to the run's ``sft_options``)."""
     setup = setup or DataSetup()
-    named: dict[str, tuple[TaskDataSpec, str]] = {}
+    named: dict[str, tuple[TaskDataSpec, str, bool]] = {}
     for dataset in datasets:
         task = task_name(dataset)
         spec = TaskDataSpec(
@@ -261,21 +284,28 @@ def task_processors(
             prompt_file=dataset.prompt_file,
             system_prompt_file=dataset.system_prompt_file,
         )
-        entry = (spec, processor_name(dataset, setup))
+        entry = (spec, processor_name(dataset, setup), is_custom(dataset))
         if named.get(task, entry) != entry:
             raise ValueError(
                 f"two datasets score with environment {task!r} but differ in prompt or "
                 "processor; give them distinct env_name entries"
             )
         named[task] = entry
-    return {task: (spec, bound_processor(name, setup)) for task, (spec, name) in named.items()}
+    return {
+        task: (spec, bound_processor(name, setup, nemo_rl_rows=custom))
+        for task, (spec, name, custom) in named.items()
+    }
 
 
-def bound_processor(name: str, setup: DataSetup) -> TaskDataProcessFnCallable:
+def bound_processor(
+    name: str, setup: DataSetup, nemo_rl_rows: bool = False
+) -> TaskDataProcessFnCallable:
     """The processor ``name`` means for rows built here (``sft_processor`` bound to the
-    run's options)."""
+    run's options), or, for ``nemo_rl_rows`` (a user's dataset class), NeMo RL's own."""
     if name == SFT_PROCESSOR and setup.sft_options:
         return partial(sft_processor, **setup.sft_options)
+    if nemo_rl_rows:
+        return PROCESSOR_REGISTRY[name]
     return NORMALIZED_ROW_PROCESSORS.get(name) or PROCESSOR_REGISTRY[name]
 
 
