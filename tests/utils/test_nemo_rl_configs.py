@@ -89,6 +89,20 @@ CPU_OVERRIDES = {
         "data.validation.dataset_name=arithmetic",
         *(key.replace("grpo.", "ppo.") for key in SMALL_GRPO),
     ],
+    # Its critic sets reward_model_cfg.enabled: false, which NeMo RL's Megatron critic
+    # never reads (its head is always a scalar regression).
+    "ppo_math_1B_megatron": [
+        *SMALL,
+        "value.model_name=tiny-llama",
+        "data.train.dataset_name=arithmetic",
+        "data.validation.dataset_name=arithmetic",
+        *(key.replace("grpo.", "ppo.") for key in SMALL_GRPO),
+        "policy.sequence_packing.enabled=false",
+        "policy.megatron_cfg.optimizer.bf16=false",
+        "value.sequence_packing.enabled=false",
+        "value.megatron_cfg.optimizer.bf16=false",
+        "value.precision=float32",
+    ],
 }
 
 

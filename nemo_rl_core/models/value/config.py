@@ -4,12 +4,12 @@ A PPO critic is trained like the policy (same optimizer, scheduler, batching and
 precision keys), so a ``value:`` section reads like a ``policy:`` one.
 """
 
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import Field, model_validator
 
 from nemo_rl_core.models.policy.config import StrictModel, TokenizerConfig, TrainedModelConfig
-from nemo_rl_core.utils.key_support import Check, Only, SupportContext
+from nemo_rl_core.utils.key_support import Check, Only, ReadWhile, SupportContext
 
 
 def _as_policy_tokenizer(value: Any, context: SupportContext) -> str | None:
@@ -35,8 +35,14 @@ class ValueTokenizerConfig(TokenizerConfig):
 
 
 class ValueHeadConfig(StrictModel):
-    """``value.reward_model_cfg``: NeMo RL builds its critic as a regression reward model
-    and requires exactly these values; so does the value model here (a scalar head)."""
+    """``value.reward_model_cfg``: NeMo RL builds its HF (DTensor) critic as a regression
+    reward model and requires exactly these values; so does the value model here (a scalar
+    head). Its Megatron critic always has that head and never reads the section."""
+
+    read_while: ClassVar[ReadWhile] = ReadWhile(
+        lambda section, context: context.sibling_value("training_backend") == "hf",
+        still_read=(),
+    )
 
     enabled: Annotated[
         bool, Only(True, reason="the value model is a scalar regression head on the backbone")
