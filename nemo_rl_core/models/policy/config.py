@@ -226,6 +226,30 @@ def _sequence_parallel(value: bool, context: SupportContext) -> str | None:
     return "sequence parallelism is not built: tensor parallelism runs without it; set it false"
 
 
+# NeMo Automodel's loader options this loader matches: transformers' own model classes
+# (force_hf: true asks for them; without it Automodel may swap in its own kernels for the
+# same architecture, which are not built here), no Liger kernels, and the attention
+# implementation handed to from_pretrained.
+AUTOMODEL_KWARGS_HERE: dict[str, tuple[Any, ...]] = {
+    "force_hf": (True, False),
+    "use_liger_kernel": (False,),
+    "attn_implementation": ("sdpa", "eager"),
+}
+
+
+def _automodel_kwargs_here(kwargs: dict[str, Any], context: SupportContext) -> str | None:
+    for name, value in kwargs.items():
+        allowed = AUTOMODEL_KWARGS_HERE.get(name)
+        if allowed is None:
+            return (
+                f"{name}: an option of NeMo Automodel's loader; models load through "
+                "transformers here (policy.hf_config_overrides sets model config values)"
+            )
+        if value not in allowed:
+            return f"{name}={value!r}: this loader takes {', '.join(map(repr, allowed))}"
+    return None
+
+
 class DTensorConfig(StrictModel):
     """NeMo RL's FSDP2/DTensor worker, which the HF backend is with one rank. While Megatron
     trains, NeMo RL reads none of it but ``enabled``."""
@@ -288,15 +312,21 @@ class DTensorConfig(StrictModel):
     lora_cfg: LoraConfig | None = None
     automodel_kwargs: Annotated[
         dict[str, Any],
-        Only(
-            {},
-            reason="options of NeMo Automodel's loader; models load through transformers "
-            "here (policy.hf_config_overrides sets model config values)",
+        Check(
+            _automodel_kwargs_here,
+            "force_hf, use_liger_kernel: false and attn_implementation (sdpa, eager); "
+            "NeMo Automodel's other loader options refused",
         ),
     ] = Field(default_factory=dict)
 
 
 _DRAFT = "policy.draft.enabled"
+
+
+def attention_implementation(config: "TrainedModelConfig") -> str:
+    """The attention ``from_pretrained`` builds: ``automodel_kwargs.attn_implementation``,
+    else PyTorch's scaled-dot-product attention."""
+    return str(config.dtensor_cfg.automodel_kwargs.get("attn_implementation", "sdpa"))
 
 
 def _draft_trains_here(value: bool, context: SupportContext) -> str | None:

@@ -20,7 +20,11 @@ from transformers import (
 
 from nemo_rl_core.data.chat_templates import configure_chat_template
 from nemo_rl_core.models.local_models import resolve_model
-from nemo_rl_core.models.policy.config import TokenizerConfig, TrainedModelConfig
+from nemo_rl_core.models.policy.config import (
+    TokenizerConfig,
+    TrainedModelConfig,
+    attention_implementation,
+)
 from nemo_rl_core.models.policy.utils import VocabMismatchError
 
 if TYPE_CHECKING:  # peft loads only where LoRA is used
@@ -64,14 +68,18 @@ def load_hf_config(
 def load_pretrained(
     model_cls: Any, path: str | Path, config: TrainedModelConfig, **config_overrides: Any
 ) -> PreTrainedModel:
-    """``model_cls.from_pretrained`` from a checked local directory, float32, sdpa attention.
+    """``model_cls.from_pretrained`` from a checked local directory, float32, the attention of
+    ``dtensor_cfg.automodel_kwargs`` (sdpa unless it says eager).
 
     ``policy.hf_config_overrides`` and ``config_overrides`` are set on the HF config first.
     """
     directory = resolve_model(str(path))
     hf_config = load_hf_config(directory, config, **config_overrides)
     model = model_cls.from_pretrained(
-        str(directory), config=hf_config, dtype=torch.float32, attn_implementation="sdpa"
+        str(directory),
+        config=hf_config,
+        dtype=torch.float32,
+        attn_implementation=attention_implementation(config),
     )
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and config.max_total_sequence_length > max_positions:

@@ -397,3 +397,20 @@ def test_make_policy_takes_a_plain_dict_and_no_sample_mask(tiny_model_dir: Path)
     assert isinstance(policy, HFPolicy)
     metrics = policy.train(BatchedDataDict(data), NLLLossFn())
     assert metrics["global_valid_seqs"] == 4
+
+
+def test_automodel_kwargs_attn_implementation_reaches_from_pretrained(tiny_model_dir) -> None:
+    """NeMo RL hands automodel_kwargs.attn_implementation to from_pretrained; so does the
+    loader here (sdpa otherwise), and both compute the same log-probs."""
+    from nemo_rl_core.models.policy.hf_loading import load_pretrained
+
+    eager = policy_config(
+        tiny_model_dir, dtensor_cfg={"automodel_kwargs": {"attn_implementation": "eager"}}
+    )
+    models = [
+        load_pretrained(AutoModelForCausalLM, tiny_model_dir, config)
+        for config in (eager, policy_config(tiny_model_dir))
+    ]
+    assert [m.config._attn_implementation for m in models] == ["eager", "sdpa"]
+    ids = torch.randint(0, 500, (2, 12))
+    torch.testing.assert_close(models[0](ids).logits, models[1](ids).logits, atol=1e-5, rtol=0)

@@ -161,6 +161,17 @@ def test_torch_classes_are_checked_after_the_schema(override: dict, named: str) 
         (["+policy.quant_cfg=NVFP4_DEFAULT_CFG"], NO_GPU, "policy.quant_cfg='NVFP4_DEFAULT_CFG'"),
         (["+policy.dequantize_base_checkpoint=true"], NO_GPU, "MXFP4"),
         (["+policy.tokenizer.use_processor=true"], NO_GPU, "text LLMs only"),
+        (
+            ["+policy.dtensor_cfg.automodel_kwargs.use_liger_kernel=true"],
+            NO_GPU,
+            "automodel_kwargs={'use_liger_kernel': True}: use_liger_kernel=True: this loader "
+            "takes False",
+        ),
+        (
+            ["+policy.dtensor_cfg.automodel_kwargs.backend.attn=te"],
+            NO_GPU,
+            "backend: an option of NeMo Automodel's loader",
+        ),
     ],
 )
 def test_policy_keys_that_cannot_run_here_are_refused(
@@ -183,6 +194,11 @@ def test_policy_keys_that_cannot_run_here_are_refused(
             "policy.dtensor_cfg.activation_checkpointing=true",
         ],
         ["policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.enabled=false"],
+        # transformers' own classes (what this loader builds) and the attention it is given
+        [
+            "+policy.dtensor_cfg.automodel_kwargs.force_hf=true",
+            "+policy.dtensor_cfg.automodel_kwargs.attn_implementation=eager",
+        ],
     ],
 )
 def test_policy_keys_that_run_here_pass(overrides: list[str]) -> None:
