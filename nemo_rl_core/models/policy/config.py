@@ -86,12 +86,12 @@ class SchedulerMilestones(StrictModel):
 SchedulerEntry = SchedulerConfig | SchedulerMilestones
 
 
-def _hf_backend_only(feature: str) -> Check:
+def _hf_backend_only(feature: str, why: str = "") -> Check:
     """A microbatching feature the HF trainer builds and the Megatron worker does not."""
 
     def test(enabled: bool, context: SupportContext) -> str | None:
         if enabled and context.section_value("training_backend") == "megatron":
-            return f"{feature} is built on the HF training backend, not on Megatron-core"
+            return f"{feature} is built on the HF training backend, not on Megatron-core{why}"
         return None
 
     return Check(test, f"{feature} on the HF training backend (refused on Megatron)")
@@ -117,7 +117,14 @@ class SequencePackingConfig(StrictModel):
 
     read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
 
-    enabled: Annotated[bool, _hf_backend_only("sequence packing")] = False
+    enabled: Annotated[
+        bool,
+        _hf_backend_only(
+            "sequence packing",
+            " (Megatron-core attends within packed sequences through Transformer Engine, a "
+            "CUDA build; its local attention refuses them)",
+        ),
+    ] = False
     train_mb_tokens: Annotated[int | None, _PLAN] = None
     logprob_mb_tokens: Annotated[int | None, _PLAN] = None
     # A packer's name in any case (``get_packer``); read only while packing is on, as in
