@@ -18,18 +18,12 @@ class MathEnvConfig(BaseModel):
 
     num_workers: int = Field(8, ge=1)
     stop_strings: list[str] | None = None
-    # None: "math" (NeMo RL's default); english_multichoice: "Answer: <letter>"
-    verifier_type: Annotated[
-        Literal["math", "countdown", "english_multichoice", "multilingual_multichoice"] | None,
-        Only(
-            "math",
-            "countdown",
-            "english_multichoice",
-            None,
-            reason="the multilingual answer patterns are not built here; english_multichoice "
-            'reads "Answer: <letter>"',
-        ),
-    ] = "math"
+    # None: "math" (NeMo RL's default); english_multichoice: "Answer: <letter>";
+    # multilingual_multichoice: "Answer:" in one of NeMo RL's evaluation languages, the
+    # letter A-D in Latin, Arabic, Bengali or full-width script (``choice_answers``).
+    verifier_type: (
+        Literal["math", "countdown", "english_multichoice", "multilingual_multichoice"] | None
+    ) = "math"
     # The check of verifier_type "math": math-verify's symbolic one (None: the same), or
     # DAPO's string match of the "Answer: ..." line (``dapo_math_verifier``).
     math_verify_impl: Literal["hf_math_verify", "dapo_math_verify"] | None = "hf_math_verify"

@@ -6,6 +6,8 @@ matches ``0.5``. Checking runs in a pool of ``env.math.num_workers`` processes w
 per-sample time limit: sympy can hang on inputs like ``9^{9^{9}}``, and such a sample gets
 reward 0 with the reason in its metadata instead of stalling the run.
 ``verifier_type: countdown`` (or ``CountdownEnvironment``) checks countdown expressions;
+``english_multichoice`` and ``multilingual_multichoice`` read a choice letter after an
+"Answer:" prefix (``choice_answers``);
 ``math_verify_impl: dapo_math_verify`` checks math answers by DAPO's rules instead
 (``dapo_math_verifier``).
 """

@@ -5,28 +5,19 @@ and their lazily imported parts are loaded in every worker from the start.
 """
 
 import logging
-import re
+from collections.abc import Callable
 
+from nemo_rl_core.environments.choice_answers import (
+    verify_english_choice,
+    verify_multilingual_choice,
+)
 from nemo_rl_core.environments.dapo_math_verifier import compute_score
 
-# "Answer: C" anywhere in the response, any case, as NeMo RL's English multiple-choice check.
-CHOICE_LINE = re.compile(r"(?i)answer\s*:[ \t]*([A-Z])")
-# Markdown and LaTeX wrappers a model puts around its choice ("**Answer: $\boxed{B}$**").
-CHOICE_WRAPPERS = (
-    "**",
-    "$\\boxed{",
-    "}$",
-    "\\$",
-    "$\\text{",
-    "$",
-    "\\mathrm{",
-    "\\{",
-    "\\text",
-    "\\(",
-    "\\mathbf{",
-    "{",
-    "\\boxed",
-)
+# The multiple-choice verifiers, by ``env.math.verifier_type``.
+CHOICE_VERIFIERS: dict[str, Callable[[tuple[str, str]], tuple[float, str | None]]] = {
+    "english_multichoice": verify_english_choice,
+    "multilingual_multichoice": verify_multilingual_choice,
+}
 
 
 def verify_math_answer(item: tuple[str, str]) -> tuple[float, str | None]:
@@ -94,22 +85,6 @@ def verify_countdown_answer(item: tuple[str, str, list[int]]) -> tuple[float, st
     return (1.0 if value == Fraction(target) else 0.0), expression
 
 
-def unwrapped(text: str) -> str:
-    """``text`` without the markdown and LaTeX wrappers that hide a choice from the pattern."""
-    for wrapper in CHOICE_WRAPPERS:
-        text = text.replace(wrapper, "")
-    return text
-
-
-def verify_english_choice(item: tuple[str, str]) -> tuple[float, str | None]:
-    """Reward 1.0 when the first "Answer: X" of the response names the ground truth's letter
-    (NeMo RL's ``english_multichoice`` verifier); the letter is the extracted answer."""
-    response, ground_truth = item
-    match = CHOICE_LINE.search(unwrapped(response))
-    letter = match.group(1).strip() if match else None
-    return (1.0 if letter == unwrapped(ground_truth) else 0.0), letter
-
-
 def check_answer(item: dict) -> tuple[float, str | None]:
     """Pool entry point: dispatch on the ``verifier`` the environment was configured with."""
     if item["verifier"] == "countdown":
@@ -117,8 +92,8 @@ def check_answer(item: dict) -> tuple[float, str | None]:
         if numbers is None:
             raise ValueError("countdown sample has no 'numbers' in its metadata")
         return verify_countdown_answer((item["response"], item["ground_truth"], numbers))
-    if item["verifier"] == "english_multichoice":
-        return verify_english_choice((item["response"], item["ground_truth"]))
+    if item["verifier"] in CHOICE_VERIFIERS:
+        return CHOICE_VERIFIERS[item["verifier"]]((item["response"], item["ground_truth"]))
     if item.get("math_verify_impl") == "dapo_math_verify":
         scored = compute_score(item["response"], item["ground_truth"])
         return scored["score"], scored["pred"]

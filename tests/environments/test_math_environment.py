@@ -10,8 +10,9 @@ import pytest
 
 from nemo_rl_core.algorithms.grpo_config import load_master_config
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.environments.choice_answers import verify_multilingual_choice
 from nemo_rl_core.environments.math_environment import MathEnvConfig, MathEnvironment
-from nemo_rl_core.utils.key_support import UnsupportedConfigError, check_support
+from nemo_rl_core.utils.key_support import check_support
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
 
@@ -176,6 +177,49 @@ def test_english_multichoice_reads_the_answer_letter():
     assert result.answers == ["C", "C", "b", "B", None]
 
 
+# (response, ground truth, reward, extracted letter) for ``multilingual_multichoice``
+MULTILINGUAL_TABLE = [
+    ("\n答案: C", "C", 1.0, "C"),  # NeMo RL's own case
+    ("所以选 C。\n答案：Ｃ", "C", 1.0, "C"),  # full-width colon and letter
+    ("答え：Ｂ", "B", 1.0, "B"),
+    ("الإجابة: ج", "C", 1.0, "C"),  # Arabic jim is C
+    ("الجواب النهائي: د", "D", 1.0, "D"),
+    ("উত্তরঃ ড", "C", 1.0, "C"),  # Bengali, visarga as the colon
+    ("उत्तर: A", "A", 1.0, "A"),  # Hindi
+    ("정답: D", "D", 1.0, "D"),
+    ("Réponse : B", "B", 1.0, "B"),
+    ("Ìdáhùn: A", "A", 1.0, "A"),
+    ("**Respuesta: $\\boxed{C}$**", "C", 1.0, "C"),
+    ("Antwort: B", "C", 0.0, "B"),  # wrong letter
+    ("الإجابة: ب", "C", 0.0, "B"),
+    ("Ich glaube, es ist C.", "C", 0.0, None),  # no answer prefix
+    ("Answer: E", "E", 0.0, None),  # only A-D are choices here
+    ("answer: c", "C", 0.0, "c"),  # a lower-case letter is not the choice, as in NeMo RL
+    ("答案：C\nAnswer: B", "C", 0.0, "B"),  # the earlier prefix in the list wins
+]
+
+
+@pytest.mark.parametrize(("response", "ground_truth", "reward", "letter"), MULTILINGUAL_TABLE)
+def test_multilingual_multichoice_reads_the_letter_in_any_language(
+    response, ground_truth, reward, letter
+):
+    assert verify_multilingual_choice((response, ground_truth)) == (reward, letter)
+
+
+def test_multilingual_multichoice_scores_through_the_environment():
+    environment = MathEnvironment({"num_workers": 1, "verifier_type": "multilingual_multichoice"})
+    try:
+        responses = ["答案: C", "الإجابة: ب", "Antwort: D", "No idea."]
+        result = environment.step(
+            [_log(response) for response in responses],
+            [{"ground_truth": truth} for truth in ("C", "B", "B", "B")],
+        )
+    finally:
+        environment.shutdown()
+    assert result.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert result.answers == ["C", "B", "D", None]
+
+
 def test_dapo_math_verify_reads_the_answer_line_by_string_match():
     """``math_verify_impl: dapo_math_verify``: the last "Answer:" line, normalised, must
     equal the normalised ground truth; a box alone is no answer, and there is no algebra."""
@@ -191,13 +235,8 @@ def test_dapo_math_verify_reads_the_answer_line_by_string_match():
     assert result.answers == ["12", "[INVALID]", "12.0"]
 
 
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ("env.math.verifier_type=multilingual_multichoice", "multilingual answer patterns"),
-    ],
-)
-def test_env_keys_that_cannot_run_are_refused_by_path(override, message):
+def test_multilingual_multichoice_passes_the_support_check():
+    """NeMo RL's MMLU and GPQA eval configs set it; it must not be refused."""
+    override = "env.math.verifier_type=multilingual_multichoice"
     config = load_master_config(str(CONFIGS / "grpo_math_tiny.yaml"), [override])
-    with pytest.raises(UnsupportedConfigError, match=f"{override.split('=')[0]}=.*{message}"):
-        check_support(config)
+    check_support(config)
