@@ -38,7 +38,8 @@ def generate_rollouts(
         batch, seeds = batch.slice(*rows), seeds[rows[0] : rows[1]]
     generation.prepare_for_generation()
     try:
-        return play_rollouts(generation, batch, tokenizer, task_to_env, config, seeds)
+        rollouts, metrics = play_rollouts(generation, batch, tokenizer, task_to_env, config, seeds)
+        return rollouts, {**metrics, **generation.take_engine_metrics()}
     finally:
         generation.finish_generation()
 

@@ -88,14 +88,12 @@ class EvalConfig(StrictConfig):
         return self
 
 
-_ASYNC = "generation.vllm_cfg.async_engine"
-
-
 class EvalVllmArgs(VllmSpecificArgs):
     """``generation.vllm_cfg`` of an eval config (the keys of the policy's, rooted here)."""
 
-    enable_vllm_metrics_logger: Annotated[bool, PartOf(_ASYNC)] = False
-    vllm_metrics_logger_interval: Annotated[float, PartOf(_ASYNC)] = 0.5
+    vllm_metrics_logger_interval: Annotated[
+        float, PartOf("generation.vllm_cfg.enable_vllm_metrics_logger")
+    ] = Field(0.5, gt=0.0)
 
 
 class EvalGenerationConfig(GenerationConfig):

@@ -146,13 +146,14 @@ def generate_answers(
             done, metrics = generate_one_turn(generation, chunk, tokenizer, seeds[start:end])
             answered.append(done)
             tokens += metrics["total_generated_tokens"]
+        engine_metrics = generation.take_engine_metrics()
     finally:
         generation.finish_generation()
     batch: BatchedDataDict[Any] = BatchedDataDict.from_batches(answered)
     settings = config.generation
     greedy = settings.temperature == 0 or settings.top_k == 1  # the engines decode greedily
     batch["greedy"] = torch.full((batch.size,), greedy)
-    return batch, {"mean_gen_tokens_per_sample": tokens / max(prompts.size, 1)}
+    return batch, {"mean_gen_tokens_per_sample": tokens / max(prompts.size, 1), **engine_metrics}
 
 
 def score_answers(

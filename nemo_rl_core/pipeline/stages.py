@@ -28,6 +28,7 @@ from nemo_rl_core.algorithms import (
 from nemo_rl_core.algorithms.loss import DPOLossFn, NLLLossFn, PreferenceLossFn
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.evals import eval as evaluation
+from nemo_rl_core.models.generation.engine_load import ENGINE_LOAD_METRICS
 from nemo_rl_core.pipeline.context import PREVIOUS, StageContext, StageResult
 from nemo_rl_core.pipeline.spec import shard_bounds
 
@@ -65,7 +66,11 @@ def rollout_generate(ctx: StageContext) -> StageResult:
     weights, or under async GRPO at the weights ``max_trajectory_age_steps`` older. Unsplit
     (one-turn rollouts): one shard, merged; multi-turn episodes are played whole."""
     if ctx.config.algorithm.max_rollout_turns == 1:
-        return rollout_generate_merge(ctx, [rollout_generate_shard(ctx, 0, 1)])
+        rollouts, metrics = _generate_slice(ctx, 0, 1)
+        merged = rollout_generate_merge(ctx, [rollouts])
+        # The engine's load (vllm_cfg.enable_vllm_metrics_logger) is the unsplit stage's too.
+        load = {name: metrics[name] for name in ENGINE_LOAD_METRICS if name in metrics}
+        return StageResult(merged.outputs, {**load, **merged.metrics})
     rt = ctx.runtime
     with rt.generation(ctx.weights_step) as engine:
         rollouts, metrics = rollout_generation.generate_rollouts(
@@ -83,11 +88,18 @@ def rollout_generate(ctx: StageContext) -> StageResult:
 def rollout_generate_shard(ctx: StageContext, index: int, count: int) -> BatchedDataDict:
     """One-turn responses of one slice of the prompts, each sampled with its own seed; the
     slice holds whole batches of what the engine generates together (``generation_unit``)."""
+    return _generate_slice(ctx, index, count)[0]
+
+
+def _generate_slice(
+    ctx: StageContext, index: int, count: int
+) -> tuple[BatchedDataDict, dict[str, Any]]:
+    """One slice's responses and the metrics of generating them."""
     rt = ctx.runtime
     prompts = ctx.batch("prompts")
     rows = shard_bounds(prompts.size, index, count, generation_unit(ctx.config, prompts.size))
     with rt.generation(ctx.weights_step) as engine:
-        rollouts, _ = rollout_generation.generate_rollouts(
+        return rollout_generation.generate_rollouts(
             engine,
             prompts,
             rt.tokenizer,
@@ -97,7 +109,6 @@ def rollout_generate_shard(ctx: StageContext, index: int, count: int) -> Batched
             ctx.round_index,
             rows=rows,
         )
-    return rollouts
 
 
 def rollout_generate_merge(ctx: StageContext, shards: list[BatchedDataDict]) -> StageResult:

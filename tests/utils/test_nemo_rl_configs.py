@@ -191,7 +191,7 @@ def test_the_same_values_are_refused_where_the_section_is_read(nemo_rl_configs: 
     overrides = [
         *GRPO_1B,
         "policy.megatron_cfg.pipeline_model_parallel_size=2",
-        "policy.generation.vllm_cfg.async_engine=true",
+        "policy.generation.vllm_cfg.expert_parallel_size=2",
         "policy.dtensor_cfg.lora_cfg.enabled=true",
         "policy.dtensor_cfg.lora_cfg.dropout=0.1",
         "policy.dtensor_cfg.lora_cfg.dropout_position=post",
@@ -202,7 +202,7 @@ def test_the_same_values_are_refused_where_the_section_is_read(nemo_rl_configs: 
         check_support(config, Machine(cuda_devices=0), source="grpo_math_1B")
     refused = {refusal.key for refusal in err.value.refusals}
     assert refused == {
-        "policy.generation.vllm_cfg.async_engine",
+        "policy.generation.vllm_cfg.expert_parallel_size",
         "policy.dtensor_cfg.lora_cfg.dropout_position",
         "checkpointing.model_save_format",
     }

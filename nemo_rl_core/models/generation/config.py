@@ -115,7 +115,28 @@ _BF16_LAYERS = (
     "keeping layers out of fp8 generation is not built; vllm_cfg.precision: fp8 quantizes "
     "every layer through vLLM"
 )
-_ASYNC_ENGINE = "policy.generation.vllm_cfg.async_engine"
+_ENGINE_LOAD_KEY = "policy.generation.vllm_cfg.enable_vllm_metrics_logger"
+
+
+def _engine_load_reported(enabled: bool, context: SupportContext) -> str | None:
+    """The engine's load is sampled per engine and reported by an unsplit generate stage:
+    the shards of a split one each sample their own engine, which the merge does not see."""
+    if not enabled or not _generation_value(context, "vllm_cfg").async_engine:
+        return None
+    fan_out = context.value("orchestration.fan_out") or {}
+    if fan_out.get("generate", 1) == 1:
+        return None
+    return (
+        "the engine's load is sampled in each shard's process and reported by an unsplit "
+        "generate stage; with orchestration.fan_out.generate > 1 set it to false"
+    )
+
+
+_ENGINE_LOAD = Check(
+    _engine_load_reported,
+    "with async_engine: the generate stage samples vLLM's running and waiting requests "
+    "(read by `nemo_rl_core.models.generation.vllm_generation:VllmGeneration.generate`)",
+)
 _HTTP = "generation.vllm_cfg.expose_http_server"  # from the policy section, or eval's root
 _GEN_QUANT = "generation.quant_cfg"
 
@@ -151,10 +172,10 @@ class VllmSpecificArgs(_Strict):
     enforce_eager: Annotated[bool, _ENGINE] = False
     async_engine: Annotated[
         bool,
-        Only(
-            False,
-            reason="vLLM's async engine serves NeMo RL's asynchronous rollouts, not built; "
-            "the engine here generates a stage's batch in one call",
+        inert(
+            "how NeMo RL dispatches rollouts (its async engine takes one request per sample, "
+            "which async GRPO needs); here the stage hands vLLM its whole batch in one call and "
+            "vLLM's scheduler batches it continuously: the same samples either way",
         ),
     ] = False
     kv_cache_dtype: Annotated[str, _ENGINE] = "auto"
@@ -191,9 +212,9 @@ class VllmSpecificArgs(_Strict):
     ] = None
     num_last_layers_in_bf16: Annotated[int, Only(0, reason=_BF16_LAYERS)] = 0
     num_first_layers_in_bf16: Annotated[int, Only(0, reason=_BF16_LAYERS)] = 0
-    # NeMo RL collects them only from its async engine.
-    enable_vllm_metrics_logger: Annotated[bool, PartOf(_ASYNC_ENGINE)] = False
-    vllm_metrics_logger_interval: Annotated[float, PartOf(_ASYNC_ENGINE)] = 0.5
+    # NeMo RL samples the engine's load only from its async engine.
+    enable_vllm_metrics_logger: Annotated[bool, _ENGINE_LOAD] = False
+    vllm_metrics_logger_interval: Annotated[float, PartOf(_ENGINE_LOAD_KEY)] = Field(0.5, gt=0.0)
     use_tqdm: Annotated[
         bool, Wired("nemo_rl_core.models.generation.vllm_generation:VllmGeneration.generate")
     ] = False

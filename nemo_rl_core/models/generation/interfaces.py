@@ -78,6 +78,11 @@ class GenerationInterface(ABC):
         """Refit the running engine in place from an HF safetensors directory."""
         raise NotImplementedError(f"{type(self).__name__} cannot be refit from a checkpoint")
 
+    def take_engine_metrics(self) -> dict[str, Any]:
+        """Metrics the engine sampled while it generated (vLLM's load), since the last
+        ``prepare_for_generation``; none by default."""
+        return {}
+
     def invalidate_kv_cache(self) -> bool:
         """Drop caches computed with the old weights (vLLM's prefix cache) after a refit."""
         return False

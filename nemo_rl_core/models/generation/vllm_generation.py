@@ -17,6 +17,7 @@ import gc
 import logging
 import os
 import weakref
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,6 +25,7 @@ import torch
 
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.generation.config import GenerationConfig
+from nemo_rl_core.models.generation.engine_load import EngineLoad, sampling
 from nemo_rl_core.models.generation.interfaces import (
     GenerationDatumSpec,
     GenerationInterface,
@@ -118,6 +120,10 @@ class VllmGeneration(GenerationInterface):
         self.on_gpu = torch.cuda.is_available()
         self._refit_info: RefitInfo = dict(self.model.weights)
         self._sleeping = False
+        vllm_cfg = self.cfg.vllm_cfg
+        # NeMo RL samples its engine's load only with its async engine.
+        self._samples_load = vllm_cfg.async_engine and vllm_cfg.enable_vllm_metrics_logger
+        self.engine_load = EngineLoad()
         set_vllm_env_defaults()
         if not self.on_gpu:
             _check_cpu_head_dim(self.model.head_dim, self.model.path)
@@ -151,6 +157,8 @@ class VllmGeneration(GenerationInterface):
             "logprobs_mode": "processed_logprobs",
             "use_tqdm_on_load": vllm_cfg.use_tqdm,  # the same switch as the generation bars
             "enable_sleep_mode": self.on_gpu and self.cfg.colocated.enabled,
+            # The load gauges (vllm:num_requests_running/waiting) exist only with stats on.
+            "disable_log_stats": not self._samples_load,
         }
         if not self.on_gpu:
             # A chunked prefill discards the partly prefilled request's sampled token and
@@ -218,11 +226,12 @@ class VllmGeneration(GenerationInterface):
                 requests.stop_strings, requests.max_tokens, seeds, strict=True
             )
         ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in requests.prompts],
-            params,
-            use_tqdm=shown_progress_bar if self.cfg.vllm_cfg.use_tqdm else False,
-        )
+        with self._load_sampling():
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in requests.prompts],
+                params,
+                use_tqdm=shown_progress_bar if self.cfg.vllm_cfg.use_tqdm else False,
+            )
         responses, logprobs, truncated = [], [], []
         for output in outputs:
             completion = output.outputs[0]
@@ -236,8 +245,21 @@ class VllmGeneration(GenerationInterface):
             logprobs.append(list(sampled.logprobs))
         return pack_generation_outputs(data, responses, logprobs, self.pad_token_id, truncated)
 
+    def _load_sampling(self) -> AbstractContextManager[None]:
+        """Sample the engine's load while it generates, where vllm_cfg asks for it."""
+        if not self._samples_load:
+            return nullcontext()
+        interval = self.cfg.vllm_cfg.vllm_metrics_logger_interval
+        return sampling(self.llm.get_metrics, interval, self.engine_load)
+
+    def take_engine_metrics(self) -> dict[str, Any]:
+        """The engine's load sampled since the last ``prepare_for_generation``."""
+        return self.engine_load.take()
+
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
-        """Wake a sleeping GPU engine (weights first, as NeMo RL's refit does); no-op on CPU."""
+        """Wake a sleeping GPU engine (weights first, as NeMo RL's refit does); no-op on CPU.
+        The engine's load sampled so far is dropped: a stage reports its own generation's."""
+        self.engine_load.take()
         if self._sleeping:
             self._sleeping = not self.llm.wake_up(kwargs.get("tags"))
         return True

@@ -87,7 +87,15 @@ GEN = "policy.generation"
         ([f"{GEN}.vllm_cfg.load_format=dummy"], NO_GPU, "random ('dummy') weights"),
         ([f"{GEN}.vllm_cfg.precision=fp8"], NO_GPU, "fp8 quantization needs a GPU"),
         ([f"{GEN}.backend=hf", f"{GEN}.vllm_cfg.precision=fp8"], ONE_GPU, "the hf backend"),
-        ([f"{GEN}.vllm_cfg.async_engine=true"], NO_GPU, "async engine"),
+        (
+            [
+                f"{GEN}.vllm_cfg.async_engine=true",
+                f"{GEN}.vllm_cfg.enable_vllm_metrics_logger=true",
+                "+orchestration.fan_out.generate=2",
+            ],
+            NO_GPU,
+            "orchestration.fan_out.generate > 1",
+        ),
         ([f"{GEN}.vllm_cfg.expert_parallel_size=2"], NO_GPU, "expert parallelism"),
         ([f"{GEN}.vllm_cfg.num_last_layers_in_bf16=1"], NO_GPU, "out of fp8 generation"),
         (
@@ -113,6 +121,12 @@ def test_generation_keys_that_cannot_run_here_are_refused(
         # vllm_cfg is not read while transformers generates (but for precision, max_model_len)
         [f"{GEN}.backend=hf", f"{GEN}.vllm_cfg.tensor_parallel_size=2"],
         [f"{GEN}.backend=hf", f"{GEN}.vllm_cfg.async_engine=true"],
+        # how NeMo RL dispatches rollouts; vLLM batches the stage's batch continuously here
+        [f"{GEN}.vllm_cfg.async_engine=true"],
+        # the generate stage samples the engine's load and reports it
+        [f"{GEN}.vllm_cfg.async_engine=true", f"{GEN}.vllm_cfg.enable_vllm_metrics_logger=true"],
+        # NeMo RL samples the load only from its async engine
+        [f"{GEN}.vllm_cfg.enable_vllm_metrics_logger=true", "+orchestration.fan_out.generate=2"],
         # resources are read only where generation has devices of its own
         [f"{GEN}.colocated.resources.gpus_per_node=1"],
         # set in the stage's process, where the engine runs (NeMo RL: its worker's)
