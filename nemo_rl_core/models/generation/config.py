@@ -267,9 +267,8 @@ class GenerationConfig(_Strict):
             "SGLang and Megatron inference engines are not built",
         ),
     ] = "vllm"
-    use_async_rollouts: Annotated[
-        bool, Only(False, reason="asynchronous rollouts come with async GRPO, not built")
-    ] = False
+    # NeMo RL reads it only with backend: sglang (vLLM's is vllm_cfg.async_engine).
+    use_async_rollouts: Annotated[bool, PartOf("generation.backend")] = False
     sglang_cfg: Annotated[dict[str, Any] | None, PartOf("policy.generation.backend")] = None
     port_range_low: Annotated[int, NO_SERVER_PORTS] = 11001
     port_range_high: Annotated[int, NO_SERVER_PORTS] = 15000
