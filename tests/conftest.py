@@ -23,13 +23,14 @@ import flows  # noqa: F401, E402  (first: its process settings, e.g. OMP_WAIT_PO
 
 # Outage tests stop the store on purpose: give up after seconds, not the default minutes.
 os.environ.setdefault("NEMO_RL_CORE_STORAGE_BUDGET_S", "8")
-from nemo_rl_examples import MIRROR, export_examples  # noqa: E402
 from prefect_harness import prefect_test_api  # noqa: E402
+from python_forks import PythonForks  # noqa: E402
 
 from nemo_rl_core.models.local_models import build_tiny_model
 
 # The stack driver lives with the scripts it drives (infra/), shared with bench/soak.py.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infra"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "infra"))
 from local_stack import LocalStack, running_stack  # noqa: E402
 from moto_server import running_moto_server  # noqa: E402
 
@@ -75,6 +76,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
+def python_forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PythonForks]:
+    """Commands run as ``python -c`` runs them, each forked from one process that imported
+    what the command line imports first (``flows.cli``, torch-free): tests/python_forks.py."""
+    forks = PythonForks(tmp_path_factory.mktemp("forks"), ("flows.cli",), ROOT)
+    yield forks
+    forks.close()
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer Llama (tied embeddings, fp32) with a locally trained tokenizer."""
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama", "llama")
@@ -112,7 +122,11 @@ def prefect_api() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def nemo_rl_configs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """NeMo RL v0.7.0's ``examples/configs`` (with its prompts beside), exported from the
-    mirror; the test skips, saying so, where there is no mirror."""
+    mirror; the test skips, saying so, where there is no mirror. Imported here, not at the
+    top: its algorithm imports (torch, transformers) would cost xdist's controller, which
+    loads this file and runs no test, seconds of CPU for nothing."""
+    from nemo_rl_examples import MIRROR, export_examples
+
     if not MIRROR.exists():
         pytest.skip(f"no NeMo RL mirror at {MIRROR} (set NEMO_RL_MIRROR)")
     return export_examples(tmp_path_factory.mktemp("nemo_rl"))

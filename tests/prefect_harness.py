@@ -1,6 +1,9 @@
 """Prefect's test harness (an API server on a throwaway SQLite database), started from a copy
 of an empty database already migrated to this Prefect's schema: a new one costs its server
-~5 s of migrations at every start, on every xdist worker."""
+~5 s of migrations at every start, on every xdist worker. Nor does the server register the
+block types of the installed collections at its start (importing prefect-aws and writing its
+types: seconds more of CPU per worker): a test that saves a block registers its type, as
+``Block.save`` does."""
 
 import fcntl
 import os
@@ -47,9 +50,19 @@ def migrated_database() -> Path:
 @contextmanager
 def prefect_test_api() -> Iterator[None]:
     """``prefect_test_harness``, its database a copy of :func:`migrated_database`."""
+    from prefect.settings import (
+        PREFECT_API_BLOCKS_REGISTER_ON_START,
+        PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION,
+        temporary_settings,
+    )
     from prefect.testing import utilities
 
     template = migrated_database()
+    # the server process takes the settings set here (the harness passes them on)
+    no_block_registration = {
+        PREFECT_API_BLOCKS_REGISTER_ON_START: False,
+        PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION: False,  # else it imports the collections
+    }
 
     def folder_with_database() -> str:
         folder = tempfile.mkdtemp()
@@ -58,5 +71,8 @@ def prefect_test_api() -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(utilities, "mkdtemp", folder_with_database)  # the harness's folder
-        with utilities.prefect_test_harness(server_startup_timeout=600):
+        with (
+            temporary_settings(updates=no_block_registration),
+            utilities.prefect_test_harness(server_startup_timeout=600),
+        ):
             yield

@@ -138,10 +138,10 @@ def test_an_assert_test_past_its_wall_time_fails_and_the_rest_are_not_judged(cod
 def test_a_judge_that_died_is_replaced_for_the_next_sample(code_env):
     add = "def add(a, b):\n    return a + b"
     assert step(code_env, add, ADD_TESTS)[0] == 1.0
-    judges = [  # this process's own judges only
+    judges = [  # this process's own judges only (a child that just ended has no cmdline)
         child
         for child in psutil.Process().children(recursive=True)
-        if child.cmdline()[-1:] == ["code_judge"]
+        if (command := cmdline(child.pid)) is not None and command.endswith(JUDGE)
     ]
     assert judges
     for judge in judges:

@@ -2,12 +2,10 @@
 naming the key, the file and the row."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from python_forks import PythonForks
 
 from nemo_rl_core.evals.config import EvalDataConfig
 from nemo_rl_core.evals.config_check import check_eval_config, eval_rows
@@ -97,13 +95,14 @@ def test_what_cannot_run_is_refused_by_key(overrides, message):
     assert message in str(err.value)
 
 
-def test_the_command_line_refuses_before_any_work_in_one_line(tmp_path: Path):
+def test_the_command_line_refuses_before_any_work_in_one_line(
+    tmp_path: Path, python_forks: PythonForks
+):
+    """``python -m flows.eval``, in a process of its own (tests/python_forks.py)."""
     missing = tmp_path / "checkpoints" / "step_000004"
-    done = subprocess.run(
+    done = python_forks.run(
+        "import runpy\nrunpy.run_module('flows.eval', run_name='__main__', alter_sys=True)",
         [
-            sys.executable,
-            "-m",
-            "flows.eval",
             "--config",
             CONFIG,
             "--storage-root",
@@ -111,10 +110,6 @@ def test_the_command_line_refuses_before_any_work_in_one_line(tmp_path: Path):
             f"generation.model_name={missing}",
         ],
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=85,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()

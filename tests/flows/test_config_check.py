@@ -3,12 +3,10 @@ in one line naming the key or file, with a nonzero exit, before anything is writ
 before torch, transformers, vLLM or Prefect load (the deterministic form of "within 5 s":
 those imports alone take longer). A config runs from another working directory."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from python_forks import PythonForks
 
 from flows.config_check import check_run_config
 from nemo_rl_core.algorithms.grpo_config import MasterConfig
@@ -17,37 +15,21 @@ from nemo_rl_core.utils.cuda_devices import _listed_devices
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "examples" / "configs"
-HEAVY = ("torch", "transformers", "vllm", "prefect")
-# Runs the command line as ``python -m flows.grpo`` does, then names the heavy packages
-# that were imported by the time it exited. Packages named in HIDDEN_PACKAGES are absent,
-# as Python's import system takes a None in sys.modules (find_spec answers None).
-HARNESS = (
-    "import atexit, os, runpy, sys\n"
-    "sys.modules.update(dict.fromkeys(os.environ.get('HIDDEN_PACKAGES', '').split()))\n"
-    f"atexit.register(lambda: print('loaded:', *[m for m in {HEAVY!r} if m in sys.modules]))\n"
-    "sys.argv = ['flows.grpo', *sys.argv[1:]]\n"
-    "runpy.run_module('flows.grpo', run_name='__main__', alter_sys=True)\n"
-)
+# The command line as ``python -m flows.grpo`` runs it, in a process of its own.
+GRPO_COMMAND = "import runpy\nrunpy.run_module('flows.grpo', run_name='__main__', alter_sys=True)"
 MISSING = "/nonexistent/nemo-rl-core"
 TYPO_YAML = f"defaults: {CONFIGS / 'grpo_math_tiny.yaml'}\ngrpo:\n  num_prompts_per_stepp: 2\n"
 
 
 def refuse(
-    args: list[str], cwd: Path, out: Path, hidden: str = ""
+    forks: PythonForks, args: list[str], cwd: Path, out: Path, hidden: str = ""
 ) -> tuple[int, list[str], list[str]]:
-    """Exit code, stderr lines and the heavy packages loaded of one refused command."""
+    """Exit code, stderr lines and the heavy packages loaded of one refused command; the
+    packages in ``hidden`` are absent (tests/python_forks.py)."""
     outputs = [f"checkpointing.checkpoint_dir={out}/results", f"logger.log_dir={out}/logs"]
-    done = subprocess.run(
-        [sys.executable, "-c", HARNESS, *args, *outputs],
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO), "HIDDEN_PACKAGES": hidden},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    loaded = next(line for line in done.stdout.splitlines() if line.startswith("loaded:"))
+    done = forks.run(GRPO_COMMAND, [*args, *outputs], cwd=cwd, hidden=hidden.split())
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    return done.returncode, lines, loaded.split()[1:]
+    return done.returncode, lines, done.heavy
 
 
 @pytest.mark.parametrize(
@@ -115,13 +97,15 @@ def refuse(
         "async-in-flight-updates",
     ],
 )
-def test_mistake_is_refused_fast_in_one_line(args: list[str], named: str, tmp_path: Path) -> None:
+def test_mistake_is_refused_fast_in_one_line(
+    args: list[str], named: str, tmp_path: Path, python_forks: PythonForks
+) -> None:
     cwd, out = tmp_path / "cwd", tmp_path / "out"
     cwd.mkdir()
     (cwd / "typo.yaml").write_text(TYPO_YAML)
     if "--config" not in args:
         args = ["--config", str(CONFIGS / "grpo_math_tiny.yaml"), *args]
-    code, lines, loaded = refuse(args, cwd, out)
+    code, lines, loaded = refuse(python_forks, args, cwd, out)
     assert code == 2, lines
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert named in lines[0]
@@ -131,19 +115,28 @@ def test_mistake_is_refused_fast_in_one_line(args: list[str], named: str, tmp_pa
 
 
 @pytest.mark.parametrize("logger", ["wandb", "tensorboard", "mlflow"])
-def test_a_logger_whose_package_is_missing_is_refused(logger: str, tmp_path: Path) -> None:
+def test_a_logger_whose_package_is_missing_is_refused(
+    logger: str, tmp_path: Path, python_forks: PythonForks
+) -> None:
     config = ["--config", str(CONFIGS / "grpo_math_tiny.yaml")]
     code, lines, loaded = refuse(
-        [*config, f"logger.{logger}_enabled=true"], tmp_path, tmp_path / "out", hidden=logger
+        python_forks,
+        [*config, f"logger.{logger}_enabled=true"],
+        tmp_path,
+        tmp_path / "out",
+        hidden=logger,
     )
     assert code == 2 and len(lines) == 1, lines
     assert f"logger.{logger}_enabled=True: " in lines[0] and f"the {logger} package" in lines[0]
     assert loaded == [] and not (tmp_path / "out").exists()
 
 
-def test_a_mistake_torch_must_check_is_still_refused_before_the_run(tmp_path: Path) -> None:
+def test_a_mistake_torch_must_check_is_still_refused_before_the_run(
+    tmp_path: Path, python_forks: PythonForks
+) -> None:
     """The optimizer's kwargs are checked against torch's class, last, in one line."""
     code, lines, loaded = refuse(
+        python_forks,
         ["--config", str(CONFIGS / "grpo_math_tiny.yaml"), "+policy.optimizer.kwargs.lrr=1"],
         tmp_path,
         tmp_path / "out",

@@ -25,6 +25,17 @@ def toy_registered() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_curves() -> Iterator[None]:
+    """The toy runs end without drawing their curves: the PNG (~0.7 s of matplotlib's CPU
+    at the end of every flow run, a third of a toy run's) is no orchestration rule and
+    nothing here reads it. tests/flows/test_report.py draws curves, and the GRPO flows of
+    tests/reliability end by drawing theirs."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("flows.progress.plot_curves", lambda run_id, summaries, path: path)
+        yield
+
+
 @pytest.fixture(scope="session")
 def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_initial_model(tmp_path_factory.mktemp("toy-model"))

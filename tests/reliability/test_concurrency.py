@@ -3,14 +3,12 @@ refused by the storage lease, naming the holder, before it writes anything (from
 command line in one line, before torch or Prefect load); a lease that its killed holder
 stopped renewing expires and is taken over."""
 
-import json
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from python_forks import PythonForks
 from reliability_helpers import CONFIG, REPO
 
 from flows.grpo import grpo
@@ -36,32 +34,22 @@ def test_second_run_of_one_experiment_is_refused(prefect_api, tmp_path: Path) ->
         assert written == ["LEASE.json"], "the refused run wrote something"
 
 
-# The command line, and which heavy libraries it had loaded when it exited.
-COMMAND_PROBE = """
-import json, sys
-from flows.cli import main
-try:
-    main(sys.argv[1:])
-finally:
-    heavy = ("torch", "prefect", "transformers", "vllm")
-    print(json.dumps([name for name in heavy if name in sys.modules]))
-"""
+# The command line (``python -m flows``).
+COMMAND = "import sys\nfrom flows.cli import main\nmain(sys.argv[1:])"
 
 
 def test_second_run_from_the_command_line_is_refused_in_one_line_before_loading(
-    tmp_path: Path,
+    tmp_path: Path, python_forks: PythonForks
 ) -> None:
     holder = str(uuid.uuid4())
     run = RunRef(str(tmp_path), "nightly")
     with open_storage(run).acquire_lease("flow-run first-night", ttl_s=600, flow_run_id=holder):
         started = time.monotonic()
-        second = subprocess.run(
-            [sys.executable, "-c", COMMAND_PROBE, "grpo", "--config", str(CONFIG)]
-            + ["--run-id", "nightly", "--storage-root", str(tmp_path)],
-            capture_output=True,
-            text=True,
+        second = python_forks.run(  # a process of its own (tests/python_forks.py)
+            COMMAND,
+            ["grpo", "--config", str(CONFIG), "--run-id", "nightly", "--storage-root"]
+            + [str(tmp_path)],
             cwd=REPO,
-            timeout=600,
         )
         took = time.monotonic() - started
     print(f"refused after {took:.1f} s")  # the figure, with -s; not a timed assertion
@@ -70,7 +58,7 @@ def test_second_run_from_the_command_line_is_refused_in_one_line_before_loading(
     assert line.startswith("error: run nightly (")
     assert "is leased by 'flow-run first-night' until 20" in line
     assert f"flow run {holder}" in line and "python -m flows.lease --break" in line
-    assert json.loads(second.stdout.splitlines()[-1]) == [], "refused after loading"
+    assert second.heavy == [], "refused after loading"
 
 
 def test_stale_lease_of_a_killed_run_expires_and_is_taken_over(

@@ -14,8 +14,13 @@ from switchable_proxy import SwitchableProxy
 
 from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.storage.handles import RunRef, open_storage, use_storage_options
+from nemo_rl_core.storage.outage import BUDGET_ENV
 from nemo_rl_core.storage.run_storage import StorageError
 from tasks.stage import stage
+
+# An outage shorter than a storage call's budget (8 s, tests/conftest.py): its tries come at
+# 0, 1, 3 s (backoff 1, 2 s), the third after the store is back.
+OUTAGE_S = 2.5
 
 
 @pytest.fixture
@@ -46,11 +51,11 @@ def s3_run(s3_server, s3_bucket, tmp_path: Path):
 def test_outage_within_retry_window_is_retried_and_the_stage_succeeds(prefect_api, s3_run) -> None:
     run, proxy = s3_run
     proxy.stop()
-    threading.Timer(5.0, proxy.start).start()  # retries come at +2 s and +12 s
+    threading.Timer(OUTAGE_S, proxy.start).start()
     started = time.monotonic()
     outputs = stage(run, 0, "prompts", {})
     assert proxy.refused > 0, "the stage never met the outage"
-    assert time.monotonic() - started >= 5.0
+    assert time.monotonic() - started >= OUTAGE_S
     entry = open_storage(run).read_manifest(0).stages["prompts"]
     assert entry.complete and entry.outputs == outputs.outputs
     batch = open_storage(run).read_batch(outputs.outputs["batch"])
@@ -58,9 +63,10 @@ def test_outage_within_retry_window_is_retried_and_the_stage_succeeds(prefect_ap
 
 
 def test_lasting_outage_fails_with_storage_error_and_keeps_the_checkpoint(
-    prefect_api, s3_run, tmp_path: Path
+    prefect_api, s3_run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run, proxy = s3_run
+    monkeypatch.setenv(BUDGET_ENV, "2")  # the call gives up after 2 s, not 8: the same path
     proxy.stop()
     with pytest.raises(StorageError, match=rf"{run.storage_root}/runs/{run.run_id}/") as info:
         stage(run, 0, "prompts", {})

@@ -1,27 +1,35 @@
 """Megatron in one process sets up its one-rank group without touching the environment."""
 
 import os
-import subprocess
-import sys
 
-ONE_RANK_TWICE = """
-import os
-import torch.distributed as dist
-from megatron.core import parallel_state
-from nemo_rl_core.models.megatron.model import init_parallel_state
+import pytest
 
-init_parallel_state(1, 0)
-parallel_state.destroy_model_parallel()
-dist.destroy_process_group()
-init_parallel_state(1, 0)  # a second model after the first one's group was ended
-print(sorted(key for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if key in os.environ))
-"""
+RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def test_one_rank_twice_leaves_no_rendezvous_variables_for_children() -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "MASTER_PORT")}
-    result = subprocess.run(
-        [sys.executable, "-c", ONE_RANK_TWICE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == "[]"
+def test_one_rank_twice_leaves_no_rendezvous_variables_for_children(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In this process (a subprocess cost seconds of torch and megatron-core imports): the
+    environment it checks is what this process's children inherit."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from nemo_rl_core.models.megatron.model import init_parallel_state
+
+    def end_group() -> None:
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    for key in RENDEZVOUS_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    end_group()  # a model an earlier test of this process built
+    try:
+        init_parallel_state(1, 0)
+        end_group()
+        init_parallel_state(1, 0)  # a second model after the first one's group was ended
+        assert [key for key in RENDEZVOUS_VARIABLES if key in os.environ] == []
+    finally:
+        end_group()
