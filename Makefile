@@ -80,7 +80,7 @@ test: system-deps setup
 	$(VENV)/bin/mypy
 	$(PYTEST) $(PYTEST_ARGS)
 
-# The loop to run before every commit (about 3 minutes on 2 cores): lint, the unit tests and
+# The loop to run before every commit (3-3.5 minutes on 2 cores): lint, the unit tests and
 # the orchestration rules on tests/orchestration's toy pipeline (resume, refill, fan-out,
 # damage, deadlines, staleness, run-ahead). No real-model flow, no stack, no vLLM or Megatron
 # model; mypy and those are `make test`'s.
