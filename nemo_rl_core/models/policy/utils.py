@@ -13,6 +13,15 @@ class VocabMismatchError(ValueError):
     """The tokenizer can produce ids that the model has no embedding row for."""
 
 
+# What to name instead of a class from a package no environment of this project installs.
+_INSTEAD = {
+    "transformer_engine": (
+        "; Transformer Engine (a CUDA build) is in neither of this project's locks: "
+        "torch.optim.AdamW is FusedAdam's update (decoupled weight decay, its default mode)"
+    ),
+}
+
+
 def import_class_from_path(name: str) -> Any:
     """Import ``package.module.Class`` from its dotted path, as NeMo RL's YAML names classes."""
     module_name, _, class_name = name.rpartition(".")
@@ -21,7 +30,8 @@ def import_class_from_path(name: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} of {name!r}: {exc}") from exc
+        hint = _INSTEAD.get(module_name.partition(".")[0], "")
+        raise ValueError(f"cannot import module {module_name!r} of {name!r}: {exc}{hint}") from exc
     if not hasattr(module, class_name):
         raise ValueError(f"module {module_name!r} has no attribute {class_name!r}")
     return getattr(module, class_name)

@@ -120,6 +120,10 @@ def test_bad_keys_are_named(override: dict, named: str) -> None:
         ({"optimizer": {"kwargs": {"lrr": 1e-3}}}, "policy.optimizer: kwargs ['lrr']"),
         ({"optimizer": {"name": "torch.optim.NoSuchOpt"}}, "NoSuchOpt"),
         (
+            {"optimizer": {"name": "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam"}},
+            "torch.optim.AdamW is FusedAdam's update",
+        ),
+        (
             {"scheduler": {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factr": 1}}},
             "policy.scheduler: kwargs ['factr']",
         ),
