@@ -18,6 +18,7 @@ from nemo_rl_core.config.cluster import ClusterConfig
 from nemo_rl_core.config.orchestration import OrchestrationConfig
 from nemo_rl_core.data.config import BUILTIN_DATASETS, input_file
 from nemo_rl_core.data.datasets.builder import SPLITS
+from nemo_rl_core.data.datasets.local_files import FILE_FORMATS
 from nemo_rl_core.environments.utils import (
     ENVIRONMENTS_BUILT,
     NOT_BUILT_ENVIRONMENTS,
@@ -47,8 +48,6 @@ HUB_EVAL_DATASETS = (
     "mmau",
     "TwinkStart/MMAU",
 )
-# file_format -> the suffixes read_local_rows reads as that format
-FILE_FORMATS = {"json": (".json", ".jsonl"), "parquet": (".parquet",), "csv": (".csv",)}
 
 
 def _downloads_nothing(name: str, context: SupportContext) -> str | None:

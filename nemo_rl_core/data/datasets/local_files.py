@@ -99,6 +99,9 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+# NeMo RL's file_format of a local eval file -> the suffixes read as that format here.
+FILE_FORMATS = {"json": (".json", ".jsonl"), "parquet": (".parquet",), "csv": (".csv",)}
+
 _FILE_READERS = {
     ".jsonl": _read_jsonl,
     ".json": _read_json,

@@ -2,7 +2,7 @@
 task name, prompt spec and processor its rows are turned into datums with.
 
 ``load_response_dataset`` and ``load_preference_dataset`` build one from a dataset's config
-section; ``setup_response_data`` / ``setup_preference_data`` wrap them for training.
+section, for a script that drives its own loop.
 """
 
 from collections.abc import Mapping

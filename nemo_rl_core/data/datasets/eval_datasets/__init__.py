@@ -6,14 +6,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_core.data.datasets.local_files import map_columns, read_local_rows
-from nemo_rl_core.data.datasets.raw_dataset import task_name_of_path
+from nemo_rl_core.data.datasets.local_files import FILE_FORMATS, map_columns, read_local_rows
 from nemo_rl_core.data.datasets.utils import HUB_REFUSAL
 from nemo_rl_core.data.interfaces import TaskDataSpec
 from nemo_rl_core.data.processors import math_data_processor
-
-# file_format -> the suffixes NeMo RL's reader of that format takes here
-FILE_SUFFIXES = {"csv": (".csv",), "json": (".json", ".jsonl"), "parquet": (".parquet",)}
 
 
 class LocalMathDataset:
@@ -33,12 +29,10 @@ class LocalMathDataset:
         from datasets import Dataset
 
         suffix = Path(data_path).suffix
-        if file_format not in FILE_SUFFIXES or (
-            suffix and suffix not in FILE_SUFFIXES[file_format]
-        ):
+        if file_format not in FILE_FORMATS or (suffix and suffix not in FILE_FORMATS[file_format]):
             raise ValueError(
                 f"file_format={file_format!r} does not read {data_path!r}; use one of "
-                f"{sorted(FILE_SUFFIXES)} matching the file's suffix"
+                f"{sorted(FILE_FORMATS)} matching the file's suffix"
             )
         rows = map_columns(
             read_local_rows(data_path, split),
@@ -50,7 +44,7 @@ class LocalMathDataset:
         keep = ("problem", "expected_answer")
         self.rekeyed_ds = Dataset.from_list([{key: row[key] for key in keep} for row in rows])
         self.task_spec = TaskDataSpec(
-            task_name=task_name_of_path(data_path).rpartition("-")[2],
+            task_name=Path(data_path).name.split(".")[0],  # NeMo RL's: the file's stem
             prompt_file=prompt_file,
             system_prompt_file=system_prompt_file,
         )
