@@ -9,7 +9,7 @@ scores it.
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nemo_rl_core.data.config import PREFERENCE_PROCESSOR, SPLITS, DataConfig, PreferenceDataConfig
 from nemo_rl_core.data.datasets.builder import DataSetup, build_dataset, dataset_environments
@@ -20,11 +20,11 @@ if TYPE_CHECKING:
     from nemo_rl_core.environments.interfaces import EnvironmentInterface
 
 DATALOADER_STATE = "train_dataloader{suffix}.pt"
+Section = TypeVar("Section", bound=DataConfig)
 
 
-def _data_config(
-    data_config: DataConfig | Mapping[str, Any], schema: type[DataConfig] = DataConfig
-) -> DataConfig:
+def _data_config(data_config: DataConfig | Mapping[str, Any], schema: type[Section]) -> Section:
+    """The section validated as ``schema`` (a misspelt key refused by name)."""
     if isinstance(data_config, schema):
         return data_config
     if isinstance(data_config, DataConfig):
@@ -58,7 +58,7 @@ def setup_response_data(
     names no validation rows (neither ``data.validation`` nor ``split_validation_size``)."""
     if is_vlm:
         raise ValueError("is_vlm=True: this project trains text-only models")
-    config = _data_config(data_config)
+    config = _data_config(data_config, DataConfig)
     setup = DataSetup(env=env_configs)
     built = _split_datasets(config, tokenizer, setup)
     train, validation = built["train"], built["validation"]
@@ -74,7 +74,7 @@ def setup_preference_data(
     """The training pairs, and the validation pairs by name: each of ``val_data_paths``, else
     ``default`` (data.validation's, or the rows ``split_validation_size`` sets aside), as
     DPO and reward models take them."""
-    config = PreferenceDataConfig.model_validate(_data_config(data_config, PreferenceDataConfig))
+    config = _data_config(data_config, PreferenceDataConfig)
     setup = DataSetup(default_processor=PREFERENCE_PROCESSOR)
     validation = {
         name: build_dataset(sets, tokenizer, "validation", setup)
