@@ -332,3 +332,10 @@ def test_a_users_dataset_class_runs_by_its_import_path_in_a_config(
         load_rows(missing)
     with pytest.raises(ValueError, match="dataset_name 'sums' is unknown"):
         DataConfig.model_validate({"train": {"dataset_name": "sums"}})
+
+
+def test_a_hub_dataset_in_a_scripts_data_section_is_refused_not_replaced(tokenizer):
+    """The config check refuses hub datasets before a flow starts; a script's
+    setup_response_data has no such check, so the builder itself says why."""
+    with pytest.raises(ValueError, match="'GSM8K': a Hugging Face hub dataset"):
+        setup_response_data(tokenizer, {"train": {"dataset_name": "GSM8K"}})

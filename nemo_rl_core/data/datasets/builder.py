@@ -27,6 +27,7 @@ from nemo_rl_core.data.config import (
     games_from_environment,
     is_class_path,
     task_name,
+    unavailable_reason,
 )
 from nemo_rl_core.data.datasets.generators import (
     addition_demonstrations,
@@ -133,6 +134,10 @@ def _generated_rows(dataset: DatasetConfig, split: str, setup: DataSetup) -> lis
         return additions[dataset.dataset_name](count, seed, held_out=split == "validation")
     if dataset.dataset_name == "countdown":
         return countdown_puzzles(dataset.num_samples or DEFAULT_COUNTS[split], seed)
+    if dataset.dataset_name != "sliding_puzzle":
+        # Config checks refuse these first; a script's setup_response_data gets here too.
+        why = unavailable_reason(dataset.dataset_name) or "no built-in generator and no data_path"
+        raise ValueError(f"dataset_name {dataset.dataset_name!r}: {why}")
     count = dataset.num_samples or setup.puzzle_counts[split]
     return _puzzle_rows(count, seed, setup.puzzle_settings())
 
