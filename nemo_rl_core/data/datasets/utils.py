@@ -39,21 +39,29 @@ def train_validation_indices(
     return [int(i) for i in order[held:]], [int(i) for i in order[:held]]
 
 
+def local_dataset_rows(
+    data_path: str, subset: str | None = None, split: str | None = None
+) -> list[dict[str, Any]]:
+    """The rows of a local file or ``save_to_disk`` folder. NeMo RL also downloads hub
+    datasets by name (a ``subset`` picks one's configuration); here either is refused,
+    saying so."""
+    if not Path(data_path).expanduser().exists():
+        raise FileNotFoundError(f"data_path {data_path!r} {HUB_REFUSAL}")
+    if subset is not None:
+        raise ValueError(
+            f"subset={subset!r} selects a configuration of a hub dataset; "
+            f"{data_path!r} is a local file"
+        )
+    return read_local_rows(data_path, split)
+
+
 def load_dataset_from_path(
     data_path: str, data_subset: str | None = None, data_split: str | None = "train"
 ) -> Any:
-    """A local file or ``save_to_disk`` folder as a Hugging Face ``Dataset``. NeMo RL also
-    downloads hub datasets by name; here such a name is refused, saying so."""
+    """A local file or ``save_to_disk`` folder as a Hugging Face ``Dataset``."""
     from datasets import Dataset
 
-    if not Path(data_path).expanduser().exists():
-        raise FileNotFoundError(f"data_path {data_path!r} {HUB_REFUSAL}")
-    if data_subset is not None:
-        raise ValueError(
-            f"subset={data_subset!r} selects a configuration of a hub dataset; "
-            f"{data_path!r} is a local file"
-        )
-    return Dataset.from_list(read_local_rows(data_path, data_split))
+    return Dataset.from_list(local_dataset_rows(data_path, data_subset, data_split))
 
 
 def resolve_external_dataset_class(dataset_name: str) -> type:

@@ -4,15 +4,9 @@ and a rejected response), both checked row by row as the flows check them."""
 
 from typing import Any
 
-from nemo_rl_core.data.datasets.local_files import preference_rows, read_local_rows
+from nemo_rl_core.data.datasets.local_files import preference_rows
 from nemo_rl_core.data.datasets.raw_dataset import RawDataset, task_name_of_path
-from nemo_rl_core.data.datasets.utils import HUB_REFUSAL
-
-
-def _local_rows(data_path: str, subset: str | None, split: str | None) -> list[dict[str, Any]]:
-    if subset is not None:
-        raise ValueError(f"subset={subset!r} selects a hub dataset's configuration; {HUB_REFUSAL}")
-    return read_local_rows(data_path, split)
+from nemo_rl_core.data.datasets.utils import local_dataset_rows
 
 
 class PreferenceDataset(RawDataset):
@@ -28,7 +22,7 @@ class PreferenceDataset(RawDataset):
         from datasets import Dataset
 
         self.task_name = task_name_of_path(data_path)
-        rows = preference_rows(_local_rows(data_path, subset, split), data_path)
+        rows = preference_rows(local_dataset_rows(data_path, subset, split), data_path)
         self.dataset = Dataset.from_list([{**row, "task_name": self.task_name} for row in rows])
         self.val_dataset = None
 
@@ -52,7 +46,7 @@ class BinaryPreferenceDataset(RawDataset):
         self.prompt_key, self.chosen_key, self.rejected_key = prompt_key, chosen_key, rejected_key
         self.task_name = task_name_of_path(data_path)
         keys = (prompt_key, chosen_key, rejected_key)
-        rows = preference_rows(_local_rows(data_path, subset, split), data_path, keys)
+        rows = preference_rows(local_dataset_rows(data_path, subset, split), data_path, keys)
         self.dataset = Dataset.from_list(
             [
                 {

@@ -6,8 +6,9 @@ heterogeneous tool schemas with nulls."""
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nemo_rl_core.data.datasets.local_files import openai_rows, read_local_rows
+from nemo_rl_core.data.datasets.local_files import openai_rows
 from nemo_rl_core.data.datasets.raw_dataset import RawDataset, task_name_of_path
+from nemo_rl_core.data.datasets.utils import local_dataset_rows
 
 
 class PreservingDataset:
@@ -60,7 +61,7 @@ class OpenAIFormatDataset(RawDataset):
         self.chat_key, self.system_key, self.system_prompt = chat_key, system_key, system_prompt
         self.tool_key = tool_key
         self.task_name = task_name_of_path(data_path)
-        raw = read_local_rows(data_path)
+        raw = local_dataset_rows(data_path)
         rows = [
             {**row, "task_name": self.task_name}
             for row in openai_rows(raw, data_path, chat_key, system_key, system_prompt, tool_key)

@@ -3,9 +3,9 @@ file, as chat rows (``messages``: the input as a user turn, the output as the as
 
 from typing import Any
 
-from nemo_rl_core.data.datasets.local_files import CHAT_COLUMN, map_columns, read_local_rows
+from nemo_rl_core.data.datasets.local_files import CHAT_COLUMN, map_columns
 from nemo_rl_core.data.datasets.raw_dataset import RawDataset, task_name_of_path
-from nemo_rl_core.data.datasets.utils import HUB_REFUSAL
+from nemo_rl_core.data.datasets.utils import local_dataset_rows
 
 
 class ResponseDataset(RawDataset):
@@ -27,15 +27,11 @@ class ResponseDataset(RawDataset):
     ) -> None:
         from datasets import Dataset
 
-        if subset is not None:
-            raise ValueError(
-                f"subset={subset!r} selects a hub dataset's configuration; {HUB_REFUSAL}"
-            )
         self.input_key = input_key
         self.output_key = output_key
         self.task_name = task_name_of_path(data_path)
         rows = map_columns(
-            read_local_rows(data_path, split),
+            local_dataset_rows(data_path, subset, split),
             input_key,
             output_key,
             source=data_path,
