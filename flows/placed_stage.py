@@ -37,7 +37,7 @@ def run_placed_stage(
     pool = placed_pool(config, name)
     runtime = runtime_for(run)
     spec = runtime.pipeline.stage(name)
-    across_ranks = runs_across_ranks(config, spec.commits)
+    across_ranks = runs_across_ranks(config, spec.spans_ranks(config))
     if pool is None and not across_ranks:
         return run_stage_tasks(config, run, iteration, name, upstream)
     storage = open_storage(run)

@@ -87,6 +87,14 @@ def rollouts_to_train_data(
     )
 
 
+def teacher_is_sharded(config: DistillationMasterConfig) -> bool:
+    """The HF teacher is sharded over the training world as NeMo RL's DTensor teacher is
+    (FSDP2 x its own ``dtensor_cfg.tensor_parallel_size``), so its stage runs on the
+    training ranks; a Megatron teacher spreads over its own ``tensor x data parallel``
+    ranks from the stage's process (``models.megatron.launcher``)."""
+    return config.teacher.training_backend == "hf"
+
+
 def teacher_topk_logits(
     teacher: PolicyInterface, train_data: BatchedDataDict, config: DistillationMasterConfig
 ) -> BatchedDataDict:

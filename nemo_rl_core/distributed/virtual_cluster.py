@@ -20,9 +20,10 @@ def training_world(config: Any) -> tuple[int, int]:
     return nodes, per_node
 
 
-def runs_across_ranks(config: Any, stage_commits: bool) -> bool:
-    """Whether a stage runs SPMD: the training (committing) stage of a world above one rank."""
-    if not stage_commits:
+def runs_across_ranks(config: Any, stage_spans_ranks: bool) -> bool:
+    """Whether a stage runs SPMD: one that spans the training ranks (``Stage.spans_ranks``:
+    the training stage, the teacher) in a world above one rank."""
+    if not stage_spans_ranks:
         return False
     nodes, per_node = training_world(config)
     return nodes * per_node > 1

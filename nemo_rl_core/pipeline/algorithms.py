@@ -308,7 +308,12 @@ DISTILLATION = register_pipeline(
                     stages.rollout_reward_widest,
                 ),
             ),
-            Stage("teacher", stages.distillation_teacher, reads=("reward",)),
+            Stage(
+                "teacher",
+                stages.distillation_teacher,
+                reads=("reward",),
+                sharded=distillation.teacher_is_sharded,
+            ),
             Stage(
                 "train",
                 stages.distillation_train,

@@ -378,10 +378,10 @@ class RunRuntime:
             yield self._generation
 
     def release_devices(self) -> None:
-        """The warm trained models' weights and optimizer state into host memory, their GPUs
-        free for other processes until the next pass brings them back (a training rank on
-        the flow's own machine, between orders: ``flows.rank_group``)."""
-        for model in (self._policy, self._value):
+        """The warm sharded models' weights (and the trained ones' optimizer state) into host
+        memory, their GPUs free for other processes until the next pass brings them back (a
+        rank on the flow's own machine, between orders: ``flows.rank_group``)."""
+        for model in (self._policy, self._value, self._teacher):
             if isinstance(model, Offloadable):
                 model.offload(weights=True)
 

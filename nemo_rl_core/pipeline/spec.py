@@ -103,7 +103,9 @@ class Stage:
     commits the checkpoint the next iteration starts from; ``due(config, iteration,
     final_step)``: whether it runs at an iteration (None: at every training iteration,
     those before ``final_step``); ``fan_out``: how its work splits into shards that run
-    concurrently (``orchestration.fan_out`` says into how many).
+    concurrently (``orchestration.fan_out`` says into how many); ``sharded(config)``: its
+    model is sharded over the training world as the trained policy is (the teacher), so it
+    runs across the training ranks too.
     """
 
     name: str
@@ -115,6 +117,12 @@ class Stage:
     commits: bool = False
     due: Callable[[Any, int, int], bool] | None = None
     fan_out: FanOut | None = None
+    sharded: Callable[[Any], bool] | None = None
+
+    def spans_ranks(self, config: Any) -> bool:
+        """Whether it runs on the training ranks where the training world has several: the
+        committing stage, and a stage whose model is sharded like the trained one."""
+        return self.commits or (self.sharded is not None and self.sharded(config))
 
     def is_due(self, config: Any, iteration: int, final_step: int) -> bool:
         if self.due is None:

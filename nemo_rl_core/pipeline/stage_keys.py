@@ -7,13 +7,15 @@ pipeline; these checks run where the run's pipeline is known.
 from typing import Any
 
 from nemo_rl_core.config.orchestration import SECTION
+from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks, training_world
 from nemo_rl_core.pipeline.spec import Pipeline
 from nemo_rl_core.utils.config import ConfigError
 
 
 def check_stage_names(config: Any, pipeline: Pipeline) -> None:
-    """Refuse a timeout for a stage the algorithm does not declare, and a fan-out of a stage
-    whose work does not split or wider than its batch, by its dotted key."""
+    """Refuse a timeout for a stage the algorithm does not declare, a fan-out of a stage
+    whose work does not split or wider than its batch, and a stage on the ranks of several
+    nodes that no pool launches, by its dotted key."""
     names = list(pipeline.stage_names)
     for name in config.orchestration.stage_timeout_seconds:
         if name not in names:
@@ -33,6 +35,25 @@ def check_stage_names(config: Any, pipeline: Pipeline) -> None:
             raise ConfigError(
                 f"{SECTION}.fan_out.{name}={count}: wider than the stage's batch, which "
                 f"splits into at most {widest} shard(s): {why}"
+            )
+    _check_stages_across_nodes(config, pipeline)
+
+
+def _check_stages_across_nodes(config: Any, pipeline: Pipeline) -> None:
+    """Several nodes: every stage that runs on the training ranks (the teacher's too) must be
+    placed on a pool whose workers launch them (the cluster section checks the training
+    stage's own placement, knowing no other stage)."""
+    if config.cluster.num_nodes == 1:
+        return
+    nodes, per_node = training_world(config)
+    for stage in pipeline.stages:
+        placed = stage.name in config.cluster.placement
+        if not placed and runs_across_ranks(config, stage.spans_ranks(config)):
+            raise ConfigError(
+                f"cluster.num_nodes={nodes}: stage {stage.name!r} runs on the training "
+                f"ranks ({nodes} nodes x {per_node}), and without "
+                f"cluster.placement.{stage.name} only on this one machine; place it on a pool "
+                "with a stage worker on each node"
             )
 
 

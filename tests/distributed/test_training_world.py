@@ -1,13 +1,19 @@
 """NeMo RL's ``cluster.num_nodes x cluster.gpus_per_node`` sizes the training stage's world
 (CPU processes where there is no CUDA); what cannot be served is refused before any work."""
 
+import re
+
 import pytest
 from policy_testing import CONFIGS, support_refusals
 
+from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
 from nemo_rl_core.algorithms.grpo import load_master_config
 from nemo_rl_core.distributed.node_launch import Rendezvous
 from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks, training_world
-from nemo_rl_core.utils.key_support import Machine
+from nemo_rl_core.pipeline.algorithms import DISTILLATION
+from nemo_rl_core.pipeline.stage_keys import check_stage_names
+from nemo_rl_core.utils.config import ConfigError
+from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support
 
 TWO_CORES, ONE_GPU = Machine(cuda_devices=0, cpu_cores=2), Machine(cuda_devices=1, cpu_cores=8)
 PLACED = "+cluster.placement.train=train-pool"
@@ -29,10 +35,10 @@ def test_world_size_from_the_cluster_section() -> None:
 
 def test_only_the_training_stage_runs_across_ranks() -> None:
     config = load_master_config(str(CONFIGS / "grpo_math_tiny.yaml"), ["cluster.gpus_per_node=2"])
-    assert runs_across_ranks(config, stage_commits=True)
-    assert not runs_across_ranks(config, stage_commits=False)
+    assert runs_across_ranks(config, stage_spans_ranks=True)
+    assert not runs_across_ranks(config, stage_spans_ranks=False)
     default = load_master_config(str(CONFIGS / "grpo_math_tiny.yaml"), [])
-    assert not runs_across_ranks(default, stage_commits=True)
+    assert not runs_across_ranks(default, stage_spans_ranks=True)
 
 
 @pytest.mark.parametrize(
@@ -106,3 +112,48 @@ def test_the_rendezvous_follows_the_cluster_section() -> None:
     plan = Rendezvous.for_cluster(config, "attempt-1")
     assert (plan.nnodes, plan.nproc_per_node, plan.world_size) == (2, 2, 4)
     assert (plan.join_timeout_s, plan.endpoint) == (45, "trainer-0:29400")
+
+
+DISTILLATION_CONFIG = str(CONFIGS / "distillation_tiny.yaml")
+
+
+def distillation_config(*overrides: str) -> DistillationMasterConfig:
+    config = load_master_config(DISTILLATION_CONFIG, list(overrides), DistillationMasterConfig)
+    assert isinstance(config, DistillationMasterConfig)
+    return config
+
+
+def test_the_hf_teacher_runs_on_the_training_ranks() -> None:
+    """NeMo RL's DTensor teacher is sharded over the training world, so its stage runs there;
+    a Megatron teacher spreads over its own TP x DP ranks from the stage's process."""
+    teacher = DISTILLATION.stage("teacher")
+    config = distillation_config("cluster.gpus_per_node=2")
+    assert runs_across_ranks(config, teacher.spans_ranks(config))
+    assert not runs_across_ranks(distillation_config(), teacher.spans_ranks(config))
+    megatron = distillation_config(
+        "cluster.gpus_per_node=2",
+        "teacher.megatron_cfg.enabled=true",
+        "teacher.dtensor_cfg.enabled=false",
+    )
+    assert not teacher.spans_ranks(megatron)
+    assert not DISTILLATION.stage("reward").spans_ranks(config)
+
+
+def test_the_teacher_tensor_parallel_size_divides_the_training_world() -> None:
+    tp2 = "teacher.dtensor_cfg.tensor_parallel_size=2"
+    config = distillation_config("cluster.gpus_per_node=2", tp2)
+    check_support(config, TWO_CORES, source="distillation_tiny.yaml")
+    with pytest.raises(UnsupportedConfigError, match=re.escape(f"{tp2}: tensor parallelism over")):
+        check_support(distillation_config(tp2), TWO_CORES, source="distillation_tiny.yaml")
+
+
+def test_a_teacher_across_nodes_needs_its_own_placement() -> None:
+    nodes = ("cluster.num_nodes=2", "cluster.gpus_per_node=1", PLACED)
+    with pytest.raises(
+        ConfigError,
+        match=r"stage 'teacher' runs on the training ranks .*"
+        r"without cluster.placement.teacher only on this one machine",
+    ):
+        check_stage_names(distillation_config(*nodes), DISTILLATION)
+    placed = distillation_config(*nodes, "+cluster.placement.teacher=train-pool")
+    check_stage_names(placed, DISTILLATION)

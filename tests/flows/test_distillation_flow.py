@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from flows.distillation import distillation
 from nemo_rl_core.algorithms.distillation import build_loss_fn
 from nemo_rl_core.algorithms.distillation_config import DistillationMasterConfig
 from nemo_rl_core.algorithms.grpo_config import load_master_config
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.local_models import build_tiny_model, resolve_model
 from nemo_rl_core.models.policy import make_policy
 from nemo_rl_core.pipeline.algorithms import DISTILLATION
@@ -85,12 +87,15 @@ def test_student_moves_toward_the_teacher(uninterrupted):
     assert after < 0.9 * before, (before, after)
 
 
+def teacher_batch(root: Path, run_id: str, iteration: int) -> BatchedDataDict:
+    entry = manifest(root, run_id, iteration)["stages"]["teacher"]["outputs"]
+    storage = open_storage(RunRef(str(root), run_id))
+    return storage.read_batch(StageRef.from_dict(entry).outputs["batch"])
+
+
 def test_teacher_logits_are_stored_for_every_position(uninterrupted):
     root, _ = uninterrupted
-    entry = manifest(root, "clean", 1)["stages"]["teacher"]["outputs"]
-    batch = open_storage(RunRef(str(root), "clean")).read_batch(
-        StageRef.from_dict(entry).outputs["batch"]
-    )
+    batch = teacher_batch(root, "clean", 1)
     samples, length = batch["input_ids"].shape
     assert batch["teacher_topk_logits"].shape == (samples, length, 16)
     assert batch["teacher_topk_indices"].shape == (samples, length, 16)
@@ -111,3 +116,31 @@ def test_a_teacher_that_cannot_teach_is_refused_before_any_work(tmp_path):
     # (a local store keeps the empty folders the lease file was in)
     for root in ("runs-a", "runs-b"):
         assert [p for p in (tmp_path / root).rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.distributed
+def test_teacher_and_student_on_two_local_ranks(uninterrupted, tmp_path):
+    """``cluster.gpus_per_node: 2`` on CPU: the teacher's stage runs on the two training
+    ranks too, the teacher sharded by its own ``dtensor_cfg.tensor_parallel_size: 2`` (the
+    student data parallel over both); its top-k logits equal the one-process run's within
+    1e-4 (logits up to ~15), the student's step (loss, grad norm) within 1e-5, and one warm group of each stage serves both iterations."""
+    root, _ = uninterrupted
+    tp2 = "teacher.dtensor_cfg.tensor_parallel_size=2"
+    run(tmp_path, "ranks", "cluster.gpus_per_node=2", tp2, "distillation.max_num_steps=2")
+    got, expected = (teacher_batch(r, i, 0) for r, i in [(tmp_path, "ranks"), (root, "clean")])
+    assert torch.equal(got["input_ids"], expected["input_ids"])
+    assert torch.equal(got["teacher_topk_indices"], expected["teacher_topk_indices"])
+    # TP sums each logit's two halves in another order: logits up to ~15 agree within 3e-5
+    torch.testing.assert_close(
+        got["teacher_topk_logits"], expected["teacher_topk_logits"], atol=1e-4, rtol=0
+    )
+    train, expected_train = (
+        manifest(r, i, 0)["stages"]["train"]["metrics"]
+        for r, i in [(tmp_path, "ranks"), (root, "clean")]
+    )
+    assert train["loss"] == pytest.approx(expected_train["loss"], abs=1e-5)
+    assert train["grad_norm"] == pytest.approx(expected_train["grad_norm"], abs=1e-5)
+    for stage in ("teacher", "train"):
+        ran_on = [manifest(tmp_path, "ranks", it)["stages"][stage]["ran_on"] for it in (0, 1)]
+        assert [r["ranks"] for r in ran_on] == [2, 2], stage
+        assert ran_on[0]["pid"] == ran_on[1]["pid"], f"one warm rank 0 of {stage} for both"

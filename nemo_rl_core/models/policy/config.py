@@ -211,12 +211,10 @@ def training_ranks(context: SupportContext) -> int:
 
 
 def _tp_divides_world(value: int, context: SupportContext) -> str | None:
-    """TP spans ranks of the training stage: it must divide their number."""
+    """TP spans the training ranks (the policy's, the value model's, and the teacher's, whose
+    stage runs on them too): it must divide their number."""
     if value == 1:
         return None
-    section = context.key.partition(".")[0]
-    if section not in ("policy", "value"):
-        return f"{section} runs in one process (only the training stage spans ranks); set it to 1"
     world = training_ranks(context)
     if world % value == 0:
         return None

@@ -218,13 +218,13 @@ class HFTrainable(ABC):
         self, data: BatchedDataDict, batch_size: int | None, train: bool
     ) -> tuple[BatchedDataDict, list[int] | None]:
         """``data`` with NeMo RL's token-budget microbatch plan attached (dynamic batching or
-        packing, sorted within each global batch), and the order that undoes the sort.
-        Training on several data-parallel ranks: this rank's shard of every global batch
-        (the plans give every shard as many microbatches, so the ranks' collectives pair
-        up); inference computes all of ``data`` on every rank."""
+        packing, sorted within each global batch), and the order that undoes the sort (over
+        every shard's samples, shard after shard). On several data-parallel ranks: this
+        rank's shard of every global batch (training) or of all of ``data`` (inference); the
+        plans give every shard as many microbatches, so the ranks' collectives pair up."""
         dynamic, packing = self.cfg.dynamic_batching, self.cfg.sequence_packing
-        shards = self.dp_size if train else 1
-        index = self.sharding.dp_rank if train and self.sharding is not None else 0
+        shards = self.dp_size
+        index = self.sharding.dp_rank if self.sharding is not None else 0
         if dynamic.enabled:
             dynamic_args = DynamicBatchingArgs(
                 max_tokens_per_microbatch=filled(
@@ -275,9 +275,16 @@ class HFTrainable(ABC):
         per_mb: Callable[[ForwardLayout], dict[str, torch.Tensor]],
     ) -> BatchedDataDict:
         """Inference over ``data`` in microbatches (``logprob_batch_size`` or the token budget);
-        results come back in ``data``'s order and width."""
+        results come back in ``data``'s order and width. On several data-parallel ranks each
+        computes its shard of ``data`` (padded with copies of its last sample to a multiple
+        of the ranks, so that every shard has as many samples) and every rank gets all the
+        results, as NeMo RL's workers split inference over data-parallel ranks."""
         self.check_inputs(data)
         self.onload(optimizer=False)
+        size = data.size
+        if self.dp_size > 1 and size % self.dp_size:
+            copies = data.select_indices([size - 1] * (self.dp_size - size % self.dp_size))
+            data = BatchedDataDict.from_batches([data, copies])
         planned, order = self.plan(data, None, train=False)
         width = data["input_ids"].shape[1]
         was_training = model.training
@@ -295,9 +302,13 @@ class HFTrainable(ABC):
         finally:
             model.train(was_training)
         result: BatchedDataDict[Any] = BatchedDataDict.from_batches(outputs)
+        if self.sharding is not None and self.dp_size > 1:
+            shards: list[Any] = [None] * self.dp_size
+            torch.distributed.all_gather_object(shards, result, group=self.sharding.dp_group)
+            result = BatchedDataDict.from_batches(shards)
         if order is not None:
             result.reorder_data(order)
-        return result
+        return result if result.size == size else result.slice(0, size)
 
     # ---- training ---------------------------------------------------------------------
 

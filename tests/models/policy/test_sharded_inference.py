@@ -1,0 +1,109 @@
+"""Inference on a model sharded over two gloo ranks (torchrun --standalone): with two
+data-parallel ranks each computes its share of the batch (an odd batch is padded to an even
+one) and every rank gets all the results; with tensor parallelism both compute it all. Either
+way the logprobs and top-k logits equal one process's, for each microbatch layout."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from policy_testing import policy_config, token_batch
+from test_hf_policy import LAYOUTS
+
+from nemo_rl_core.models.policy import make_policy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+ROOT = Path(__file__).resolve().parents[3]
+MESHES = {"dp2": 1, "tp2": 2}  # name -> dtensor_cfg.tensor_parallel_size on two ranks
+TOPK = 4
+
+RANK = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(Path(sys.argv[3]) / "tests"))
+    sys.path.insert(0, str(Path(sys.argv[3]) / "tests" / "models" / "policy"))
+    from test_sharded_inference import compute
+
+    from nemo_rl_core.distributed.world import init_rank
+
+    init_rank(timeout_s=300)
+    torch.save(compute(Path(sys.argv[1])), Path(sys.argv[2]) / f"rank{dist.get_rank()}.pt")
+    dist.destroy_process_group()
+    """
+)
+
+
+def compute(model_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """Logprobs and top-k logits of an odd batch for every layout (and, across ranks, every
+    mesh); in one process, the layouts only."""
+    data = token_batch(batch=5)
+    across = torch.distributed.is_initialized()
+    results: dict[str, dict[str, torch.Tensor]] = {}
+    for mesh, tp in MESHES.items() if across else [("one", 1)]:
+        for layout, settings in LAYOUTS.items():
+            config = policy_config(model_dir, **settings, dtensor_cfg={"tensor_parallel_size": tp})
+            policy = make_policy(config, init_optimizer=False, init_reference_model=False)
+            rows: list[int] = []  # the samples this rank's model computed, per microbatch
+            policy.model.register_forward_pre_hook(
+                lambda _, args, kwargs, seen=rows: seen.append(kwargs["input_ids"].shape[0]),
+                with_kwargs=True,
+            )
+            try:
+                topk = policy.get_topk_logits(data, k=TOPK)
+                results[f"{mesh}-{layout}"] = {
+                    "logprobs": policy.get_logprobs(data)["logprobs"],
+                    "topk_logits": topk["topk_logits"],
+                    "topk_indices": topk["topk_indices"],
+                    "rows": torch.tensor(sum(rows)),
+                }
+            finally:
+                policy.shutdown()
+    return results
+
+
+def test_inference_over_two_ranks_equals_one_process(tiny_model_dir: Path, tmp_path: Path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    subprocess.run(
+        [
+            *command,
+            "--nproc-per-node=2",
+            str(script),
+            str(tiny_model_dir),
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    single = compute(tiny_model_dir)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    # two passes (top-k, logprobs) over 5 samples: each data-parallel rank computed 3 of
+    # the 6 the batch was padded to; each tensor-parallel rank all 5
+    for rank in ranks:
+        assert rank["dp2-padded"]["rows"] == 2 * 3
+        assert rank["tp2-padded"]["rows"] == 2 * 5
+    for layout in LAYOUTS:
+        expected = single[f"one-{layout}"]
+        for mesh in MESHES:
+            for rank, results in enumerate(ranks):
+                got = results[f"{mesh}-{layout}"]
+                for name, value in expected.items():
+                    if name == "rows":
+                        continue
+                    label = f"{name} of {layout} on rank {rank} of {mesh}"
+                    assert got[name].shape == value.shape, label
+                    if name == "topk_indices":
+                        assert torch.equal(got[name], value), label
+                    else:
+                        torch.testing.assert_close(got[name], value, atol=1e-5, rtol=0, msg=label)
