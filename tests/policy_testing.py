@@ -1,5 +1,8 @@
 """Builders for policy tests: configs on the tiny local models and fixed token batches."""
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +14,8 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.models.policy.config import PolicyConfig
 from nemo_rl_core.utils.key_support import Machine, UnsupportedConfigError, check_support
 
-CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "examples" / "configs"
 NO_GPU, ONE_GPU = Machine(cuda_devices=0), Machine(cuda_devices=1)
 
 
@@ -70,3 +74,40 @@ def support_refusals(config_name: str, overrides: list[str], machine: Machine) -
     except UnsupportedConfigError as err:
         return str(err)
     return ""
+
+
+_RANK_PROGRAM = textwrap.dedent(
+    """
+    import importlib
+    import sys
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    tests, test_file, model_dir, out = (Path(arg) for arg in sys.argv[1:5])
+    sys.path[:0] = [str(tests), str(test_file.parent)]
+    from nemo_rl_core.distributed.world import init_rank
+
+    init_rank(timeout_s=300)
+    results = importlib.import_module(test_file.stem).compute(model_dir)
+    torch.save(results, out / f"rank{dist.get_rank()}.pt")
+    dist.destroy_process_group()
+    """
+)
+
+
+def run_on_ranks(ranks: int, test_file: str, model_dir: Path, out: Path) -> list[Any]:
+    """``compute(model_dir)`` of the test module at ``test_file`` on ``ranks`` gloo ranks
+    (torchrun --standalone): each rank's result, in rank order."""
+    program = out / "rank_program.py"
+    program.write_text(_RANK_PROGRAM)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    arguments = [str(Path(__file__).parent), test_file, str(model_dir), str(out)]
+    subprocess.run(
+        [*command, f"--nproc-per-node={ranks}", str(program), *arguments],
+        check=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    return [torch.load(out / f"rank{rank}.pt") for rank in range(ranks)]

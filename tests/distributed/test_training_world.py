@@ -77,6 +77,21 @@ def test_only_the_training_stage_runs_across_ranks() -> None:
             TWO_CORES,
             "policy.dtensor_cfg.sequence_parallel=True: sequence parallelism is not built",
         ),
+        (
+            ["cluster.gpus_per_node=2", "+policy.dtensor_cfg.dp_replicate_size=4"],
+            TWO_CORES,
+            "policy.dtensor_cfg.dp_replicate_size=4: HSDP splits the data-parallel ranks into "
+            "4 replicas, and there are 2",
+        ),
+        (
+            [
+                "cluster.gpus_per_node=2",
+                "+policy.dtensor_cfg.dp_replicate_size=2",
+                "policy.dtensor_cfg._v2=false",
+            ],
+            TWO_CORES,
+            "HSDP needs NeMo RL's v2 DTensor worker, as there: set dtensor_cfg._v2: true",
+        ),
     ],
 )
 def test_a_world_that_cannot_be_served_is_refused(
@@ -157,3 +172,8 @@ def test_a_teacher_across_nodes_needs_its_own_placement() -> None:
         check_stage_names(distillation_config(*nodes), DISTILLATION)
     placed = distillation_config(*nodes, "+cluster.placement.teacher=train-pool")
     check_stage_names(placed, DISTILLATION)
+
+
+def test_hsdp_replicas_that_divide_the_data_parallel_ranks_run() -> None:
+    hsdp = ["cluster.gpus_per_node=2", "+policy.dtensor_cfg.dp_replicate_size=2"]
+    assert support_refusals("grpo_math_tiny.yaml", hsdp, TWO_CORES) == ""

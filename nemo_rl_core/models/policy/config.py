@@ -199,7 +199,7 @@ def _dtensor_or_megatron(enabled: bool, context: SupportContext) -> str | None:
 
 _TP = "dtensor_cfg.tensor_parallel_size"
 _ONE_PROCESS = (  # what the HF backend does across ranks
-    "the HF backend shards over FSDP2 x tensor parallelism only "
+    "the HF backend shards over FSDP2 (or HSDP) x tensor parallelism only "
     "(cluster.num_nodes x cluster.gpus_per_node ranks, dtensor_cfg.tensor_parallel_size)"
 )
 
@@ -222,6 +222,22 @@ def _tp_divides_world(value: int, context: SupportContext) -> str | None:
         f"tensor parallelism over {value} ranks needs a training world that is a multiple "
         f"of {value}; cluster.num_nodes x cluster.gpus_per_node (processes per node on CPU) "
         f"= {world}"
+    )
+
+
+def _replicas_divide_dp(value: int, context: SupportContext) -> str | None:
+    """HSDP: the data-parallel ranks (the training ranks over TP) split into ``value``
+    replicas of one shard group each; NeMo RL builds it on its v2 DTensor worker only."""
+    if value == 1:
+        return None
+    if not context.section_value("dtensor_cfg.v2"):
+        return "HSDP needs NeMo RL's v2 DTensor worker, as there: set dtensor_cfg._v2: true"
+    dp = training_ranks(context) // (context.section_value(_TP) or 1)
+    if dp % value == 0:
+        return None
+    return (
+        f"HSDP splits the data-parallel ranks into {value} replicas, and there are {dp} "
+        f"(cluster.num_nodes x cluster.gpus_per_node / {_TP}); set it to a divisor of {dp}"
     )
 
 
@@ -290,7 +306,11 @@ class DTensorConfig(StrictModel):
     ] = Field(1, ge=1)
     custom_parallel_plan: Annotated[str | None, PartOf(_TP)] = None
     dp_replicate_size: Annotated[
-        int, Only(1, reason=f"HSDP (replicated FSDP shard groups) is not built: {_ONE_PROCESS}")
+        int,
+        Check(
+            _replicas_divide_dp,
+            "HSDP's replica count (sharding.shard_model); must divide the data-parallel ranks",
+        ),
     ] = Field(1, ge=1)
     expert_parallel_size: Annotated[
         int,

@@ -125,7 +125,11 @@ class HFTrainable(ABC):
             )
         dtensor = self.cfg.dtensor_cfg
         return shard_model(
-            self.model, dtensor.tensor_parallel_size, dtensor.custom_parallel_plan, self.device
+            self.model,
+            dtensor.tensor_parallel_size,
+            dtensor.custom_parallel_plan,
+            self.device,
+            dtensor.dp_replicate_size,
         )
 
     @property

@@ -4,7 +4,8 @@ Inside a torch.distributed world of W ranks (the training stage's ranks, started
 torchrun), ``dtensor_cfg.tensor_parallel_size`` T makes the mesh ``(dp = W / T, tp = T)``:
 tensor parallelism first (``custom_parallel_plan`` if given, else the plan transformers
 ships with the model class, ``_tp_plan``), then FSDP2 ``fully_shard`` of every decoder
-layer and of the root over the ``dp`` mesh. Each data-parallel rank trains on its slice of
+layer and of the root over the ``dp`` mesh (HSDP with ``dtensor_cfg.dp_replicate_size`` R:
+``dp`` split into ``dp_replicate = R x dp_shard``). Each data-parallel rank trains on its slice of
 the global batch with the loss normalised by the *global* valid counts, so its loss is a
 share of the one-process loss; FSDP's gradient reduction averages over the ``dp`` ranks,
 so each rank back-propagates ``dp`` times its share (as NeMo RL does) and the reduced
@@ -41,6 +42,7 @@ from torch.distributed.tensor.parallel import (
 from transformers import PreTrainedModel
 
 _TP_KEY = "dtensor_cfg.tensor_parallel_size"
+_REPLICATE_KEY = "dtensor_cfg.dp_replicate_size"
 
 # transformers' names in a model class's ``_tp_plan`` -> the torch parallel style. The LM
 # head gathers its output: the losses read plain full-vocabulary logits.
@@ -69,16 +71,40 @@ class Sharding:
 
 
 def shard_model(
-    model: PreTrainedModel, tp_size: int, custom_plan: str | None, device: torch.device
+    model: PreTrainedModel,
+    tp_size: int,
+    custom_plan: str | None,
+    device: torch.device,
+    replicate: int = 1,
 ) -> Sharding:
-    """Apply TP (when ``tp_size`` > 1), then FSDP2, in place; where this rank sits."""
+    """Apply TP (when ``tp_size`` > 1), then FSDP2, in place; where this rank sits. With
+    ``replicate`` R > 1 (``dtensor_cfg.dp_replicate_size``) FSDP2 runs as HSDP over a
+    ``(dp_replicate = R, dp_shard = dp / R)`` mesh: each shard group holds one copy of the
+    weights, and the R copies all-reduce their gradients; the data-parallel ranks that split
+    each batch are still all ``dp`` of them (the two dims flattened)."""
     world = dist.get_world_size()
     if world % tp_size:
         raise ValueError(
             f"{_TP_KEY}={tp_size} must divide the training world size {world} "
             "(cluster.num_nodes x cluster.gpus_per_node)"
         )
-    mesh = init_device_mesh(device.type, (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    dp = world // tp_size
+    if dp % replicate:
+        raise ValueError(
+            f"{_REPLICATE_KEY}={replicate} must divide the data-parallel size {dp} "
+            f"(training world size {world} / {_TP_KEY} {tp_size})"
+        )
+    if replicate == 1:
+        mesh = init_device_mesh(device.type, (dp, tp_size), mesh_dim_names=("dp", "tp"))
+        fsdp_mesh = mesh["dp"]
+    else:
+        mesh = init_device_mesh(
+            device.type,
+            (replicate, dp // replicate, tp_size),
+            mesh_dim_names=("dp_replicate", "dp_shard", "tp"),
+        )
+        fsdp_mesh = mesh["dp_replicate", "dp_shard"]  # 2-D: FSDP2's HSDP
+        fsdp_mesh._flatten("dp")  # the data-parallel group: ``mesh["dp"]``
     if tp_size > 1:
         _check_heads(model, tp_size)
         tied = _tied_embeddings(model)
@@ -87,8 +113,8 @@ def shard_model(
             head: Any = model.get_output_embeddings()
             head.weight = model.get_input_embeddings().weight
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False)
+        fully_shard(layer, mesh=fsdp_mesh)
+    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=False)
     return Sharding(mesh, mesh["dp"].get_local_rank(), mesh["dp"].size(), tp_size)
 
 

@@ -3,42 +3,18 @@ data-parallel ranks each computes its share of the batch (an odd batch is padded
 one) and every rank gets all the results; with tensor parallelism both compute it all. Either
 way the logprobs and top-k logits equal one process's, for each microbatch layout."""
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from policy_testing import policy_config, token_batch
+from policy_testing import policy_config, run_on_ranks, token_batch
 from test_hf_policy import LAYOUTS
 
 from nemo_rl_core.models.policy import make_policy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
-ROOT = Path(__file__).resolve().parents[3]
 MESHES = {"dp2": 1, "tp2": 2}  # name -> dtensor_cfg.tensor_parallel_size on two ranks
 TOPK = 4
-
-RANK = textwrap.dedent(
-    """
-    import sys
-    from pathlib import Path
-
-    import torch
-    import torch.distributed as dist
-
-    sys.path.insert(0, str(Path(sys.argv[3]) / "tests"))
-    sys.path.insert(0, str(Path(sys.argv[3]) / "tests" / "models" / "policy"))
-    from test_sharded_inference import compute
-
-    from nemo_rl_core.distributed.world import init_rank
-
-    init_rank(timeout_s=300)
-    torch.save(compute(Path(sys.argv[1])), Path(sys.argv[2]) / f"rank{dist.get_rank()}.pt")
-    dist.destroy_process_group()
-    """
-)
 
 
 def compute(model_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
@@ -70,24 +46,8 @@ def compute(model_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def test_inference_over_two_ranks_equals_one_process(tiny_model_dir: Path, tmp_path: Path):
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    subprocess.run(
-        [
-            *command,
-            "--nproc-per-node=2",
-            str(script),
-            str(tiny_model_dir),
-            str(tmp_path),
-            str(ROOT),
-        ],
-        check=True,
-        cwd=ROOT,
-        timeout=600,
-    )
+    ranks = run_on_ranks(2, __file__, tiny_model_dir, tmp_path)
     single = compute(tiny_model_dir)
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     # two passes (top-k, logprobs) over 5 samples: each data-parallel rank computed 3 of
     # the 6 the batch was padded to; each tensor-parallel rank all 5
     for rank in ranks:
