@@ -53,6 +53,10 @@ def suites(file_spec: Any) -> dict[str, list[Any]]:
                 },
             ),
             file_spec(
+                "tests/unit/algorithms/test_grpo.py",
+                include=["test_gdpo_advantage_estimator_*"],  # GRPO's: the runner's suite
+            ),
+            file_spec(
                 "tests/unit/algorithms/test_ppo.py",
                 include=["test_raw_reward_*"],  # GAE and the value loss: the runner's ppo suite
                 exclude={"test_create_advantage_estimator_*": "private factory of NeMo RL's"},

@@ -1,5 +1,5 @@
-"""Advantage estimators (``nemo_rl.algorithms.advantage_estimator``): GRPO, Reinforce++,
-GAE and raw rewards.
+"""Advantage estimators (``nemo_rl.algorithms.advantage_estimator``): GRPO, GDPO,
+Reinforce++, GAE and raw rewards.
 
 Each estimator maps per-sample rewards (and, where needed, per-token values or log-probs)
 to per-token advantages [B, S] over ``mask``'s shape, ready to be stored as
@@ -16,6 +16,7 @@ from nemo_rl_core.algorithms.config import ClippedPGLossConfig
 from nemo_rl_core.algorithms.utils import (
     calculate_baseline_and_std_per_prompt,
     calculate_kl,
+    get_gdpo_reward_component_keys,
     masked_mean,
     masked_var,
 )
@@ -60,6 +61,44 @@ class GRPOAdvantageEstimator:
             varied = std > 0
             advantages = torch.where(varied, advantages / (std + 1e-6), advantages)
         return advantages.unsqueeze(-1).expand(mask.shape)
+
+
+class GDPOAdvantageEstimator:
+    """GDPO: GRPO's per-prompt advantage of each reward component on its own (``reward1``,
+    ``reward2``, ... of a multi-reward environment), so that a component with a small spread
+    is not drowned by one with a large spread; their sum is then standardised over the batch
+    (zero mean, unit std; only centred where every sample has the same sum)."""
+
+    def __init__(self, estimator_config: Any, loss_config: Any = None):
+        self.per_component = GRPOAdvantageEstimator(estimator_config, loss_config)
+
+    def compute_advantage(
+        self,
+        prompt_ids: torch.Tensor,
+        rewards: torch.Tensor | None,
+        mask: torch.Tensor,
+        repeated_batch: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        repeated_batch = repeated_batch or {}
+        keys = get_gdpo_reward_component_keys(repeated_batch)
+        if len(keys) < 2:
+            raise ValueError(
+                f"GDPO needs several reward components (reward1, reward2, ...), and this "
+                f"batch has {len(keys)}: score with a multi-reward environment "
+                "(env.math_multi_reward), or set grpo.adv_estimator.name to grpo"
+            )
+        one_token = mask[:, :1]  # the per-sample advantage, before it spreads over tokens
+        total = sum(
+            self.per_component.compute_advantage(
+                prompt_ids, torch.as_tensor(repeated_batch[key], dtype=torch.float32), one_token
+            )
+            for key in keys
+        )
+        assert isinstance(total, torch.Tensor)
+        centred = total - total.mean()
+        spread = total.std()
+        return (centred / spread if spread > 0 else centred).expand(mask.shape)
 
 
 class ReinforcePlusPlusAdvantageEstimator:
@@ -230,12 +269,14 @@ class GeneralizedAdvantageEstimator:
 
 AdvantageEstimator = (
     GRPOAdvantageEstimator
+    | GDPOAdvantageEstimator
     | ReinforcePlusPlusAdvantageEstimator
     | GeneralizedAdvantageEstimator
     | RawRewardAdvantageEstimator
 )
 _ESTIMATORS: dict[str, type] = {
     "grpo": GRPOAdvantageEstimator,
+    "gdpo": GDPOAdvantageEstimator,
     "reinforce_plus_plus": ReinforcePlusPlusAdvantageEstimator,
     "gae": GeneralizedAdvantageEstimator,
     "raw_reward": RawRewardAdvantageEstimator,

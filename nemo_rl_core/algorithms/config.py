@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from nemo_rl_core.config.base import StrictConfig
 from nemo_rl_core.data.config import DEFAULT_VALIDATION_SET
-from nemo_rl_core.utils.key_support import Only, Wired
+from nemo_rl_core.utils.key_support import Wired
 
 # ---------------------------------------------------------------- loss_fn: sections
 
@@ -183,12 +183,7 @@ class AdvEstimatorConfig(StrictConfig):
 
     name: Annotated[
         Literal["grpo", "reinforce_plus_plus", "gdpo"],
-        Only(
-            "grpo",
-            "reinforce_plus_plus",
-            reason="GDPO (one advantage per reward component) needs environments that "
-            "return several rewards, which this deployment's environments do not",
-        ),
+        Wired(f"{_ESTIMATOR}:create_advantage_estimator"),
     ] = "grpo"
     normalize_rewards: Annotated[bool | None, Wired(f"{_ESTIMATOR}:GRPOAdvantageEstimator")] = None
     use_leave_one_out_baseline: Annotated[

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from nemo_rl_core.algorithms.advantage_estimator import (
+    GDPOAdvantageEstimator,
     GRPOAdvantageEstimator,
     ReinforcePlusPlusAdvantageEstimator,
     create_advantage_estimator,
@@ -40,7 +41,10 @@ from nemo_rl_core.algorithms.reward_functions import (
     apply_reward_shaping,
     scale_rewards,
 )
-from nemo_rl_core.algorithms.utils import calculate_baseline_and_std_per_prompt
+from nemo_rl_core.algorithms.utils import (
+    calculate_baseline_and_std_per_prompt,
+    get_gdpo_reward_component_keys,
+)
 from nemo_rl_core.algorithms.validation import validate_batches
 from nemo_rl_core.data.llm_message_utils import (
     message_logs_to_train_data,
@@ -166,7 +170,8 @@ def logprob_inputs(
         make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
     )
     train_data["sample_mask"] = torch.as_tensor(batch["loss_multiplier"], dtype=torch.float32)
-    train_data["total_reward"] = batch["total_reward"]
+    for key in ["total_reward", *get_gdpo_reward_component_keys(batch)]:
+        train_data[key] = batch[key]
     train_data["prompt_index"] = batch["prompt_index"]
     return train_data
 
@@ -199,20 +204,25 @@ def policy_logprobs(
 def compute_advantages(
     train_data: BatchedDataDict, config: MasterConfig
 ) -> tuple[BatchedDataDict, dict]:
-    """Per-prompt baselines and the advantage of every token (GRPO / Reinforce++)."""
+    """Per-prompt baselines and the advantage of every token (GRPO / GDPO / Reinforce++)."""
     estimator = create_advantage_estimator(config.grpo.resolved_adv_estimator(), config.loss_fn)
-    if not isinstance(estimator, GRPOAdvantageEstimator | ReinforcePlusPlusAdvantageEstimator):
+    if not isinstance(
+        estimator,
+        GRPOAdvantageEstimator | GDPOAdvantageEstimator | ReinforcePlusPlusAdvantageEstimator,
+    ):
         raise ValueError(
             f"grpo.adv_estimator: {type(estimator).__name__} needs a value model; "
-            "GRPO takes grpo or reinforce_plus_plus"
+            "GRPO takes grpo, gdpo or reinforce_plus_plus"
         )
     device = "cuda" if config.grpo.calculate_advantages_on_gpu else "cpu"
+    components = get_gdpo_reward_component_keys(train_data)
     advantages = estimator.compute_advantage(
         prompt_ids=train_data["prompt_index"].to(device),
         rewards=train_data["total_reward"].to(device),
         mask=train_data["token_mask"].to(device),
         logprobs_policy=train_data["prev_logprobs"].to(device),
         logprobs_reference=train_data["reference_policy_logprobs"].to(device),
+        repeated_batch={key: train_data[key].to(device) for key in components},
     )
     train_data["advantages"] = clip_advantages(advantages.cpu(), config.grpo)
     metrics = mask_by_sequence_logprob_error(train_data, config.grpo.seq_logprob_error_threshold)

@@ -20,6 +20,7 @@ from nemo_rl_core.algorithms.reward_config import (
     RewardShapingConfig,
     reward_shaping_config_problems,
 )
+from nemo_rl_core.algorithms.utils import get_gdpo_reward_component_keys
 from nemo_rl_core.config.base import validate_section
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.utils.config import filled
@@ -102,11 +103,13 @@ def _response_lengths(batch: BatchedDataDict) -> list[int]:
 def scale_rewards(
     batch: BatchedDataDict, cfg: RewardScalingConfig | Mapping[str, Any]
 ) -> BatchedDataDict:
-    """Scale ``batch["total_reward"]`` in place (a no-op while disabled), so environments
-    with different reward ranges mix."""
+    """Scale ``batch["total_reward"]`` and each reward component (``reward1``, ... of a
+    multi-reward environment) in place (a no-op while disabled), so environments with
+    different reward ranges mix."""
     cfg = validate_section(RewardScalingConfig, cfg, "reward_scaling")
     if cfg.enabled:
-        clamped = batch["total_reward"].clamp(cfg.source_min, cfg.source_max)
-        fraction = (clamped - cfg.source_min) / (cfg.source_max - cfg.source_min)
-        batch["total_reward"] = cfg.target_min + fraction * (cfg.target_max - cfg.target_min)
+        for key in ["total_reward", *get_gdpo_reward_component_keys(batch)]:
+            clamped = batch[key].clamp(cfg.source_min, cfg.source_max)
+            fraction = (clamped - cfg.source_min) / (cfg.source_max - cfg.source_min)
+            batch[key] = cfg.target_min + fraction * (cfg.target_max - cfg.target_min)
     return batch

@@ -4,13 +4,11 @@ here, sample by sample, and fail loudly when too many checks broke."""
 
 from typing import Any
 
-import torch
-
 from nemo_rl_core.algorithms.grpo_config import RLMasterConfig
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_core.environments.interfaces import EnvironmentInterface
 from nemo_rl_core.environments.utils import create_env
-from nemo_rl_core.experience.rollouts import calculate_rewards
+from nemo_rl_core.experience.rollouts import calculate_rewards, store_rewards
 
 # ``reward_reason`` prefixes of a check that did not finish (the worker pool's outcome kinds).
 ENV_FAILURE_KINDS = ("error", "timeout", "died")
@@ -44,7 +42,7 @@ def score_samples(
     scored in slices and joined again is the batch scored whole (the reward stage's shards)."""
     if config.algorithm.max_rollout_turns == 1:
         env_return = calculate_rewards(batch, task_to_env)
-        batch["total_reward"] = env_return.rewards.to(torch.float32)
+        store_rewards(batch, env_return.rewards)
         batch["extra_env_info"] = list(env_return.metadata)
     return batch
 

@@ -8,6 +8,7 @@ which is what makes microbatch losses sum exactly to the full-batch loss.
 import copy
 import math
 import random
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -143,6 +144,13 @@ def calculate_baseline_and_std_per_prompt(
         variance = (spread_sq_mean - spread_mean.square()) * (k / (k - 1))
         std[idx] = variance.sqrt().nan_to_num(0.0)
     return baseline, std
+
+
+def get_gdpo_reward_component_keys(batch: Mapping[str, Any]) -> list[str]:
+    """The batch's per-component reward keys (``reward1``, ``reward2``, ...), in component
+    order: a multi-reward environment's rewards, which GDPO normalises one by one."""
+    keys = [str(key) for key in batch if re.fullmatch(r"reward\d+", str(key))]
+    return sorted(keys, key=lambda key: int(key.removeprefix("reward")))
 
 
 def calculate_global_valid_counts(data: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:

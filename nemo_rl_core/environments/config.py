@@ -30,6 +30,14 @@ class MathEnvConfig(BaseModel):
     timeout_seconds: float = Field(10.0, gt=0, description="per-sample checking time limit")
 
 
+class MathMultiRewardEnvConfig(MathEnvConfig):
+    """``env.math_multi_reward`` keys: the math environment's, with its one checker (three
+    rewards of a ``<think>...</think>\n<answer>...</answer>`` response)."""
+
+    verifier_type: Literal["math"] | None = "math"
+    math_verify_impl: Literal["hf_math_verify"] | None = "hf_math_verify"
+
+
 class CodeEnvConfig(BaseModel):
     """``env.code`` keys."""
 

@@ -9,7 +9,8 @@ reward 0 with the reason in its metadata instead of stalling the run.
 ``english_multichoice`` and ``multilingual_multichoice`` read a choice letter after an
 "Answer:" prefix (``choice_answers``);
 ``math_verify_impl: dapo_math_verify`` checks math answers by DAPO's rules instead
-(``dapo_math_verifier``).
+(``dapo_math_verifier``). ``MathMultiRewardEnvironment`` (``env.math_multi_reward``) gives
+three rewards per response instead of one (GDPO's).
 """
 
 from typing import Any, TypedDict
@@ -18,10 +19,11 @@ import torch
 
 from nemo_rl_core.data.interfaces import LLMMessageLogType
 from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_core.environments.config import MathEnvConfig
+from nemo_rl_core.environments.config import MathEnvConfig, MathMultiRewardEnvConfig
 from nemo_rl_core.environments.interfaces import EnvironmentInterface, EnvironmentReturn
 from nemo_rl_core.environments.math_verifier import check_answer, warm_up
 from nemo_rl_core.environments.metrics import reward_metrics
+from nemo_rl_core.environments.multi_reward_checks import REWARD_COMPONENTS, check_multi_reward
 from nemo_rl_core.environments.worker_pool import TimedProcessPool
 
 
@@ -39,15 +41,21 @@ class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
 
     def __init__(self, cfg: MathEnvConfig | dict[str, Any] | None = None):
         self.cfg = (
-            cfg if isinstance(cfg, MathEnvConfig) else MathEnvConfig.model_validate(cfg or {})
+            cfg
+            if isinstance(cfg, self.config_class)
+            else self.config_class.model_validate(cfg or {})
         )
+        self._pool = self._start_checkers()
+        self._failures = {"timeout": 0, "error": 0, "died": 0}
+
+    def _start_checkers(self) -> TimedProcessPool:
+        """The pool of ``num_workers`` processes that check answers."""
         warm_up()  # sympy's lazy imports happen once here; forked workers inherit them
-        self._pool = TimedProcessPool(
+        return TimedProcessPool(
             check_answer,
             self.cfg.num_workers,
             warmup_item={"verifier": "math", "response": "\\boxed{1}", "ground_truth": "1"},
         )
-        self._failures = {"timeout": 0, "error": 0, "died": 0}
 
     def step(
         self,
@@ -74,19 +82,23 @@ class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
             for response, meta in zip(responses, metadata, strict=True)
         ]
         outcomes = self._pool.map(items, self.cfg.timeout_seconds)
-        rewards, answers, observations = [], [], []
+        rewards: list[Any] = []
+        answers, observations = [], []
         new_metadata: list[MathEnvironmentMetadata] = []
         for meta, outcome in zip(metadata, outcomes, strict=True):
             if outcome.ok:
                 reward, answer = outcome.value
-                reason = "correct" if reward == 1.0 else "wrong answer"
+                # a multi-reward environment's first reward is its correctness, as in NeMo RL
+                correct = (reward if isinstance(reward, float) else reward[0]) == 1.0
+                reason = "correct" if correct else "wrong answer"
             else:
                 self._failures[outcome.kind] += 1
-                reward, answer, reason = 0.0, None, f"{outcome.kind}: {outcome.reason}"
+                reward, answer, correct = self._no_reward(), None, False
+                reason = f"{outcome.kind}: {outcome.reason}"
             rewards.append(reward)
             answers.append(answer)
             new_metadata.append({**meta, "extracted_answer": answer, "reward_reason": reason})
-            verdict = "correct" if reward == 1.0 else "incorrect"
+            verdict = "correct" if correct else "incorrect"
             observations.append({"role": "environment", "content": f"Environment: {verdict}"})
         return EnvironmentReturn(
             observations=observations,
@@ -96,6 +108,10 @@ class MathEnvironment(EnvironmentInterface[MathEnvironmentMetadata]):
             terminateds=torch.ones(len(rewards), dtype=torch.bool),
             answers=answers,
         )
+
+    def _no_reward(self) -> Any:
+        """The reward of a response whose check did not finish."""
+        return 0.0
 
     def global_post_process_and_metrics(
         self, batch: BatchedDataDict
@@ -118,3 +134,21 @@ class CountdownEnvironment(MathEnvironment):
     def __init__(self, cfg: MathEnvConfig | dict[str, Any] | None = None):
         base = cfg if isinstance(cfg, MathEnvConfig) else MathEnvConfig.model_validate(cfg or {})
         super().__init__(base.model_copy(update={"verifier_type": "countdown"}))
+
+
+class MathMultiRewardEnvironment(MathEnvironment):
+    """NeMo RL's ``math_multi_reward``: three rewards per response, ``[B, 3]``
+    (correct, integer, format: ``multi_reward_checks``), which the rollouts store as
+    ``reward1..3`` (their sum is ``total_reward``) for GDPO to normalise one by one."""
+
+    config_class = MathMultiRewardEnvConfig
+
+    def _start_checkers(self) -> TimedProcessPool:
+        return TimedProcessPool(
+            check_multi_reward,
+            self.cfg.num_workers,
+            warmup_item={"response": "<answer>1</answer>", "ground_truth": "1"},
+        )
+
+    def _no_reward(self) -> Any:
+        return (0.0,) * len(REWARD_COMPONENTS)

@@ -8,10 +8,13 @@ from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
 
 
 def batch_rewards(batch: BatchedDataDict) -> torch.Tensor:
-    """The per-sample rewards of a finished batch: ``rewards`` or the rollout's ``total_reward``."""
+    """The per-sample rewards of a finished batch: ``rewards`` or the rollout's ``total_reward``
+    (a multi-reward environment's ``[B, K]`` rewards: the first, its correctness, as NeMo RL
+    reads them)."""
     for key in ("rewards", "total_reward"):
         if key in batch:
-            return torch.as_tensor(batch[key], dtype=torch.float32)
+            rewards = torch.as_tensor(batch[key], dtype=torch.float32)
+            return rewards[:, 0] if rewards.dim() == 2 else rewards
     raise KeyError(f"batch has neither 'rewards' nor 'total_reward' (keys: {sorted(batch.keys())})")
 
 

@@ -32,6 +32,9 @@ def _builtin(actor: str, config: str) -> EnvRegistryEntry:
 ENV_REGISTRY: dict[str, EnvRegistryEntry] = {
     "math_default": _builtin("math_environment.MathEnvironment", "MathEnvConfig"),
     "math": _builtin("math_environment.MathEnvironment", "MathEnvConfig"),
+    "math_multi_reward": _builtin(
+        "math_environment.MathMultiRewardEnvironment", "MathMultiRewardEnvConfig"
+    ),
     "countdown": _builtin("math_environment.CountdownEnvironment", "MathEnvConfig"),
     "code": _builtin("code_environment.CodeEnvironment", "CodeEnvConfig"),
     "reward_model": _builtin(
@@ -116,7 +119,6 @@ def env_section(env_name: str, env_config: Any) -> tuple[str, BaseModel] | None:
 # key's rule refuses it before any work, with why.
 _MULTIMODAL = "a vision or audio environment, and this project trains text-only models"
 NOT_BUILT_ENVIRONMENTS = {
-    "math_multi_reward": "NeMo RL's multi-reward math environment (GDPO) is not built here",
     "code_jaccard": "NeMo RL's Jaccard-similarity code environment is not built here",
     "nemo_gym": "NeMo Gym's environments are not built here",
     **dict.fromkeys(("vlm", "clevr-cogent", "geometry3k", "mmpr-tiny", "mmau"), _MULTIMODAL),

@@ -90,7 +90,7 @@ def calculate_rewards(
     metadata: list[Any] = [None] * size
     stop_strings: list[Any] = [None] * size
     answers: list[Any] = [None] * size
-    rewards = torch.zeros(size, dtype=torch.float32)
+    rewards: torch.Tensor | None = None
     terminateds = torch.zeros(size, dtype=torch.bool)
     for name, indices in by_task.items():
         result = task_to_env[name].step(
@@ -102,9 +102,35 @@ def calculate_rewards(
             metadata[i] = result.metadata[j]
             stop_strings[i] = result.next_stop_strings[j]
             answers[i] = result.answers[j] if result.answers is not None else None
-        rewards[indices] = result.rewards.to(torch.float32).reshape(-1)
+        # [n] from a single-reward environment, [n, K] from a multi-reward one (GDPO's)
+        task_rewards = result.rewards.to(torch.float32).reshape(len(indices), -1)
+        if rewards is None:
+            rewards = torch.zeros(size, task_rewards.shape[1], dtype=torch.float32)
+        if task_rewards.shape[1] != rewards.shape[1]:
+            raise ValueError(
+                f"task {name!r}'s environment gives {task_rewards.shape[1]} reward(s) per "
+                f"sample, another task's {rewards.shape[1]}: one batch's environments must "
+                "agree on the number of reward components"
+            )
+        rewards[indices] = task_rewards
         terminateds[indices] = result.terminateds.to(torch.bool).reshape(-1)
-    return EnvironmentReturn(observations, metadata, stop_strings, rewards, terminateds, answers)
+    if rewards is None:
+        rewards = torch.zeros(size, 1, dtype=torch.float32)
+    flat = rewards.squeeze(1) if rewards.shape[1] == 1 else rewards
+    return EnvironmentReturn(observations, metadata, stop_strings, flat, terminateds, answers)
+
+
+def store_rewards(batch: BatchedDataDict, rewards: torch.Tensor) -> None:
+    """``rewards`` of every sample into ``batch``: ``total_reward``, and for a multi-reward
+    environment's ``[B, K]`` their sum and each component (``reward1`` ... ``rewardK``, as
+    NeMo RL's rollouts give them to GDPO)."""
+    rewards = rewards.to(torch.float32)
+    if rewards.dim() == 1:
+        batch["total_reward"] = rewards
+        return
+    batch["total_reward"] = rewards.sum(dim=1)
+    for component in range(rewards.shape[1]):
+        batch[f"reward{component + 1}"] = rewards[:, component].clone()
 
 
 def run_multi_turn_rollout(
@@ -132,7 +158,7 @@ def run_multi_turn_rollout(
     )
     if "stop_strings" not in batch:
         batch["stop_strings"] = [None] * size
-    total_rewards = torch.zeros(size, dtype=torch.float32)
+    total_rewards: torch.Tensor | None = None  # [B], or [B, K] from a multi-reward environment
     turns = torch.zeros(size, dtype=torch.long)
     gen_tokens = torch.zeros(size, dtype=torch.long)
     env_tokens = torch.zeros(size, dtype=torch.long)
@@ -186,6 +212,8 @@ def run_multi_turn_rollout(
         start = time.perf_counter()
         env_output = calculate_rewards(active_batch, task_to_env)
         env_time += time.perf_counter() - start
+        if total_rewards is None:
+            total_rewards = torch.zeros(size, *env_output.rewards.shape[1:])
         total_rewards[active] += env_output.rewards
 
         for i, global_idx in enumerate(active.tolist()):
@@ -212,7 +240,7 @@ def run_multi_turn_rollout(
         done = truncated[active] | terminated[active]
         active = active[~done]
 
-    batch["total_reward"] = total_rewards
+    store_rewards(batch, torch.zeros(size) if total_rewards is None else total_rewards)
     batch["num_turns"] = turns
     # Episodes still going when the turns ran out (neither ended by the env nor out of room).
     max_turns_reached = (turns >= max_rollout_turns) & ~terminated & ~truncated

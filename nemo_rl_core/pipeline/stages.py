@@ -245,7 +245,7 @@ def ppo_value(ctx: StageContext) -> StageResult:
 
 
 def grpo_advantage(ctx: StageContext) -> StageResult:
-    """Per-prompt baselines and each token's advantage (GRPO, Reinforce++)."""
+    """Per-prompt baselines and each token's advantage (GRPO, GDPO, Reinforce++)."""
     with_advantages, metrics = grpo.compute_advantages(ctx.batch("logprob"), ctx.config)
     return StageResult({"batch": with_advantages}, metrics)
 

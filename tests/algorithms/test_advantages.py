@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from nemo_rl_core.algorithms.advantage_estimator import (
+    GDPOAdvantageEstimator,
     GeneralizedAdvantageEstimator,
     GRPOAdvantageEstimator,
     ReinforcePlusPlusAdvantageEstimator,
@@ -120,6 +121,41 @@ def test_grpo_section_fallbacks_and_factory():
     assert isinstance(est, ReinforcePlusPlusAdvantageEstimator)
     with pytest.raises(ValueError, match="adv_estimator.name 'ppo' is not one of"):
         create_advantage_estimator({"name": "ppo"})
+
+
+def test_gdpo_normalises_each_component_then_standardises_their_sum():
+    """Two prompts of two samples. Component 1 has a large spread on prompt 0, component 2 a
+    small one on prompt 1; each becomes +-1/sqrt(2) within its prompt (Bessel std) before the
+    sum, so neither drowns the other; the sum is then standardised over the batch."""
+    estimator = create_advantage_estimator(
+        {"name": "gdpo", "use_leave_one_out_baseline": False, "normalize_rewards": True}
+    )
+    assert isinstance(estimator, GDPOAdvantageEstimator)
+    components = {
+        "reward1": torch.tensor([10.0, 0.0, 1.0, 1.0]),
+        "reward2": torch.tensor([0.0, 0.0, 0.2, 0.1]),
+    }
+    mask = torch.ones(4, 3)
+    got = estimator.compute_advantage(torch.tensor([0, 0, 1, 1]), None, mask, components)
+    half = 1 / math.sqrt(2)
+    summed = torch.tensor([half, -half, half, -half])
+    expected = (summed - summed.mean()) / summed.std()
+    assert got.shape == (4, 3)
+    torch.testing.assert_close(got[:, 0], expected, atol=1e-5, rtol=0)
+    assert torch.equal(got[:, 0], got[:, 2])  # one value per sample, on every token
+    # every sample's sum equal (no component varies within a prompt): only centred, all 0
+    flat = {"reward1": torch.ones(4), "reward2": torch.zeros(4)}
+    assert estimator.compute_advantage(torch.tensor([0, 0, 1, 1]), None, mask, flat).eq(0).all()
+
+
+def test_gdpo_refuses_a_batch_of_one_reward_naming_the_way_out():
+    estimator = create_advantage_estimator(
+        {"name": "gdpo", "use_leave_one_out_baseline": True, "normalize_rewards": True}
+    )
+    with pytest.raises(ValueError, match=r"has 1: score with a multi-reward environment"):
+        estimator.compute_advantage(
+            torch.tensor([0, 0]), None, torch.ones(2, 2), {"reward1": torch.ones(2)}
+        )
 
 
 def test_reinforce_plus_plus_hand_values():

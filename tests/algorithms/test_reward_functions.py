@@ -128,3 +128,24 @@ def test_scaling_clamps_then_maps_onto_the_target_range():
         RewardScalingConfig(enabled=True, source_min=1.0, source_max=1.0)
     # a disabled section is not read (NeMo RL), so its range is not refused either
     assert not RewardScalingConfig(source_min=1.0, source_max=1.0).enabled
+
+
+def test_scaling_maps_each_reward_component_too():
+    """A multi-reward environment's components (GDPO's reward1, reward2) are scaled as the
+    total is, as NeMo RL does; other keys are left alone."""
+    batch = BatchedDataDict(
+        {
+            "total_reward": torch.tensor([0.0, 2.0]),
+            "reward1": torch.tensor([0.0, 1.0]),
+            "reward2": torch.tensor([-5.0, 1.0]),
+            "reward_scale": torch.tensor([7.0, 7.0]),
+        }
+    )
+    cfg = RewardScalingConfig(
+        enabled=True, source_min=0.0, source_max=2.0, target_min=-1.0, target_max=1.0
+    )
+    scale_rewards(batch, cfg)
+    assert batch["total_reward"].tolist() == pytest.approx([-1.0, 1.0])
+    assert batch["reward1"].tolist() == pytest.approx([-1.0, 0.0])
+    assert batch["reward2"].tolist() == pytest.approx([-1.0, 0.0])
+    assert batch["reward_scale"].tolist() == [7.0, 7.0]

@@ -330,16 +330,17 @@ def test_an_environment_section_no_dataset_names_loads_and_is_not_read(
         ),
         ("sft_vlm_3B", ["data.train.0.dataset_name='clevr-cogent': a vision or audio dataset"]),
         ("audio_grpo_3B_megatron", ["data.train.0.dataset_name='avqa': a vision or audio"]),
-        ("gdpo_math_1B", ["'math_multi_reward': NeMo RL's multi-reward math environment"]),
+        ("gdpo_math_1B", ["data.train.0.dataset_name='gsm8k': a Hugging Face hub dataset"]),
         ("evals/mmau", ["'mmau': a vision or audio environment"]),
     ],
 )
 def test_multimodal_and_multi_reward_recipes_load_and_are_refused_by_key(
     nemo_rl_configs: Path, name: str, refusals: list[str]
 ) -> None:
-    """NeMo RL's vision, audio and GDPO recipes name datasets, processors and environments
-    of its registries that are not built here: they load, and each such key is refused
-    with why before any work."""
+    """NeMo RL's vision and audio recipes name datasets, processors and environments of its
+    registries that are not built here, its GDPO recipe a hub dataset: they load, and each
+    such key is refused with why before any work (GDPO and its multi-reward environment
+    run: tests/flows/test_gdpo_flow.py)."""
     config = validated(nemo_rl_configs / f"{name}.yaml", [])
     with pytest.raises(UnsupportedConfigError) as err:
         check_support(config, Machine(cuda_devices=8), source=name)
