@@ -73,9 +73,11 @@ def test_only_the_training_stage_runs_across_ranks() -> None:
                 "cluster.gpus_per_node=2",
                 "policy.dtensor_cfg.tensor_parallel_size=2",
                 "policy.dtensor_cfg.sequence_parallel=true",
+                "policy.dtensor_cfg.custom_parallel_plan=my_plans.PLAN",
             ],
             TWO_CORES,
-            "policy.dtensor_cfg.sequence_parallel=True: sequence parallelism is not built",
+            "policy.dtensor_cfg.sequence_parallel=True: dtensor_cfg.custom_parallel_plan lays "
+            "out the activations with its own styles",
         ),
         (
             ["cluster.gpus_per_node=2", "+policy.dtensor_cfg.dp_replicate_size=4"],
@@ -174,6 +176,9 @@ def test_a_teacher_across_nodes_needs_its_own_placement() -> None:
     check_stage_names(placed, DISTILLATION)
 
 
-def test_hsdp_replicas_that_divide_the_data_parallel_ranks_run() -> None:
+def test_hsdp_and_sequence_parallelism_that_fit_the_world_run() -> None:
     hsdp = ["cluster.gpus_per_node=2", "+policy.dtensor_cfg.dp_replicate_size=2"]
     assert support_refusals("grpo_math_tiny.yaml", hsdp, TWO_CORES) == ""
+    tp = ["cluster.gpus_per_node=2", "policy.dtensor_cfg.tensor_parallel_size=2"]
+    sp = [*tp, "policy.dtensor_cfg.sequence_parallel=true"]
+    assert support_refusals("grpo_math_tiny.yaml", sp, TWO_CORES) == ""

@@ -242,9 +242,17 @@ def _replicas_divide_dp(value: int, context: SupportContext) -> str | None:
 
 
 def _sequence_parallel(value: bool, context: SupportContext) -> str | None:
+    """Sequence parallelism splits the activations between the tensor-parallel regions
+    (``sharding.shard_model``): without TP there are none (NeMo RL ignores it too), and a
+    custom plan lays them out with its own styles."""
     if not value or (context.section_value(_TP) or 1) == 1:
-        return None  # NeMo RL ignores it without tensor parallelism too
-    return "sequence parallelism is not built: tensor parallelism runs without it; set it false"
+        return None
+    if context.section_value("dtensor_cfg.custom_parallel_plan") is not None:
+        return (
+            "dtensor_cfg.custom_parallel_plan lays out the activations with its own styles: "
+            "set it false and give SequenceParallel styles in the plan"
+        )
+    return None
 
 
 # NeMo Automodel's loader options this loader matches: transformers' own model classes
@@ -291,7 +299,11 @@ class DTensorConfig(StrictModel):
     ] = Field(True, alias="_v2")
     cpu_offload: Annotated[bool, gpu_memory_knob(False, "FSDP's CPU offload of parameters")] = False
     sequence_parallel: Annotated[
-        bool, Check(_sequence_parallel, "only false where tensor parallelism is on")
+        bool,
+        Check(
+            _sequence_parallel,
+            "activations split along the sequence between TP regions (sharding.shard_model)",
+        ),
     ] = False
     activation_checkpointing: Annotated[bool, Wired(f"{_TRAINER}.__init__")] = False
     tensor_parallel_size: Annotated[

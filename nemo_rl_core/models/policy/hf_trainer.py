@@ -130,6 +130,7 @@ class HFTrainable(ABC):
             dtensor.custom_parallel_plan,
             self.device,
             dtensor.dp_replicate_size,
+            dtensor.sequence_parallel,
         )
 
     @property

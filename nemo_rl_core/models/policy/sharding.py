@@ -5,7 +5,8 @@ torchrun), ``dtensor_cfg.tensor_parallel_size`` T makes the mesh ``(dp = W / T, 
 tensor parallelism first (``custom_parallel_plan`` if given, else the plan transformers
 ships with the model class, ``_tp_plan``), then FSDP2 ``fully_shard`` of every decoder
 layer and of the root over the ``dp`` mesh (HSDP with ``dtensor_cfg.dp_replicate_size`` R:
-``dp`` split into ``dp_replicate = R x dp_shard``). Each data-parallel rank trains on its slice of
+``dp`` split into ``dp_replicate = R x dp_shard``; ``dtensor_cfg.sequence_parallel`` keeps
+the activations between the TP regions split along the sequence). Each data-parallel rank trains on its slice of
 the global batch with the loss normalised by the *global* valid counts, so its loss is a
 share of the one-process loss; FSDP's gradient reduction averages over the ``dp`` ranks,
 so each rank back-propagates ``dp`` times its share (as NeMo RL does) and the reduced
@@ -32,17 +33,20 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
+    PrepareModuleInput,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 from transformers import PreTrainedModel
 
 _TP_KEY = "dtensor_cfg.tensor_parallel_size"
 _REPLICATE_KEY = "dtensor_cfg.dp_replicate_size"
+_SP_KEY = "dtensor_cfg.sequence_parallel"
 
 # transformers' names in a model class's ``_tp_plan`` -> the torch parallel style. The LM
 # head gathers its output: the losses read plain full-vocabulary logits.
@@ -53,6 +57,23 @@ _HF_STYLES: dict[str, Any] = {
     "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
     "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
 }
+# The same names with sequence parallelism: between the tensor-parallel regions the
+# activations stay split along the sequence (DTensors sharded on dim 1, so the model's code
+# still sees the whole sequence's shape): a row-parallel projection reduce-scatters into
+# that layout, and the LM head all-gathers the sequence before its column split.
+_SP_STYLES: dict[str, Any] = {
+    "colwise": ColwiseParallel,
+    "rowwise": lambda: RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    "embedding_rowwise": lambda: RowwiseParallel(
+        input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+    ),
+    "colwise_gather_output": lambda: ColwiseParallel(
+        input_layouts=Shard(1), output_layouts=Replicate()
+    ),
+    "colwise_rep": lambda: ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+}
+# What each decoder layer (and the decoder) must have for it: NeMo RL's Llama/Qwen2 layout.
+_SP_LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
 
 
 @dataclass(frozen=True)
@@ -76,12 +97,14 @@ def shard_model(
     custom_plan: str | None,
     device: torch.device,
     replicate: int = 1,
+    sequence_parallel: bool = False,
 ) -> Sharding:
     """Apply TP (when ``tp_size`` > 1), then FSDP2, in place; where this rank sits. With
     ``replicate`` R > 1 (``dtensor_cfg.dp_replicate_size``) FSDP2 runs as HSDP over a
     ``(dp_replicate = R, dp_shard = dp / R)`` mesh: each shard group holds one copy of the
     weights, and the R copies all-reduce their gradients; the data-parallel ranks that split
-    each batch are still all ``dp`` of them (the two dims flattened)."""
+    each batch are still all ``dp`` of them (the two dims flattened). ``sequence_parallel``
+    keeps the activations between the tensor-parallel regions split along the sequence."""
     world = dist.get_world_size()
     if world % tp_size:
         raise ValueError(
@@ -108,7 +131,8 @@ def shard_model(
     if tp_size > 1:
         _check_heads(model, tp_size)
         tied = _tied_embeddings(model)
-        parallelize_module(model, mesh["tp"], tensor_parallel_plan(model, custom_plan))
+        plan = tensor_parallel_plan(model, custom_plan, sequence_parallel)
+        parallelize_module(model, mesh["tp"], plan)
         if tied:  # the plan replaced both parameters; share one again, as before
             head: Any = model.get_output_embeddings()
             head.weight = model.get_input_embeddings().weight
@@ -132,9 +156,18 @@ def decoder_layers(model: PreTrainedModel) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def tensor_parallel_plan(model: PreTrainedModel, custom_plan: str | None) -> dict[str, Any]:
+def tensor_parallel_plan(
+    model: PreTrainedModel, custom_plan: str | None, sequence_parallel: bool = False
+) -> dict[str, Any]:
     """``{module pattern: ParallelStyle}``: ``custom_parallel_plan`` (a dotted path to such a
-    dict, or to a function returning one, as in NeMo RL), else the model class's own."""
+    dict, or to a function returning one, as in NeMo RL), else the model class's own; with
+    ``sequence_parallel``, the model class's own in its sequence-parallel form."""
+    if custom_plan is not None and sequence_parallel:
+        raise ValueError(
+            f"{_SP_KEY} with dtensor_cfg.custom_parallel_plan={custom_plan!r}: a custom plan's "
+            "own styles lay out the activations; set sequence_parallel false and give "
+            "SequenceParallel styles in the plan"
+        )
     if custom_plan is not None:
         module_name, _, attribute = custom_plan.rpartition(".")
         try:
@@ -159,13 +192,59 @@ def tensor_parallel_plan(model: PreTrainedModel, custom_plan: str | None) -> dic
             f"{_TP_KEY}: {type(model).__name__} ships no tensor-parallel plan (_tp_plan); "
             "give one with dtensor_cfg.custom_parallel_plan or set it to 1"
         )
-    unknown = sorted({style for style in hf_plan.values() if style not in _HF_STYLES})
+    styles = _SP_STYLES if sequence_parallel else _HF_STYLES
+    unknown = sorted({style for style in hf_plan.values() if style not in styles})
     if unknown:
         raise ValueError(
             f"{_TP_KEY}: {type(model).__name__}'s plan uses styles {unknown}, not built here "
-            f"(known: {sorted(_HF_STYLES)}); give dtensor_cfg.custom_parallel_plan instead"
+            f"(known: {sorted(styles)}); give dtensor_cfg.custom_parallel_plan instead"
         )
-    return {pattern: _HF_STYLES[style]() for pattern, style in hf_plan.items()}
+    plan = {pattern: styles[style]() for pattern, style in hf_plan.items()}
+    if sequence_parallel:
+        plan.update(_sequence_parallel_regions(model))
+    return plan
+
+
+def _sequence_parallel_regions(model: PreTrainedModel) -> dict[str, ParallelStyle]:
+    """What sequence parallelism adds to the model's TP plan: the embedding's output and
+    every norm split along the sequence, each attention and MLP block gathering the whole
+    sequence at its input, and the output head gathering it too (the LM head before its
+    column split, another head, a value model's, before it runs whole)."""
+    names = {id(module): name for name, module in model.named_modules()}
+    decoder, layers = model.get_decoder(), decoder_layers(model)
+    missing = [part for part in _SP_LAYER_PARTS if not hasattr(layers[0], part)]
+    if not hasattr(decoder, "norm"):
+        missing.append("a final norm")
+    if missing:
+        raise ValueError(
+            f"{_SP_KEY}: built for decoder layers of {list(_SP_LAYER_PARTS)} and a final norm "
+            f"(Llama, Qwen2), and {type(model).__name__} lacks {missing}; set it false"
+        )
+    split = SequenceParallel(use_local_output=False)
+    gathered = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    regions: dict[str, ParallelStyle] = {
+        names[id(model.get_input_embeddings())]: _SP_STYLES["embedding_rowwise"](),
+        names[id(decoder.norm)]: split,
+    }
+    for layer in layers:
+        prefix = names[id(layer)]
+        regions[f"{prefix}.input_layernorm"] = split
+        regions[f"{prefix}.post_attention_layernorm"] = split
+        regions[f"{prefix}.self_attn"] = PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Shard(1)},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        )
+        regions[f"{prefix}.mlp"] = gathered
+    head = model.get_output_embeddings()
+    if head is not None:
+        regions[names[id(head)]] = _SP_STYLES["colwise_gather_output"]()
+    whole = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+    )
+    for name, child in model.named_children():
+        if isinstance(child, torch.nn.Linear) and child is not head:  # a value model's score
+            regions[name] = whole
+    return regions
 
 
 def _check_heads(model: PreTrainedModel, tp_size: int) -> None:

@@ -1,7 +1,8 @@
 """Inference on a model sharded over two gloo ranks (torchrun --standalone): with two
 data-parallel ranks each computes its share of the batch (an odd batch is padded to an even
-one) and every rank gets all the results; with tensor parallelism both compute it all. Either
-way the logprobs and top-k logits equal one process's, for each microbatch layout."""
+one) and every rank gets all the results; with tensor parallelism (and sequence parallelism)
+both compute it all. Either way the logprobs and top-k logits equal one process's, for each
+microbatch layout."""
 
 from pathlib import Path
 
@@ -13,7 +14,11 @@ from test_hf_policy import LAYOUTS
 from nemo_rl_core.models.policy import make_policy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
-MESHES = {"dp2": 1, "tp2": 2}  # name -> dtensor_cfg.tensor_parallel_size on two ranks
+MESHES = {  # name -> dtensor_cfg on two ranks
+    "dp2": {"tensor_parallel_size": 1},
+    "tp2": {"tensor_parallel_size": 2},
+    "tp2-sp": {"tensor_parallel_size": 2, "sequence_parallel": True},
+}
 TOPK = 4
 
 
@@ -23,9 +28,9 @@ def compute(model_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
     data = token_batch(batch=5)
     across = torch.distributed.is_initialized()
     results: dict[str, dict[str, torch.Tensor]] = {}
-    for mesh, tp in MESHES.items() if across else [("one", 1)]:
+    for mesh, dtensor in MESHES.items() if across else [("one", {})]:
         for layout, settings in LAYOUTS.items():
-            config = policy_config(model_dir, **settings, dtensor_cfg={"tensor_parallel_size": tp})
+            config = policy_config(model_dir, **settings, dtensor_cfg=dtensor)
             policy = make_policy(config, init_optimizer=False, init_reference_model=False)
             rows: list[int] = []  # the samples this rank's model computed, per microbatch
             policy.model.register_forward_pre_hook(
@@ -52,7 +57,7 @@ def test_inference_over_two_ranks_equals_one_process(tiny_model_dir: Path, tmp_p
     # the 6 the batch was padded to; each tensor-parallel rank all 5
     for rank in ranks:
         assert rank["dp2-padded"]["rows"] == 2 * 3
-        assert rank["tp2-padded"]["rows"] == 2 * 5
+        assert rank["tp2-padded"]["rows"] == rank["tp2-sp-padded"]["rows"] == 2 * 5
     for layout in LAYOUTS:
         expected = single[f"one-{layout}"]
         for mesh in MESHES:
