@@ -2,9 +2,9 @@
 over all four, HSDP (``dtensor_cfg.dp_replicate_size: 2``: two replicas of a two-rank shard
 group), HSDP beside tensor parallelism (2 replicas x 1 shard x TP 2), and tensor parallelism
 with sequence parallelism (dp 2 x TP 2, the activations between the TP regions split along
-the sequence; also with activations recomputed in backward) each take the one-process step: the same loss and grad norm, and the same
-weights after it, for the policy and for a value model (whose score head gathers the
-sequence before it runs whole)."""
+the sequence; also with activations recomputed in backward) each take the one-process
+step: the same loss and grad norm, and the same weights after it, for the policy and for a
+value model (whose score head gathers the sequence before it runs whole)."""
 
 from pathlib import Path
 from typing import Any
