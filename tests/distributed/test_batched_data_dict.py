@@ -276,6 +276,8 @@ def _gather_worker(rank: int, port: int, results: "mp.Queue") -> None:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.e2e  # two fresh interpreters importing torch: ~10 s of CPU, not for the fast loop
+@pytest.mark.distributed
 def test_all_gather_concatenates_in_rank_order_over_gloo() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

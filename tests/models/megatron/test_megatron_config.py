@@ -154,6 +154,7 @@ def test_megatron_keys_that_run_here_pass(overrides: list[str]) -> None:
     assert support_refusals("grpo_math_tiny.yaml", overrides, NO_GPU) == ""
 
 
+@pytest.mark.megatron  # builds megatron-core's TransformerConfig (imports megatron-core)
 def test_attention_backend_reaches_the_transformer_config(
     tiny_qwen2_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
