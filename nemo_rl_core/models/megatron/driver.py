@@ -23,12 +23,11 @@ from nemo_rl_core.models.policy.utils import check_model_inputs
 
 def check_megatron_support(config: TrainedModelConfig) -> None:
     """Reject features the Megatron backend does not implement, naming the key."""
-    for key in ("dynamic_batching", "sequence_packing"):
-        if getattr(config, key).enabled:
-            raise NotImplementedError(
-                f"{key}.enabled=true is not supported by the megatron training backend; "
-                "set it to false or use training_backend=hf"
-            )
+    if config.sequence_packing.enabled:
+        raise NotImplementedError(
+            "sequence_packing.enabled=true is not supported by the megatron training backend; "
+            "set it to false or use training_backend=hf"
+        )
 
 
 def merge_train_results(parts: list[dict[str, Any]], precision: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from nemo_rl_core.algorithms.loss.interfaces import LossFunction
 from nemo_rl_core.algorithms.loss.utils import next_token_logprobs_from_logits, prepare_loss_input
 from nemo_rl_core.algorithms.utils import calculate_global_valid_counts
-from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_core.distributed.batched_data_dict import BatchedDataDict, DynamicBatchingArgs
 from nemo_rl_core.models.megatron.config import MegatronConfig
 from nemo_rl_core.models.megatron.converters import GPTLayout, hf_to_megatron, megatron_to_hf
 from nemo_rl_core.models.megatron.cpu_compat import cuda_as_cpu
@@ -287,34 +287,71 @@ class MegatronWorker:
             return torch.nn.functional.pad(out.squeeze(-1).float()[:, :-1], (1, 0)), layout
         return out[..., : self.layout.vocab_size].float() / self.temperature, layout
 
+    def _microbatches(
+        self, share: BatchedDataDict, mbs: int, train: bool
+    ) -> tuple[list[BatchedDataDict], list[int] | None]:
+        """This rank's microbatches of ``share``: ``mbs`` samples each, or with
+        ``dynamic_batching`` NeMo RL's token-budget plan (sorted by length, each cut to its
+        rounded width), and then the order that undoes the sort."""
+        dynamic = self.cfg.dynamic_batching
+        if not dynamic.enabled or not share.size:
+            return list(share.make_microbatch_iterator(mbs)), None
+        budget = dynamic.train_mb_tokens if train else dynamic.logprob_mb_tokens
+        args = DynamicBatchingArgs(
+            max_tokens_per_microbatch=filled(budget, "dynamic_batching.*_mb_tokens"),
+            sequence_length_round=dynamic.sequence_length_round,
+            input_key="input_ids",
+            input_lengths_key="input_lengths",
+        )
+        [planned], order = share.shard_by_batch_size(1, None, dynamic_batching_args=args)
+        return list(planned.make_microbatch_iterator_with_dynamic_shapes()), order
+
     # ---- inference ----------------------------------------------------------------------
 
-    def _inference(
+    def _inference_plan(
         self, data: BatchedDataDict, micro_batch_size: int | None
-    ) -> Iterator[tuple[torch.Tensor, ForwardLayout]]:
-        """(row-layout output, layout) per microbatch of this rank's share, without grad."""
+    ) -> tuple[list[BatchedDataDict], list[int] | None]:
+        """This rank's share of ``data`` in inference microbatches, and their order."""
         self.onload(optimizer=False)
         self.model.eval()
-        share = self._dp_share(data)
-        if not share.size:
-            return
+        mbs = micro_batch_size or filled(self.cfg.logprob_batch_size, "policy.logprob_batch_size")
+        return self._microbatches(self._dp_share(data), mbs, train=False)
+
+    def _inference(
+        self, microbatches: list[BatchedDataDict]
+    ) -> Iterator[tuple[torch.Tensor, ForwardLayout]]:
+        """(row-layout output, layout) per microbatch, without grad."""
         with torch.no_grad():
-            for mb in share.make_microbatch_iterator(
-                micro_batch_size or filled(self.cfg.logprob_batch_size, "policy.logprob_batch_size")
-            ):
+            for mb in microbatches:
                 yield self._forward(mb)
 
     @staticmethod
-    def _concat(parts: list[torch.Tensor], empty_shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.cat(parts) if parts else torch.zeros(0, *empty_shape)
+    def _assembled(
+        parts: list[torch.Tensor], order: list[int] | None, shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        """The microbatches' outputs as one ``[B_local, *shape]`` tensor in the share's order:
+        each right-padded to ``shape``'s width (a dynamic microbatch is cut to its own), the
+        length sort undone."""
+        if not parts:
+            return torch.zeros(0, *shape)
+        padding = [(0, 0) * (part.dim() - 2) + (0, shape[0] - part.shape[1]) for part in parts]
+        joined = torch.cat(
+            [torch.nn.functional.pad(part, pad) for part, pad in zip(parts, padding, strict=True)]
+        )
+        if order is None:
+            return joined
+        restored = torch.empty_like(joined)
+        restored[torch.tensor(order)] = joined
+        return restored
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
         """``[B_local, S]`` next-token logprobs of this rank's share (position 0 and padding 0)."""
+        microbatches, order = self._inference_plan(data, micro_batch_size)
         parts = []
-        for logits, layout in self._inference(data, micro_batch_size):
+        for logits, layout in self._inference(microbatches):
             shifted = next_token_logprobs_from_logits(logits, layout.input_ids.to(logits.device))
             parts.append(layout.unpack(torch.nn.functional.pad(shifted, (1, 0)).cpu()))
-        return self._concat(parts, (data["input_ids"].shape[1],))
+        return self._assembled(parts, order, (data["input_ids"].shape[1],))
 
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None
@@ -338,18 +375,20 @@ class MegatronWorker:
         self, data: BatchedDataDict, k: int, micro_batch_size: int | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-``k`` logits and token ids for the next token, ``[B_local, S-1, k]``."""
+        microbatches, order = self._inference_plan(data, micro_batch_size)
         values, indices = [], []
-        for logits, layout in self._inference(data, micro_batch_size):
+        for logits, layout in self._inference(microbatches):
             top = torch.topk(logits, k, dim=-1)
             values.append(layout.unpack(top.values.cpu())[:, :-1])
             indices.append(layout.unpack(top.indices.cpu())[:, :-1])
         shape = (data["input_ids"].shape[1] - 1, k)
-        return self._concat(values, shape), self._concat(indices, shape).long()
+        return self._assembled(values, order, shape), self._assembled(indices, order, shape).long()
 
     def get_values(self, data: BatchedDataDict, micro_batch_size: int | None) -> torch.Tensor:
         """``[B_local, S]`` values of this rank's share (zero at position 0 and past the length)."""
-        parts = [layout.unpack(v.cpu()) for v, layout in self._inference(data, micro_batch_size)]
-        return self._concat(parts, (data["input_ids"].shape[1],))
+        microbatches, order = self._inference_plan(data, micro_batch_size)
+        parts = [layout.unpack(v.cpu()) for v, layout in self._inference(microbatches)]
+        return self._assembled(parts, order, (data["input_ids"].shape[1],))
 
     # ---- training -----------------------------------------------------------------------
 
@@ -366,7 +405,12 @@ class MegatronWorker:
         mbs = mbs or self.cfg.train_micro_batch_size
         if data.size % gbs:
             raise ValueError(f"train data has {data.size} samples, not a multiple of gbs={gbs}")
-        if gbs % (self.dp_size * mbs):
+        if self.cfg.dynamic_batching.enabled and gbs % self.dp_size:
+            raise ValueError(
+                f"policy.train_global_batch_size={gbs} must be a multiple of data-parallel size "
+                f"{self.dp_size}"
+            )
+        if not self.cfg.dynamic_batching.enabled and gbs % (self.dp_size * mbs):
             raise ValueError(
                 f"policy.train_global_batch_size={gbs} must be a multiple of data-parallel size "
                 f"{self.dp_size} x policy.train_micro_batch_size={mbs}"
@@ -411,8 +455,8 @@ class MegatronWorker:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         seqs, toks = calculate_global_valid_counts(batch)
-        share = self._dp_share(batch)
-        num_mb = share.size // mbs
+        microbatches, _ = self._microbatches(self._dp_share(batch), mbs, train=True)
+        num_mb = len(microbatches)
         mb_losses: list[torch.Tensor] = []
 
         def loss_func(mb: BatchedDataDict, output: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -441,7 +485,7 @@ class MegatronWorker:
         with torch.set_grad_enabled(not eval_mode):
             get_forward_backward_func()(
                 forward_step_func=forward_step,
-                data_iterator=share.make_microbatch_iterator(mbs),
+                data_iterator=iter(microbatches),
                 model=self.model,
                 num_microbatches=num_mb,
                 seq_length=batch["input_ids"].shape[1],

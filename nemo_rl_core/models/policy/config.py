@@ -97,15 +97,16 @@ def _hf_backend_only(feature: str, why: str = "") -> Check:
     return Check(test, f"{feature} on the HF training backend (refused on Megatron)")
 
 
-_PLAN = Wired(f"{_TRAINER}.plan")
+_PLAN = Wired(f"{_TRAINER}.plan")  # and, for dynamic batching, MegatronWorker._microbatches
 
 
 class DynamicBatchingConfig(StrictModel):
-    """Microbatches by token budget instead of sample count (sorted by length)."""
+    """Microbatches by token budget instead of sample count (sorted by length), on either
+    backend (the HF trainer's ``plan``, the Megatron worker's ``_microbatches``)."""
 
     read_while: ClassVar[ReadWhile] = ReadWhile(read_while_enabled)
 
-    enabled: Annotated[bool, _hf_backend_only("dynamic batching")] = False
+    enabled: Annotated[bool, _PLAN] = False
     # None: max_total_sequence_length * train_micro_batch_size (logprob_batch_size)
     train_mb_tokens: Annotated[int | None, _PLAN] = None
     logprob_mb_tokens: Annotated[int | None, _PLAN] = None
