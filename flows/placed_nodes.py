@@ -185,13 +185,16 @@ class Attempt:
         run = PlacedRun(placed, self.run, self.iteration, pool, self.wait_s, self.ended)
         return NodeRun(node_rank, run)
 
-    def order(self, kind: str, iteration: int, upstream: dict[str, StageRef]) -> UUID:
-        """Send the group an order (``flows.rank_group``: STAGE or STOP); its task run."""
+    def order(
+        self, kind: str, iteration: int, upstream: dict[str, StageRef], stage: str | None = None
+    ) -> UUID:
+        """Send the group an order (``flows.rank_group``: STAGE or STOP) for ``stage`` (its
+        own, or another stage on the training ranks); its task run."""
         TaskRunWaiter.instance()  # listening before the run can end
         parameters = {
             "run": self.run,
             "iteration": iteration,
-            "name": self.name,
+            "name": stage or self.name,
             "upstream": upstream,
             "kind": kind,
         }
@@ -210,12 +213,14 @@ class Attempt:
             watch.check()
         return True, time.monotonic()
 
-    def step(self, iteration: int, upstream: dict[str, StageRef], watch: PoolWatch | None) -> bool:
-        """Order the stage of ``iteration`` from ``upstream``: True once the order completed
+    def step(
+        self, iteration: int, upstream: dict[str, StageRef], watch: PoolWatch | None, stage: str
+    ) -> bool:
+        """Order ``stage`` of ``iteration`` from ``upstream``: True once the order completed
         (rank 0 committed the stage), False once the group ended first or the order failed
         (the group then ends: ``wait`` for it); raises ``PlacementError`` once a node was not
         started by a worker within ``placement_wait_seconds`` (cancelling it)."""
-        order = self.order(STAGE, iteration, upstream)
+        order = self.order(STAGE, iteration, upstream, stage)
         checked_at = time.monotonic()
         while True:
             check, checked_at = self.tick(watch, checked_at)
@@ -446,20 +451,22 @@ def run_placed_nodes(
     inputs: dict[str, str],
 ) -> StageRef:
     """Stage ``name`` across ``cluster.num_nodes`` nodes of ``pool``, or this machine's ranks
-    (``pool`` None; see the module docstring); its committed outputs."""
+    (``pool`` None; see the module docstring), ordered from the training stage's rank group
+    (every stage on the training ranks runs there, with its models loaded beside the trained
+    one's, as NeMo RL colocates a teacher with its student); its committed outputs."""
     storage = open_storage(run)
     watch = PoolWatch.of(pool) if pool is not None else None
     attempts = int(STAGE_TASK_OPTIONS["retries"]) + 1
     restartable: list[NodeEnd] = []
     where = f"stage {name!r} of iteration {iteration} {on_pool(pool)}"
-    key = (run, current_flow_run(), name)
+    key = (run, current_flow_run(), TRAIN_STAGE)
     try:
         for number in range(1, attempts + 1):
-            group = warm_group(config, run, iteration, name, pool, watch)
+            group = warm_group(config, run, iteration, TRAIN_STAGE, pool, watch)
             # a group whose step raises stays registered: the flow run's end stops it
-            ordered = group.step(iteration, upstream, watch)
+            ordered = group.step(iteration, upstream, watch, name)
             if ordered:
-                if between_orders(config, name, pool) == END:
+                if between_orders(config, TRAIN_STAGE, pool) == END:
                     # other stages need its workers or GPUs before the next iteration
                     del _groups[key]
                     group.stop(iteration)

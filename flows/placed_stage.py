@@ -1,7 +1,8 @@
 """A stage where ``cluster.placement`` puts it: task runs of its pool's stage workers (its
 shards first where it fans out, one task run per node where it trains across machines), or
-task runs in this process (the training stage of several ranks: a warm rank group of this
-machine's ranks, ``flows.placed_nodes``). The dispatch sits above both kinds of placed job
+task runs in this process (the training stage of several ranks, and a stage whose model is
+sharded over them: orders to the warm rank group of this machine's ranks,
+``flows.placed_nodes``). The dispatch sits above both kinds of placed job
 (``flows.placement``, ``flows.placed_nodes``), which it chooses between."""
 
 from functools import partial
@@ -18,6 +19,7 @@ from flows.placement import (
     stored_stage,
 )
 from flows.pool_tasks import heartbeat_name, pool_tasks
+from nemo_rl_core.config.cluster import TRAIN_STAGE
 from nemo_rl_core.distributed.virtual_cluster import runs_across_ranks
 from nemo_rl_core.pipeline.context import StageRef
 from nemo_rl_core.pipeline.runtime import runtime_for
@@ -34,10 +36,11 @@ def run_placed_stage(
     ranks (a warm rank group this process starts once for the flow run), or task runs in
     this process. A placed stage (or one on ranks) is skipped where the manifest holds it
     complete for the same inputs."""
-    pool = placed_pool(config, name)
     runtime = runtime_for(run)
     spec = runtime.pipeline.stage(name)
     across_ranks = runs_across_ranks(config, spec.spans_ranks(config))
+    # a stage on the training ranks runs on the training stage's rank group, where it is
+    pool = placed_pool(config, TRAIN_STAGE if across_ranks else name)
     if pool is None and not across_ranks:
         return run_stage_tasks(config, run, iteration, name, upstream)
     storage = open_storage(run)

@@ -6,9 +6,9 @@ CUDA. On a machine without CUDA a rank is a CPU process: ``gpus_per_node`` then 
 processes per node (0 or 1: one process, the default), at most one per core. Above one
 rank the training stage runs SPMD under torchrun, on ranks that stay up for the flow run
 (``flows.rank_group``), and so does a stage whose model is sharded like the trained one
-(distillation's HF teacher: ``Stage.spans_ranks``); every other stage stays one process.
-Several nodes need those stages placed on a pool (``placement: {train: <pool>}``), whose
-workers each launch one node's ranks.
+(distillation's HF teacher: ``Stage.spans_ranks``), on the same ranks with both models
+loaded; every other stage stays one process. Several nodes need the training stage placed
+on a pool (``placement: {train: <pool>}``), whose workers each launch one node's ranks.
 
 Keys of ours: ``placement`` puts stages on pools of stage workers (a placed stage runs as a
 task run of the iteration flow run, which a long-lived stage worker of the pool runs with its

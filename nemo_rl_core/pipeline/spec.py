@@ -105,7 +105,7 @@ class Stage:
     those before ``final_step``); ``fan_out``: how its work splits into shards that run
     concurrently (``orchestration.fan_out`` says into how many); ``sharded(config)``: its
     model is sharded over the training world as the trained policy is (the teacher), so it
-    runs across the training ranks too.
+    runs on the training stage's ranks too.
     """
 
     name: str

@@ -4,6 +4,7 @@ algorithm declares the stage. The sections themselves (``nemo_rl_core.config``) 
 pipeline; these checks run where the run's pipeline is known.
 """
 
+import math
 from typing import Any
 
 from nemo_rl_core.config.orchestration import SECTION
@@ -14,8 +15,8 @@ from nemo_rl_core.utils.config import ConfigError
 
 def check_stage_names(config: Any, pipeline: Pipeline) -> None:
     """Refuse a timeout for a stage the algorithm does not declare, a fan-out of a stage
-    whose work does not split or wider than its batch, and a stage on the ranks of several
-    nodes that no pool launches, by its dotted key."""
+    whose work does not split or wider than its batch, and a placement of a stage that runs
+    on the training stage's ranks, by its dotted key."""
     names = list(pipeline.stage_names)
     for name in config.orchestration.stage_timeout_seconds:
         if name not in names:
@@ -36,24 +37,21 @@ def check_stage_names(config: Any, pipeline: Pipeline) -> None:
                 f"{SECTION}.fan_out.{name}={count}: wider than the stage's batch, which "
                 f"splits into at most {widest} shard(s): {why}"
             )
-    _check_stages_across_nodes(config, pipeline)
+    _check_stages_on_training_ranks(config, pipeline)
 
 
-def _check_stages_across_nodes(config: Any, pipeline: Pipeline) -> None:
-    """Several nodes: every stage that runs on the training ranks (the teacher's too) must be
-    placed on a pool whose workers launch them (the cluster section checks the training
-    stage's own placement, knowing no other stage)."""
-    if config.cluster.num_nodes == 1:
-        return
-    nodes, per_node = training_world(config)
+def _check_stages_on_training_ranks(config: Any, pipeline: Pipeline) -> None:
+    """A stage that runs on the training ranks beside the training stage (a teacher sharded
+    like the student) runs on the training stage's rank group, where
+    ``cluster.placement.train`` puts it: a placement of its own is refused."""
     for stage in pipeline.stages:
-        placed = stage.name in config.cluster.placement
-        if not placed and runs_across_ranks(config, stage.spans_ranks(config)):
+        beside = not stage.commits and runs_across_ranks(config, stage.spans_ranks(config))
+        if beside and stage.name in config.cluster.placement:
             raise ConfigError(
-                f"cluster.num_nodes={nodes}: stage {stage.name!r} runs on the training "
-                f"ranks ({nodes} nodes x {per_node}), and without "
-                f"cluster.placement.{stage.name} only on this one machine; place it on a pool "
-                "with a stage worker on each node"
+                f"cluster.placement.{stage.name}: stage {stage.name!r} runs on the training "
+                f"stage's ranks (cluster.num_nodes x cluster.gpus_per_node = "
+                f"{math.prod(training_world(config))}), where cluster.placement.train puts "
+                "them; leave it out"
             )
 
 

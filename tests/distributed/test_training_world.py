@@ -164,16 +164,16 @@ def test_the_teacher_tensor_parallel_size_divides_the_training_world() -> None:
         check_support(distillation_config(tp2), TWO_CORES, source="distillation_tiny.yaml")
 
 
-def test_a_teacher_across_nodes_needs_its_own_placement() -> None:
+def test_the_teacher_rides_on_the_training_stages_placement() -> None:
+    """Across nodes the teacher's stage runs on the training stage's rank group, where
+    cluster.placement.train puts it; a placement of its own is refused by key."""
     nodes = ("cluster.num_nodes=2", "cluster.gpus_per_node=1", PLACED)
-    with pytest.raises(
-        ConfigError,
-        match=r"stage 'teacher' runs on the training ranks .*"
-        r"without cluster.placement.teacher only on this one machine",
-    ):
-        check_stage_names(distillation_config(*nodes), DISTILLATION)
-    placed = distillation_config(*nodes, "+cluster.placement.teacher=train-pool")
-    check_stage_names(placed, DISTILLATION)
+    check_stage_names(distillation_config(*nodes), DISTILLATION)
+    with pytest.raises(ConfigError, match=r"cluster.placement.teacher: stage 'teacher' runs on"):
+        placed = distillation_config(*nodes, "+cluster.placement.teacher=train-pool")
+        check_stage_names(placed, DISTILLATION)
+    # in one process the teacher is a stage like any other, placed where the user says
+    check_stage_names(distillation_config("+cluster.placement.teacher=pool"), DISTILLATION)
 
 
 def test_hsdp_and_sequence_parallelism_that_fit_the_world_run() -> None:
