@@ -68,10 +68,8 @@ def chain_pool(pipeline: Pipeline, config: Any, spec: Stage) -> str | None:
         return None
     if config.orchestration.fan_out.get(spec.name, 1) > 1:
         return None
-    if runs_across_ranks(
-        config, spec.spans_ranks(config)
-    ):  # one task run per node (flows.placed_nodes)
-        return None
+    if runs_across_ranks(config, spec.spans_ranks(config)):
+        return None  # one task run per node (flows.placed_nodes)
     return placed_pool(config, spec.name)
 
 

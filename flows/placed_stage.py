@@ -39,7 +39,7 @@ def run_placed_stage(
     runtime = runtime_for(run)
     spec = runtime.pipeline.stage(name)
     across_ranks = runs_across_ranks(config, spec.spans_ranks(config))
-    # a stage on the training ranks runs on the training stage's rank group, where it is
+    # a stage on the training ranks runs on the training stage's rank group: on its pool
     pool = placed_pool(config, TRAIN_STAGE if across_ranks else name)
     if pool is None and not across_ranks:
         return run_stage_tasks(config, run, iteration, name, upstream)
